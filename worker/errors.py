@@ -1,0 +1,36 @@
+"""Every error lane-worker raises on purpose, under one base class."""
+
+from __future__ import annotations
+
+
+class LaneWorkerError(Exception):
+    """Base of every error lane-worker raises deliberately."""
+
+
+class LaneConfigError(LaneWorkerError, ValueError):
+    """The lane configuration (environment, release id, queue) is unusable."""
+
+    def __init__(self, message: str, *, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+class LaneMismatchError(LaneWorkerError, ValueError):
+    """A run was claimed by a worker that does not serve the run's release lane."""
+
+    def __init__(
+        self, message: str, *, run_id: str, run_release_id: str, worker_release_id: str
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.run_release_id = run_release_id
+        self.worker_release_id = worker_release_id
+
+
+class UnknownBoundaryError(LaneWorkerError, ValueError):
+    """A checkpoint records a boundary kind this build cannot replay."""
+
+    def __init__(self, message: str, *, boundary_id: str, kind: object) -> None:
+        super().__init__(message)
+        self.boundary_id = boundary_id
+        self.kind = kind
