@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from worker import lanes
 from worker.errors import LaneConfigError
@@ -61,7 +61,10 @@ def redact_url(url: str) -> str:
             ],
             safe="*/",
         )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        # Built by hand: urlunsplit drops the `//` of a URL with an empty host.
+        rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
+        rebuilt += f"?{query}" if query else ""
+        return rebuilt + (f"#{parts.fragment}" if parts.fragment else "")
     except ValueError:
         # Unparseable: say nothing of its content rather than risk echoing a secret.
         return "<unparseable URL>"

@@ -1,0 +1,65 @@
+"""Fixtures for every test suite (unit, integration, e2e).
+
+Real PostgreSQL: ``pg_server`` (session) is the server, ``database_url`` a fresh database for
+one test, ``db`` an open asyncpg connection to it. The server starts on first use, so a test
+run that requests none of these never starts PostgreSQL. The machinery is in ``pgfixture.py``
+next to this file: ``tests/`` has no ``__init__.py``, so pytest's default ("prepend") import
+mode puts this directory on ``sys.path`` before importing this conftest, which makes the
+helper importable as the top-level module ``pgfixture`` (from test modules too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pgfixture
+import pytest
+from pgfixture import DatabaseFactory, PgServer
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs PostgreSQL ``db``, so ``-m "not db"`` deselects them."""
+    for item in items:
+        if "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's PostgreSQL: ``$LANE_WORKER_TEST_DATABASE_URL``, else embedded PostgreSQL.
+
+    A named server that does not answer ends the session with one message; there is no
+    silent fallback to the embedded server.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(pgfixture.session_server())
+        except pgfixture.DatabaseUnavailableError as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_server: PgServer) -> Iterator[DatabaseFactory]:
+    """This session's template database (prepared once) and the factory of its clones."""
+    with pgfixture.session_databases(pg_server) as databases:
+        yield databases
+
+
+@pytest.fixture
+def database_url(pg_databases: DatabaseFactory) -> Iterator[str]:
+    """URL of a fresh database for this test (cloned from the template, dropped afterwards)."""
+    with pg_databases.fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
+    """An open asyncpg connection to this test's fresh database, closed after the test."""
+    conn = await asyncpg.connect(database_url, timeout=pgfixture.CONNECT_TIMEOUT)
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -1,0 +1,102 @@
+"""`lane-worker doctor` as an operator runs it: a real process, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+DB = "postgresql://x"
+
+
+def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `python -m worker doctor` with exactly ``env`` (plus PATH)."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "doctor", *args],
+        env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_isolated_schema_without_suffix_exits_78_naming_the_suffix() -> None:
+    """The issue's acceptance check: an isolated schema and no suffix is refused with 78."""
+    result = doctor(
+        {"DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_123", "WORKFLOW_RUNTIME_POSTGRES": DB}
+    )
+    assert result.returncode == 78
+    assert "DEEPLINE_ABSURD_QUEUE_SUFFIX" in result.stderr
+    assert "REFUSED" in result.stdout
+
+
+def test_isolated_schema_with_suffix_exits_0_on_its_queue() -> None:
+    """With the suffix set, doctor exits 0 and shows queue runs_<suffix>."""
+    result = doctor(
+        {
+            "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_123",
+            "WORKFLOW_RUNTIME_POSTGRES": DB,
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX": "pr_123",
+        }
+    )
+    assert result.returncode == 0, result.stderr
+    assert "runs_pr_123" in result.stdout
+    assert result.stderr == ""
+
+
+def test_json_output_is_one_object_with_the_topology() -> None:
+    """--json prints one JSON object with the resolved topology and the verdict."""
+    result = doctor(
+        {
+            "WORKFLOW_RUNTIME_POSTGRES": "postgresql://app:hunter2@db:5432/runtime",
+            "DEEPLINE_RUNTIME_DEPLOY_VERSION": "Release-2026.12.02",
+            "VERCEL": "1",
+        },
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["releaseId"] == "release_2026_12_02"
+    assert report["launchReleaseId"] == "Release-2026.12.02"
+    assert report["queue"] == "runs_release_2026_12_02"
+    assert report["schedulerSchema"] == "runtime_scheduler"
+    assert report["isolated"] is False
+    assert report["suffixSource"] == "DEEPLINE_RUNTIME_DEPLOY_VERSION"
+    assert report["workerPoolSize"] == 2
+    assert report["clientPoolSize"] == 1
+    assert (report["refused"], report["exitCode"], report["errors"]) == (False, 0, [])
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("args", [(), ("--json",)])
+def test_refusal_lists_every_problem_without_secrets(args: tuple[str, ...]) -> None:
+    """A refused configuration names each bad variable, and never prints the password."""
+    result = doctor(
+        {
+            "WORKFLOW_RUNTIME_POSTGRES": "mysql://root:hunter2@db/x",
+            "LANE_WORKER_DRAIN_SECONDS": "soon",
+        },
+        *args,
+    )
+    assert result.returncode == 78
+    assert "WORKFLOW_RUNTIME_POSTGRES" in result.stderr
+    assert "LANE_WORKER_DRAIN_SECONDS" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_doctor_never_connects_to_the_database() -> None:
+    """Doctor answers at once for a database that does not exist (nothing listens on port 1)."""
+    result = doctor({"WORKFLOW_RUNTIME_POSTGRES": "postgresql://u:p@127.0.0.1:1/none"})
+    assert result.returncode == 0, result.stderr
+
+
+def test_help_explains_the_flag() -> None:
+    """doctor --help documents --json and the exit code."""
+    result = doctor({}, "--help")
+    assert result.returncode == 0
+    assert "--json" in result.stdout
+    assert "78" in result.stdout
