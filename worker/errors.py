@@ -34,3 +34,28 @@ class UnknownBoundaryError(LaneWorkerError, ValueError):
         super().__init__(message)
         self.boundary_id = boundary_id
         self.kind = kind
+
+
+class EngineSchemaError(LaneWorkerError):
+    """The database's engine schema cannot be used by this build (too new, no upgrade path)."""
+
+    def __init__(self, message: str, *, found: str, expected: str) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
+
+
+class LeaseLostError(LaneWorkerError):
+    """An engine run is no longer held by this worker; its writes must stop."""
+
+    def __init__(self, message: str, *, engine_run_id: object) -> None:
+        super().__init__(message)
+        self.engine_run_id = engine_run_id
+
+
+class RunCancelledError(LeaseLostError):
+    """The run's engine task was cancelled while this worker held it."""
+
+
+class RunNotRunningError(LeaseLostError):
+    """The engine run is not running under this worker any more (lease expired, failed)."""

@@ -1,0 +1,188 @@
+"""The engine client against a real Postgres: schema install, claims and the continuation fence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import absurdctl
+import asyncpg
+import pytest
+
+from worker import engine
+from worker.db import Connection
+from worker.errors import EngineSchemaError, RunNotRunningError
+
+QUEUE = "runs_engine_test"
+RETRY = {"kind": "fixed", "base_seconds": 1}
+OWN = "w1"
+CONT = f"w2:{QUEUE}:continuations"
+
+
+async def connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
+    """Open a connection with the JSON codecs lane-worker uses."""
+    conn = await asyncpg.connect(url)
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    return conn
+
+
+@pytest.fixture
+async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
+    """A connection to a fresh database with the engine installed and a test queue."""
+    conn = await connect(database_url)
+    await engine.ensure_engine_schema(conn)
+    await engine.ensure_queue(conn, QUEUE)
+    yield conn  # type: ignore[misc]
+    await conn.close()
+
+
+async def spawn(conn: Connection, name: str = "play-run") -> engine.Spawned:
+    """Spawn one task on the test queue."""
+    return await engine.spawn(conn, QUEUE, name, {"n": 1}, max_attempts=3, retry_strategy=RETRY)
+
+
+async def run_state(conn: Connection, run_id: uuid.UUID) -> str:
+    """Return an engine run's state."""
+    state: str = await conn.fetchval(
+        f"select state from absurd.r_{QUEUE} where run_id = $1", run_id
+    )
+    return state
+
+
+async def test_concurrent_install_from_ten_connections_installs_once(database_url: str) -> None:
+    """Ten workers booting at once: exactly one installs, the rest find it current."""
+    conns = [await connect(database_url) for _ in range(10)]
+    try:
+        outcomes = await asyncio.gather(*(engine.ensure_engine_schema(c) for c in conns))
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert sorted(outcomes) == ["current"] * 9 + [f"installed {engine.ENGINE_SCHEMA_VERSION}"]
+    check = await connect(database_url)
+    try:
+        assert await check.fetchval("select absurd.get_schema_version()") == "0.5.1"
+    finally:
+        await check.close()
+
+
+async def test_install_is_idempotent(eng: asyncpg.Connection[asyncpg.Record]) -> None:
+    """A second install changes nothing and reports the schema current."""
+    assert await engine.ensure_engine_schema(eng) == "current"
+    await engine.ensure_queue(eng, QUEUE)
+    policy = await eng.fetchrow(
+        "select cleanup_ttl, cleanup_limit from absurd.get_queue_policy($1)", QUEUE
+    )
+    assert policy is not None
+    assert policy["cleanup_ttl"] == timedelta(hours=6)
+    assert policy["cleanup_limit"] == 1000
+
+
+async def test_newer_engine_schema_is_refused(eng: asyncpg.Connection[asyncpg.Record]) -> None:
+    """A database holding a newer engine schema than this build knows is refused clearly."""
+    await eng.execute(
+        "create or replace function absurd.get_schema_version() returns text "
+        "language sql as $$ select '9.0.0'::text $$"
+    )
+    with pytest.raises(EngineSchemaError) as caught:
+        await engine.ensure_engine_schema(eng)
+    assert caught.value.found == "9.0.0"
+    assert "9.0.0" in str(caught.value)
+    assert "0.5.1" in str(caught.value)
+
+
+async def test_older_engine_schema_is_upgraded(database_url: str) -> None:
+    """An engine schema one release older is upgraded through absurdctl's bundled migration."""
+    conn = await connect(database_url)
+    try:
+        await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
+        # Pretend the 0.5.1 step has not run: its migration is idempotent.
+        await conn.execute(
+            "create or replace function absurd.get_schema_version() returns text "
+            "language sql as $$ select '0.5.0'::text $$"
+        )
+        assert await engine.ensure_engine_schema(conn) == "upgraded 0.5.0 -> 0.5.1"
+        assert await conn.fetchval("select absurd.get_schema_version()") == "0.5.1"
+    finally:
+        await conn.close()
+
+
+async def test_own_claim_hands_out_fresh_work(eng: asyncpg.Connection[asyncpg.Record]) -> None:
+    """A normal worker id claims a fresh submit through absurd.claim_task."""
+    spawned = await spawn(eng)
+    batch = await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=5)
+    assert [r.run_id for r in batch.runs] == [spawned.run_id]
+    assert batch.runs[0].params == {"n": 1}
+    assert await run_state(eng, batch.runs[0].run_id) == "running"
+
+
+async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """Fresh submits and immediate (pending) retries are invisible to a continuation loop."""
+    await spawn(eng)  # stays a fresh submit
+    await spawn(eng)
+    claimed = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
+    # Fail with an explicit retry time of now: the retry run is `pending`, no payload.
+    await engine.fail(
+        eng, QUEUE, claimed[0].run_id, {"message": "boom"}, retry_at=datetime.now(UTC)
+    )
+    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=10)
+    assert batch.runs == ()
+    assert batch.swept == 0
+
+
+async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """A due sleeper and an event-woken run are handed out to a continuation loop."""
+    sleeper = await spawn(eng, "sleeper")
+    waiter = await spawn(eng, "waiter")
+    runs = {r.task_name: r for r in (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=2)).runs}
+    await engine.schedule(eng, QUEUE, runs["sleeper"].run_id, datetime.now(UTC))
+    suspended, _ = await engine.await_event(
+        eng, QUEUE, waiter.task_id, runs["waiter"].run_id, "wait:approval", "evt:x:approval", None
+    )
+    assert suspended
+    await engine.emit_event(eng, QUEUE, "evt:x:approval", {"ok": True})
+
+    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=10)
+    got = {r.task_id: r for r in batch.runs}
+    assert set(got) == {sleeper.task_id, waiter.task_id}
+    assert got[waiter.task_id].event_payload == {"ok": True}
+    assert got[sleeper.task_id].attempt == 1
+
+
+async def test_continuation_claim_refuses_other_worker_ids(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """The continuation claim function serves only worker ids ending in :continuations."""
+    with pytest.raises(asyncpg.PostgresError, match="continuations"):
+        await eng.fetch("select * from lane_worker.claim_continuations($1, 'w1', 30, 1)", QUEUE)
+
+
+async def test_continuation_claim_sweeps_expired_leases(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """A lease that expired on a queue only continuation loops poll is failed and retried."""
+    spawned = await spawn(eng)
+    claimed = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs[0]
+    await eng.execute(
+        f"update absurd.r_{QUEUE} set claim_expires_at = now() - interval '1 second' "
+        "where run_id = $1",
+        claimed.run_id,
+    )
+    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=5)
+    assert batch.swept == 1
+    assert batch.runs == ()  # the retry sleeps for its backoff first
+    assert await run_state(eng, claimed.run_id) == "failed"
+    retry = await eng.fetchrow(
+        f"select state, attempt from absurd.r_{QUEUE} where task_id = $1 and attempt = 2",
+        spawned.task_id,
+    )
+    assert retry is not None
+    assert retry["state"] == "sleeping"
+    with pytest.raises(RunNotRunningError):
+        await engine.complete(eng, QUEUE, claimed.run_id, {"late": True})

@@ -1,0 +1,172 @@
+"""Database access: one small asyncpg pool, JSON in and out, retries of transient errors only.
+
+Every unit of work is a coroutine function taking a connection; ``Database.run``
+and ``Database.transaction`` retry the *whole* unit when the connection drops,
+the server restarts, or Postgres reports a serialization failure or deadlock.
+Nothing else is retried: a constraint violation or an engine exception is a
+result, and retrying it would only repeat it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+import asyncpg
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from worker.config import redact_url
+
+log = structlog.get_logger("lane_worker.db")
+
+T = TypeVar("T")
+# Units of work get a pooled proxy; tests and the LISTEN loop may pass a plain connection.
+if TYPE_CHECKING:
+    Connection: TypeAlias = (
+        asyncpg.pool.PoolConnectionProxy[asyncpg.Record] | asyncpg.Connection[asyncpg.Record]
+    )
+else:  # the runtime classes are not generic
+    Connection = asyncpg.pool.PoolConnectionProxy | asyncpg.Connection
+Unit = Callable[[Connection], Awaitable[T]]
+
+_TRANSIENT_POSTGRES = (
+    asyncpg.PostgresConnectionError,  # class 08: the connection broke
+    asyncpg.CannotConnectNowError,  # 57P03: server starting up or shutting down
+    asyncpg.AdminShutdownError,  # 57P01
+    asyncpg.CrashShutdownError,  # 57P02
+    asyncpg.TooManyConnectionsError,  # 53300: a slot frees up soon
+    asyncpg.SerializationError,  # 40001
+    asyncpg.DeadlockDetectedError,  # 40P01
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Tell whether retrying the same unit of work on a fresh connection can succeed."""
+    if isinstance(exc, _TRANSIENT_POSTGRES):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError):
+        # The pool hands out a connection the server has since closed.
+        return "connection is closed" in str(exc) or "connection was closed" in str(exc)
+    # Refused, reset, DNS hiccup, connect timeout.
+    return isinstance(exc, OSError | TimeoutError)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How to open the pool: size, identity, PgBouncer compatibility, retry budget."""
+
+    url: str
+    max_size: int = 2
+    application_name: str = "lane-worker"
+    pgbouncer: bool = False
+    retry_for_s: float = 30.0
+    connect_timeout_s: float = 10.0
+
+
+async def _init_connection(conn: Connection) -> None:
+    # JSON and JSONB as Python values both ways, so no call site encodes by hand.
+    for type_name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning(
+        "db.retry",
+        attempt=state.attempt_number,
+        error=type(exc).__name__ if exc else None,
+        detail=str(exc)[:200] if exc else None,
+    )
+
+
+class Database:
+    """A pool plus the retry policy; the one way lane-worker talks to Postgres."""
+
+    def __init__(self, pool: asyncpg.Pool, options: PoolOptions) -> None:
+        self.pool = pool
+        self.options = options
+
+    @classmethod
+    async def open(cls, options: PoolOptions) -> Database:
+        """Open the pool, retrying while the server is unreachable for ``retry_for_s``."""
+        pool: asyncpg.Pool = await cls._retrying(options.retry_for_s)(cls._create_pool, options)
+        return cls(pool, options)
+
+    @staticmethod
+    async def _create_pool(options: PoolOptions) -> asyncpg.Pool:
+        pool = await asyncpg.create_pool(
+            options.url,
+            min_size=0,
+            max_size=options.max_size,
+            init=_init_connection,
+            timeout=options.connect_timeout_s,
+            # Prepared statements do not survive PgBouncer transaction pooling.
+            statement_cache_size=0 if options.pgbouncer else 100,
+            server_settings={"application_name": options.application_name},
+        )
+        # min_size=0 opens nothing: prove the server answers before reporting success.
+        async with pool.acquire() as conn:
+            await conn.fetchval("select 1")
+        return pool
+
+    @staticmethod
+    def _retrying(retry_for_s: float) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_delay(retry_for_s),
+            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+
+    async def run(self, unit: Unit[T]) -> T:
+        """Run ``unit`` on a pooled connection (autocommit), retrying transient errors."""
+
+        async def once() -> T:
+            async with self.pool.acquire() as conn:
+                return await unit(conn)
+
+        return await self._retrying(self.options.retry_for_s)(once)
+
+    async def transaction(self, unit: Unit[T]) -> T:
+        """Run ``unit`` in one transaction, retrying the whole transaction on transient errors."""
+
+        async def once() -> T:
+            async with self.pool.acquire() as conn, conn.transaction():
+                return await unit(conn)
+
+        return await self._retrying(self.options.retry_for_s)(once)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        """Execute one statement with retries."""
+        return await self.run(lambda conn: conn.execute(sql, *args))
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        """Fetch rows with retries."""
+        return await self.run(lambda conn: conn.fetch(sql, *args))
+
+    async def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        """Fetch one row (or None) with retries."""
+        return await self.run(lambda conn: conn.fetchrow(sql, *args))
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """Fetch one value with retries."""
+        return await self.run(lambda conn: conn.fetchval(sql, *args))
+
+    async def close(self) -> None:
+        """Close the pool, waiting for connections in use to be released."""
+        await self.pool.close()
+
+    def __repr__(self) -> str:
+        return f"Database({redact_url(self.options.url)!r}, max_size={self.options.max_size})"

@@ -1,0 +1,146 @@
+-- lane-worker's continuation claim: how a newer release picks up the parked
+-- runs of a retired release lane. Lives in its own schema; the engine's own
+-- functions are untouched and called where they define the semantics
+-- (fail_run for expired leases, cancel_task for cancellation policies).
+--
+-- Hands out only runs whose durable wait is over: a `sleeping` run that is due
+-- (a sleep or timed wait, or a backoff retry, which the disposition check then
+-- defers), or a `pending` run that an event woke (non-null event_payload).
+-- Fresh submits and immediate retries are `pending` with no payload: never
+-- handed out here, they belong to the lane's own workers.
+create schema if not exists lane_worker;
+
+create or replace function lane_worker.claim_continuations (
+  p_queue_name text,
+  p_worker_id text,
+  p_claim_timeout integer,
+  p_qty integer
+)
+  returns table (
+    run_id uuid,
+    task_id uuid,
+    attempt integer,
+    task_name text,
+    params jsonb,
+    retry_strategy jsonb,
+    max_attempts integer,
+    headers jsonb,
+    wake_event text,
+    event_payload jsonb,
+    swept integer
+  )
+  language plpgsql
+as $$
+declare
+  v_now timestamptz := absurd.current_time();
+  v_qty integer := greatest(coalesce(p_qty, 1), 1);
+  v_lease_until timestamptz;
+  v_row record;
+  v_swept integer := 0;
+  v_claimed integer;
+begin
+  if p_worker_id is null or right(p_worker_id, length(':continuations')) <> ':continuations' then
+    raise exception 'lane_worker.claim_continuations serves only worker ids ending in :continuations, got "%"', p_worker_id
+      using errcode = '22023';
+  end if;
+  perform absurd.validate_queue_name(p_queue_name);
+  if coalesce(p_claim_timeout, 0) > 0 then
+    v_lease_until := v_now + make_interval(secs => p_claim_timeout);
+  end if;
+
+  -- A retired lane has no own loop left to keep its queue healthy, so do the
+  -- engine's claim-time upkeep here, bounded by the batch size.
+  for v_row in execute format(
+      'select task_id from absurd.%I
+        where state in (''pending'', ''sleeping'', ''running'')
+          and cancellation is not null
+          and ((cancellation->>''max_delay'')::bigint is not null
+               and first_started_at is null
+               and extract(epoch from ($1 - enqueue_at)) >= (cancellation->>''max_delay'')::bigint
+            or (cancellation->>''max_duration'')::bigint is not null
+               and first_started_at is not null
+               and extract(epoch from ($1 - first_started_at)) >= (cancellation->>''max_duration'')::bigint)
+        order by task_id
+        limit $2',
+      't_' || p_queue_name)
+    using v_now, v_qty
+  loop
+    perform absurd.cancel_task(p_queue_name, v_row.task_id);
+  end loop;
+
+  for v_row in execute format(
+      'select run_id, claimed_by, claim_expires_at, attempt from absurd.%I
+        where state = ''running'' and claim_expires_at is not null and claim_expires_at <= $1
+        order by claim_expires_at, run_id
+        limit $2
+        for update skip locked',
+      'r_' || p_queue_name)
+    using v_now, v_qty
+  loop
+    perform absurd.fail_run(
+      p_queue_name,
+      v_row.run_id,
+      jsonb_strip_nulls(jsonb_build_object(
+        'name', '$ClaimTimeout',
+        'message', 'lease expired before the worker finished (swept by a continuation loop)',
+        'workerId', v_row.claimed_by,
+        'claimExpiredAt', v_row.claim_expires_at,
+        'attempt', v_row.attempt)),
+      null);
+    v_swept := v_swept + 1;
+  end loop;
+
+  return query execute format(
+    'with picked as (
+        select r.run_id
+          from absurd.%1$I r
+          join absurd.%2$I t on t.task_id = r.task_id
+         where t.state in (''pending'', ''sleeping'', ''running'')
+           and r.available_at <= $1
+           and (r.state = ''sleeping''
+                or (r.state = ''pending'' and r.event_payload is not null))
+         order by r.available_at, r.run_id
+         limit $2
+         for update of r skip locked
+     ),
+     leased as (
+        update absurd.%1$I r
+           set state = ''running'', claimed_by = $3, claim_expires_at = $4,
+               started_at = $1, available_at = $1
+          from picked p
+         where r.run_id = p.run_id
+        returning r.run_id, r.task_id, r.attempt, r.available_at, r.wake_event, r.event_payload
+     ),
+     task_marked as (
+        update absurd.%2$I t
+           set state = ''running'',
+               attempts = greatest(t.attempts, l.attempt),
+               first_started_at = coalesce(t.first_started_at, $1),
+               last_attempt_run = l.run_id
+          from leased l
+         where t.task_id = l.task_id
+        returning t.task_id
+     ),
+     timed_out_waits as (
+        delete from absurd.%3$I w
+         using leased l
+         where w.run_id = l.run_id and w.timeout_at is not null and w.timeout_at <= $1
+        returning w.run_id
+     )
+     select l.run_id, l.task_id, l.attempt, t.task_name, t.params, t.retry_strategy,
+            t.max_attempts, t.headers, l.wake_event, l.event_payload, $5::integer
+       from leased l
+       join absurd.%2$I t on t.task_id = l.task_id
+      order by l.run_id',
+    'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name)
+  using v_now, v_qty, p_worker_id, v_lease_until, v_swept;
+
+  -- Nothing to hand out but leases were swept: still tell the caller, whose
+  -- reconciler must settle runs the sweep may have failed for good.
+  get diagnostics v_claimed = row_count;
+  if v_claimed = 0 and v_swept > 0 then
+    return query select null::uuid, null::uuid, null::integer, null::text, null::jsonb,
+                        null::jsonb, null::integer, null::jsonb, null::text, null::jsonb, v_swept;
+  end if;
+end;
+$$;
