@@ -36,6 +36,10 @@ def _is_epoch_ms(value: object) -> bool:
     # bool is an int in Python but not a number in the envelope's JSON sense.
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
+    if isinstance(value, int):
+        # Python ints are exact and finite, even past a double's range
+        # (math.isfinite would overflow on them).
+        return value >= 0
     return math.isfinite(value) and value >= 0
 
 
@@ -137,7 +141,7 @@ def checkpoint_with_integration_event(
         "eventKey": event_key,
         "timeoutMs": timeout_ms,
     }
-    if message_ref:
+    if message_ref is not None:  # an empty ref is still a ref (the app's rule)
         entry["messageRef"] = dict(message_ref)
     entry["output"] = dict(output)
     entry["completedAt"] = _now_ms(now_ms)
@@ -152,7 +156,7 @@ def boundary_resolved(checkpoint: object, boundary_id: str) -> bool:
     if entry is None:
         return False
     kind = entry.get("kind") if isinstance(entry, Mapping) else None
-    if kind in KNOWN_BOUNDARY_KINDS:
+    if isinstance(kind, str) and kind in KNOWN_BOUNDARY_KINDS:
         return True
     raise UnknownBoundaryError(
         f"checkpoint boundary {boundary_id!r} was resolved with kind {kind!r}, which this "

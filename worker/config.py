@@ -322,6 +322,12 @@ def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
     return schema
 
 
+def normalize_twice_differs(raw: str) -> bool:
+    """Tell whether a suffix's normal form ends in ``_`` (the 32-char cut fell before one)."""
+    once = lanes.normalize_queue_suffix(raw)
+    return lanes.normalize_queue_suffix(once) != once
+
+
 def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     known = {
         CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
@@ -367,6 +373,24 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         problems.errors.append(exc)
         release_id = queue = None
 
+    if release_id is not None and deploy_version is not None and not suffix:
+        # The app stamps the raw slug and derives its queue through the dev
+        # rules; the worker sanitizes it first. For a slug spelled like a dev
+        # lane ("DEV", "dev-x") the two queues differ and every run would hang.
+        launch_queue = lanes.queue_name_for_release(lanes.launch_release_id(env))
+        if launch_queue != queue:
+            problems.refuse(
+                lanes.RELEASE_ID_ENV,
+                f"{lanes.RELEASE_ID_ENV}={deploy_version!r} is spelled like a dev lane: the app "
+                f"submits its runs to {launch_queue} but this worker would drain {queue}; "
+                "use a release id that is not 'dev' and does not start with 'dev-'.",
+            )
+    if suffix and raw_suffix is not None and normalize_twice_differs(raw_suffix):
+        warnings.append(
+            f"{lanes.QUEUE_SUFFIX_ENV}={raw_suffix!r} is cut at 32 characters just before "
+            f"an underscore: the lane queue is {queue} but runs_queue_for_suffix() gives "
+            f"runs_{suffix}; choose a suffix of at most 31 characters."
+        )
     if isolated and suffix:
         # The hosted preview app learns the schema per request and derives the
         # suffix from it; a worker on any other suffix drains a queue nobody fills.

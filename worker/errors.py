@@ -59,3 +59,12 @@ class RunCancelledError(LeaseLostError):
 
 class RunNotRunningError(LeaseLostError):
     """The engine run is not running under this worker any more (lease expired, failed)."""
+
+
+class StoreSchemaError(LaneWorkerError):
+    """The run-state store holds a migration this build cannot run against."""
+
+    def __init__(self, message: str, *, found: int, known: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.known = known

@@ -241,3 +241,22 @@ def test_password_never_in_repr_or_diagnosis() -> None:
 def test_redact_url(url: str, expected: str) -> None:
     """redact_url hides passwords in the userinfo and the query string."""
     assert redact_url(url) == expected
+
+
+@pytest.mark.parametrize("deploy_version", ["DEV", "dev-foo", "-dev-", " Dev "])
+def test_deploy_version_spelled_like_a_dev_lane_is_refused(deploy_version: str) -> None:
+    """A release id whose launch slug and worker id would name two queues refuses boot."""
+    env = {"WORKFLOW_RUNTIME_POSTGRES": DB, "DEEPLINE_RUNTIME_DEPLOY_VERSION": deploy_version}
+    with pytest.raises(LaneConfigError) as caught:
+        Settings.from_env(env)
+    assert caught.value.variable == "DEEPLINE_RUNTIME_DEPLOY_VERSION"
+    assert "dev-" in str(caught.value)
+
+
+def test_suffix_cut_before_an_underscore_is_a_warning() -> None:
+    """A 33-char suffix cut to end in '_' boots (the app agrees) but doctor warns."""
+    env = {"WORKFLOW_RUNTIME_POSTGRES": DB, "DEEPLINE_ABSURD_QUEUE_SUFFIX": "a" * 31 + "-b"}
+    diagnosis = diagnose(env)
+    assert diagnosis.exit_code == EXIT_OK
+    assert diagnosis.queue == "runs_" + "a" * 31
+    assert any("at most 31 characters" in w for w in diagnosis.warnings)

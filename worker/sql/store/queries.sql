@@ -1,0 +1,183 @@
+-- Run-state store queries. Each starts with a `-- name: <name>` line; `{schema}`
+-- is replaced by the quoted store schema when the file is loaded. Values are
+-- always bound parameters.
+
+-- name: insert_run
+insert into {schema}.runs (run_id, play, input, launch, release_id, queue, idempotency_key, max_attempts)
+values ($1, $2, $3, $4, $5, $6, $7, $8)
+on conflict (idempotency_key) do nothing
+returning run_id;
+
+-- name: run_by_idempotency_key
+select run_id, release_id, queue from {schema}.runs where idempotency_key = $1;
+
+-- name: set_run_task
+update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
+
+-- name: get_run
+select * from {schema}.runs where run_id = $1;
+
+-- name: get_run_by_task
+select * from {schema}.runs where task_id = $1;
+
+-- name: run_attempts
+select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
+       a.claimed_at, a.finished_at
+  from {schema}.attempts a
+ where a.run_id = $1
+ order by a.attempt_id;
+
+-- name: begin_attempt
+-- Own and adopt take the run over (status running, fence moves to this
+-- attempt); defer and refuse only record that the claim happened.
+with attempt as (
+  insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
+  values ($1, $2, $3, $4, $5, $6)
+  returning attempt_id
+), taken as (
+  update {schema}.runs r
+     set status = 'running',
+         current_attempt_id = (select attempt_id from attempt),
+         attempts = greatest(r.attempts, $3),
+         adopted_release_id = case when $6 = 'adopt' then $7 else r.adopted_release_id end,
+         updated_at = now()
+   where r.run_id = $1
+     and $6 in ('own', 'adopt')
+     and r.status not in ('completed', 'failed', 'cancelled')
+)
+select attempt_id from attempt;
+
+-- name: finish_attempt
+update {schema}.attempts
+   set outcome = $2, error = $3, finished_at = now()
+ where attempt_id = $1 and outcome is null;
+
+-- name: save_checkpoint
+-- Fenced: only the run's current attempt may write.
+update {schema}.runs
+   set checkpoint = $3, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: park_run
+update {schema}.runs
+   set status = 'waiting', current_wait = $3, checkpoint = $4, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: release_run
+-- A run put back without spending an attempt (defer, hand-back): it waits
+-- again if it was parked, else it is queued for its own lane.
+update {schema}.runs
+   set status = case when current_wait is not null then 'waiting' else 'queued' end,
+       updated_at = now()
+ where run_id = $1 and current_attempt_id = $2 and status = 'running'
+returning run_id;
+
+-- name: retrying_run
+update {schema}.runs
+   set status = 'retrying', error = $3, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: settle_run
+-- Terminal state for a run, fenced by attempt unless $2 is null (reconciler,
+-- cancel), and never over another terminal state.
+update {schema}.runs
+   set status = $3, output = $4, error = $5, current_wait = null,
+       finished_at = now(), updated_at = now()
+ where run_id = $1
+   and ($2::bigint is null or current_attempt_id = $2)
+   and status not in ('completed', 'failed', 'cancelled')
+returning run_id;
+
+-- name: append_terminal_fact
+insert into {schema}.ledger (run_id, type, fact)
+values ($1, $2, $3)
+on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
+returning fact_id;
+
+-- name: run_facts
+select type, fact, created_at from {schema}.ledger where run_id = $1 order by fact_id;
+
+-- name: insert_signal
+insert into {schema}.signals (run_id, event_key, payload)
+values ($1, $2, $3)
+on conflict (run_id, event_key) do nothing
+returning received_at;
+
+-- name: consume_signal
+-- The first claim of a signal marks it consumed; a replay of the same attempt
+-- (or a later one, after a crash) still reads the payload it resolved with.
+update {schema}.signals
+   set consumed_at = coalesce(consumed_at, now()),
+       consumed_by_attempt = coalesce(consumed_by_attempt, $3)
+ where run_id = $1 and event_key = $2
+returning payload;
+
+-- name: lane_state
+-- What a continuation loop needs to decide on a claimed run.
+select r.run_id, r.release_id, r.adopted_release_id, r.status, r.current_wait,
+       coalesce(l.status = 'claiming', false) as lane_claiming
+  from {schema}.runs r
+  left join {schema}.releases l on l.queue = r.queue
+ where r.task_id = $1;
+
+-- name: open_runs_on_queue
+select run_id, task_id, status from {schema}.runs
+ where queue = $1 and status not in ('completed', 'failed', 'cancelled');
+
+-- name: register_release
+-- Marks a lane claiming, but never moves a retired lane back: returns its status.
+insert into {schema}.releases as l (queue, status, release_ids)
+values ($1, 'claiming', array[$2::text])
+on conflict (queue) do update
+   set release_ids = case when $2 = any(l.release_ids) then l.release_ids
+                          else l.release_ids || $2 end,
+       updated_at = now()
+returning status;
+
+-- name: set_release_status
+insert into {schema}.releases as l (queue, status, release_ids, retired_at)
+values ($1, $2, array[$3::text], case when $2 = 'retired' then now() end)
+on conflict (queue) do update
+   set status = excluded.status,
+       release_ids = case when $3 = any(l.release_ids) then l.release_ids
+                          else l.release_ids || $3 end,
+       retired_at = case when excluded.status = 'retired' then coalesce(l.retired_at, now()) end,
+       updated_at = now()
+returning status;
+
+-- name: adoptable_releases
+-- Retired lanes that still hold non-terminal runs (continuation loops attach
+-- to all of them, so expired leases there are swept).
+select l.queue, l.release_ids
+  from {schema}.releases l
+ where l.status = 'retired'
+   and exists (select 1 from {schema}.runs r
+                where r.queue = l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled'));
+
+-- name: lanes
+select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
+       count(*) filter (where r.status = 'queued') as queued,
+       count(*) filter (where r.status in ('running', 'retrying')) as running,
+       count(*) filter (where r.status = 'waiting') as waiting,
+       count(*) filter (where r.status = 'waiting'
+                          and r.current_wait->>'kind' in ('sleep', 'integration_event')) as parked,
+       (select count(*) from {schema}.workers w
+         where w.queue = l.queue and w.stopped_at is null
+           and w.heartbeat_at > now() - interval '60 seconds') as live_workers
+  from {schema}.releases l
+  left join {schema}.runs r on r.queue = l.queue
+ group by l.queue
+ order by l.queue;
+
+-- name: heartbeat
+insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency)
+values ($1, $2, $3, $4, $5, $6)
+on conflict (worker_id) do update
+   set heartbeat_at = now(), stopped_at = null;
+
+-- name: worker_stopped
+update {schema}.workers set stopped_at = now() where worker_id = $1;
