@@ -14,8 +14,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
-import pgfixture
 import pytest
+
+import pgfixture
 from pgfixture import DatabaseFactory, PgServer
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import asyncpg
 import pytest
+
 from pgfixture import DatabaseFactory, PgServer
 
 

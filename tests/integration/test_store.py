@@ -48,7 +48,7 @@ def test_quote_ident_doubles_quotes() -> None:
     """The identifier helper quotes and escapes, and refuses empty names."""
     assert quote_ident("pr_1") == '"pr_1"'
     assert quote_ident('a"b') == '"a""b"'
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="identifier"):
         quote_ident("")
 
 
@@ -90,7 +90,8 @@ async def test_unknown_compatible_migration_is_accepted(
 ) -> None:
     """A newer build's additive migration does not stop an older build."""
     await conn.execute(
-        f'insert into "{SCHEMA}".schema_migrations (version, name, compatible) values (9998, $1, true)',
+        f'insert into "{SCHEMA}".schema_migrations (version, name, compatible) '
+        "values (9998, $1, true)",
         "future_additive",
     )
     report = await Store(SCHEMA).migrate(conn)
@@ -103,7 +104,8 @@ async def test_unknown_incompatible_migration_is_refused(
 ) -> None:
     """A newer build's incompatible migration refuses this build, naming both versions."""
     await conn.execute(
-        f'insert into "{SCHEMA}".schema_migrations (version, name, compatible) values (9999, $1, false)',
+        f'insert into "{SCHEMA}".schema_migrations (version, name, compatible) '
+        "values (9999, $1, false)",
         "future_breaking",
     )
     with pytest.raises(StoreSchemaError) as caught:
