@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -29,6 +29,11 @@ QUEUE_CLEANUP_LIMIT = 1000
 _INSTALL_LOCK_KEY = 0x6C77_7363_6865_6D61
 _CANCELLED = "AB001"
 _ALREADY_FAILED = "AB002"
+
+
+def datetime_from_ms(epoch_ms: int) -> datetime:
+    """Return the UTC datetime of a Unix time in milliseconds."""
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 def _sql(name: str) -> str:

@@ -27,7 +27,7 @@ class LaneMismatchError(LaneWorkerError, ValueError):
         self.worker_release_id = worker_release_id
 
 
-class UnknownBoundaryError(LaneWorkerError, ValueError):
+class UnknownBoundaryError(LaneWorkerError, ValueError):  # fatal for a run: see runtime
     """A checkpoint records a boundary kind this build cannot replay."""
 
     def __init__(self, message: str, *, boundary_id: str, kind: object) -> None:
@@ -68,3 +68,15 @@ class StoreSchemaError(LaneWorkerError):
         super().__init__(message)
         self.found = found
         self.known = known
+
+
+class FatalRunError(LaneWorkerError):
+    """The run cannot make progress on this build: it fails for good, with no retry."""
+
+
+class UnknownPlayError(FatalRunError):
+    """The run names a play this app does not register."""
+
+
+class RunNotFoundError(LaneWorkerError):
+    """No run with this id exists in the store."""

@@ -1,0 +1,346 @@
+"""``LaneClient``: submit, signal, cancel and inspect runs (the app and the CLI use it).
+
+A submit stamps the run with its release, writes the launch row and spawns the
+engine task in one transaction, so a run either exists in both or in neither.
+A ``NOTIFY lane_worker_<queue>`` goes with every submit and signal (delivered
+at commit) so a listening worker starts at once; it is a hint, polling is the
+guarantee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker import checkpoint, engine, lanes
+from worker.config import DATABASE_URL_ENV, MAX_ATTEMPTS_ENV, SERVERLESS_ENV, Tuning
+from worker.db import Connection, Database, PoolOptions
+from worker.errors import LaneConfigError, RunNotFoundError
+from worker.reconcile import cancelled_fact
+from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY
+from worker.store import TERMINAL_STATUSES, Store
+
+
+def notify_channel(queue: str) -> str:
+    """Return the NOTIFY channel a queue's workers listen on."""
+    return f"lane_worker_{queue}"
+
+
+@dataclass(frozen=True)
+class SubmittedRun:
+    """A submitted run: its id, the release it was stamped with, its queue."""
+
+    run_id: str
+    release_id: str
+    queue: str
+    created: bool = True
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One claim of a run."""
+
+    attempt: int
+    worker_id: str
+    release_id: str
+    disposition: str
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What ``status`` reports about a run."""
+
+    run_id: str
+    play: str
+    status: str
+    release_id: str
+    adopted_release_id: str | None
+    queue: str
+    attempts: tuple[AttemptView, ...]
+    output: Any
+    error: Any
+    facts: tuple[str, ...] = field(default=())
+
+    @property
+    def finished(self) -> bool:
+        """Tell whether the run reached a terminal status."""
+        return self.status in TERMINAL_STATUSES
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the JSON object ``lane-worker status --json`` prints."""
+        return {
+            "runId": self.run_id,
+            "play": self.play,
+            "status": self.status,
+            "releaseId": self.release_id,
+            "adoptedReleaseId": self.adopted_release_id,
+            "queue": self.queue,
+            "attempts": [
+                {
+                    "attempt": a.attempt,
+                    "workerId": a.worker_id,
+                    "releaseId": a.release_id,
+                    "disposition": a.disposition,
+                    "outcome": a.outcome,
+                }
+                for a in self.attempts
+            ],
+            "output": self.output,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """Whether a signal was delivered, or ignored as a duplicate (first wins)."""
+
+    run_id: str
+    event_key: str
+    duplicate: bool
+
+
+def _parse_run_id(run_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFoundError(f"no run {run_id!r}: a run id is a UUID") from None
+
+
+class LaneClient:
+    """Submit, signal, cancel and inspect runs on one runtime database."""
+
+    def __init__(
+        self, db: Database, store: Store, *, env: Mapping[str, str], max_attempts: int
+    ) -> None:
+        self.db = db
+        self.store = store
+        self._env = env
+        self._max_attempts = max_attempts
+        self._ready: dict[str, asyncio.Task[None]] = {}
+        self._schemas_ready: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | None = None,
+        *,
+        schema: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> LaneClient:
+        """Connect with ``url`` (default ``WORKFLOW_RUNTIME_POSTGRES``) to store ``schema``."""
+        values = os.environ if env is None else env
+        url = (url or values.get(DATABASE_URL_ENV) or "").strip()
+        if not url:
+            raise LaneConfigError(
+                f"{DATABASE_URL_ENV} is not set: pass url= or set it to the runtime database URL.",
+                variable=DATABASE_URL_ENV,
+            )
+        schema = (
+            schema or values.get(lanes.SCHEDULER_SCHEMA_ENV) or ""
+        ).strip() or lanes.PROD_DEFAULT_SCHEMA
+        raw_attempts = (values.get(MAX_ATTEMPTS_ENV) or "").strip()
+        max_attempts = int(raw_attempts) if raw_attempts.isdigit() else Tuning().max_attempts
+        serverless = bool((values.get(SERVERLESS_ENV) or "").strip())
+        db = await Database.open(
+            PoolOptions(
+                url=url, max_size=1 if serverless else 2, application_name="lane-worker-client"
+            )
+        )
+        return cls(db, Store(schema), env=values, max_attempts=max(1, max_attempts))
+
+    async def close(self) -> None:
+        """Close the client's pool."""
+        await self.db.close()
+
+    async def __aenter__(self) -> LaneClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _memoized(self, key: str | None, make: Any) -> None:
+        # One in-flight preparation per key and process; a failure is evicted so
+        # the next caller tries again (and sees the error itself).
+        task = self._schemas_ready if key is None else self._ready.get(key)
+        if task is None:
+            task = asyncio.ensure_future(make())
+            if key is None:
+                self._schemas_ready = task
+            else:
+                self._ready[key] = task
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            if key is None:
+                self._schemas_ready = None
+            else:
+                self._ready.pop(key, None)
+            raise
+
+    async def ensure_schemas(self) -> None:
+        """Install or upgrade the engine schema and the store (once per process)."""
+
+        async def install() -> None:
+            await self.db.run(engine.ensure_engine_schema)
+            await self.db.run(self.store.migrate)
+
+        await self._memoized(None, install)
+
+    async def ensure_queue(self, queue: str) -> None:
+        """Make ``queue`` ready once per process (memoized, evicted on failure)."""
+        await self.ensure_schemas()
+        await self._memoized(queue, lambda: self.db.run(lambda c: engine.ensure_queue(c, queue)))
+
+    async def submit(
+        self,
+        play: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        queue_suffix: str | None = None,
+    ) -> SubmittedRun:
+        """Submit a run of ``play`` on this process's release lane (or a preview suffix's)."""
+        if not play or not play.strip():
+            raise ValueError("submit needs a play name")
+        release_id = (
+            lanes.release_id_for_suffix(queue_suffix, self._env)
+            if queue_suffix and queue_suffix.strip()
+            else lanes.launch_release_id(self._env)
+        )
+        queue = lanes.queue_name_for_release(release_id)
+        await self.ensure_queue(queue)
+        run_id = uuid.uuid4()
+        launch = {"absurdReleaseId": release_id, "play": play, "runId": str(run_id)}
+        params = {} if input is None else input
+
+        async def submit(conn: Connection) -> SubmittedRun:
+            inserted = await self.store.fetchval(
+                conn, "insert_run", run_id, play, params, launch, release_id, queue,
+                idempotency_key, self._max_attempts,
+            )  # fmt: skip
+            if inserted is None:
+                row = await self.store.fetchrow(conn, "run_by_idempotency_key", idempotency_key)
+                assert row is not None  # the conflict was on this key
+                return SubmittedRun(str(row["run_id"]), row["release_id"], row["queue"], False)
+            spawned = await engine.spawn(
+                conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
+                max_attempts=self._max_attempts, retry_strategy=RETRY_STRATEGY,
+            )  # fmt: skip
+            await self.store.execute(conn, "set_run_task", run_id, spawned.task_id)
+            await conn.execute("select pg_notify($1, $2)", notify_channel(queue), str(run_id))
+            return SubmittedRun(str(run_id), release_id, queue)
+
+        return await self.db.transaction(submit)
+
+    async def _run_row(self, conn: Connection, run_id: str) -> Any:
+        row = await self.store.fetchrow(conn, "get_run", _parse_run_id(run_id))
+        if row is None:
+            raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
+        return row
+
+    async def signal(self, run_id: str, event_key: str, data: Any = None) -> SignalResult:
+        """Deliver integration event ``event_key`` to a run; a duplicate is ignored (first wins)."""
+        if not event_key or not event_key.strip():
+            raise ValueError("signal needs an event key")
+
+        async def deliver(conn: Connection) -> SignalResult:
+            row = await self._run_row(conn, run_id)
+            received = await self.store.fetchval(
+                conn, "insert_signal", row["run_id"], event_key, data
+            )
+            if received is None:
+                return SignalResult(str(row["run_id"]), event_key, duplicate=True)
+            # Only a wake-up: the payload the run reads is the signal row above.
+            event = checkpoint.integration_event_name(str(row["run_id"]), event_key)
+            await engine.emit_event(conn, row["queue"], event, data)
+            await conn.execute(
+                "select pg_notify($1, $2)", notify_channel(row["queue"]), str(row["run_id"])
+            )
+            return SignalResult(str(row["run_id"]), event_key, duplicate=False)
+
+        await self.ensure_schemas()
+        return await self.db.transaction(deliver)
+
+    async def cancel(self, run_id: str) -> bool:
+        """Cancel a run; return False when it had already finished."""
+
+        async def cancel(conn: Connection) -> bool:
+            row = await self._run_row(conn, run_id)
+            if row["status"] in TERMINAL_STATUSES:
+                return False
+            if row["task_id"] is not None:
+                await engine.cancel(conn, row["queue"], row["task_id"])
+            return await self.store.settle(
+                conn, row["run_id"], status="cancelled",
+                fact=cancelled_fact(row["run_id"], "client"), attempt_id=None,
+            )  # fmt: skip
+
+        return await self.db.transaction(cancel)
+
+    async def status(self, run_id: str) -> RunStatus:
+        """Return a run's status, attempts and result."""
+
+        async def read(conn: Connection) -> RunStatus:
+            row = await self._run_row(conn, run_id)
+            attempts = await self.store.fetch(conn, "run_attempts", row["run_id"])
+            facts = await self.store.fetch(conn, "run_facts", row["run_id"])
+            return RunStatus(
+                run_id=str(row["run_id"]),
+                play=row["play"],
+                status=row["status"],
+                release_id=row["release_id"],
+                adopted_release_id=row["adopted_release_id"],
+                queue=row["queue"],
+                attempts=tuple(
+                    AttemptView(
+                        a["attempt"],
+                        a["worker_id"],
+                        a["release_id"],
+                        a["disposition"],
+                        a["outcome"],
+                    )
+                    for a in attempts
+                ),
+                output=row["output"],
+                error=row["error"],
+                facts=tuple(f["type"] for f in facts),
+            )
+
+        return await self.db.run(read)
+
+    async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunStatus:  # noqa: ASYNC109 (design API)
+        """Wait until the run finishes or ``timeout`` seconds pass; return its last status."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            current = await self.status(run_id)
+            if current.finished or asyncio.get_running_loop().time() >= deadline:
+                return current
+            await asyncio.sleep(poll_s)
+
+    async def retire_release(self, release_id: str) -> str:
+        """Mark a release's lane retired; its parked runs become adoptable. Return its queue."""
+        return await self._set_lane(release_id, "retired")
+
+    async def activate_release(self, release_id: str) -> str:
+        """Mark a retired lane claiming again (its workers may boot). Return its queue."""
+        return await self._set_lane(release_id, "claiming")
+
+    async def _set_lane(self, release_id: str, status: str) -> str:
+        queue = lanes.queue_name_for_release(release_id)
+        await self.ensure_schemas()
+        await self.db.run(
+            lambda c: self.store.fetchval(
+                c, "set_release_status", queue, status, release_id.strip()
+            )
+        )
+        return queue
+
+    async def lane_rows(self) -> list[dict[str, Any]]:
+        """Return the raw lane registry rows with run counts (``lanes`` builds on it)."""
+        rows = await self.db.run(lambda c: self.store.fetch(c, "lanes"))
+        return [dict(r) for r in rows]

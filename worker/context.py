@@ -1,0 +1,349 @@
+"""What a play sees while it runs: ``ctx.step``, ``ctx.sleep`` and ``ctx.wait_for_event``.
+
+Steps are engine checkpoints (``step:<name>``): once committed they are never
+executed again, only replayed. Sleeps and event waits park the engine run
+durably; the checkpoint envelope in the store records when each wait was armed
+(its wake time or deadline, under ``armedWaits``) and, once over, how it
+resolved (``resolvedBoundaries``), so a resumed run replays to the same point
+and a timeout is measured from when the wait was armed, not from a reclaim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from worker import checkpoint, engine
+from worker.db import Connection, Database
+from worker.errors import FatalRunError, LeaseLostError
+from worker.store import Store
+
+log = structlog.get_logger("lane_worker.runtime")
+
+ARMED_WAITS = "armedWaits"  # our envelope key; unknown to other builds, so kept by them
+
+
+class Suspended(BaseException):
+    """Raised through the play when its run parked in a durable wait.
+
+    A BaseException so that a play's ``except Exception`` cannot swallow it.
+    """
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class RunHandle:
+    """The engine and store identity of the run being executed, and its fence."""
+
+    run_id: uuid.UUID
+    queue: str
+    task_id: uuid.UUID
+    engine_run_id: uuid.UUID
+    attempt: int
+    attempt_id: int
+    lease_s: int
+
+
+class TaskContext:
+    """The ``ctx`` a play receives."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        store: Store,
+        handle: RunHandle,
+        release_id: str,
+        envelope: dict[str, Any],
+        checkpoints: dict[str, Any],
+    ) -> None:
+        self._db = db
+        self._store = store
+        self._h = handle
+        self._envelope = checkpoint.checkpoint_base(envelope)
+        self._checkpoints = checkpoints
+        self._step_uses: dict[str, int] = {}
+        self.run_id = str(handle.run_id)
+        self.release_id = release_id
+        self.attempt = handle.attempt
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        """Return the checkpoint envelope as this attempt last wrote it."""
+        return self._envelope
+
+    async def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` once for this run; on replay return its committed result instead."""
+        uses = self._step_uses.get(name, 0) + 1
+        self._step_uses[name] = uses
+        # A name used twice in one run names two steps, in order.
+        key = f"step:{name}" if uses == 1 else f"step:{name}#{uses}"
+        if key in self._checkpoints:
+            return self._checkpoints[key]
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        h = self._h
+        await self._db.run(
+            lambda conn: engine.set_checkpoint(
+                conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
+            )
+        )
+        self._checkpoints[key] = result
+        return result
+
+    async def sleep(self, boundary_id: str, seconds: float) -> None:
+        """Sleep durably: the run parks and resumes after ``seconds``, surviving restarts."""
+        if checkpoint.boundary_resolved(self._envelope, boundary_id):
+            return
+        delay_ms = max(0, round(seconds * 1000))
+        armed = self._armed(boundary_id)
+        if armed is None:
+            armed = {"kind": "sleep", "wakeAtMs": _now_ms() + delay_ms, "armedAtMs": _now_ms()}
+        if _now_ms() >= armed["wakeAtMs"]:
+            resolved = checkpoint.checkpoint_with_sleep(self._envelope, boundary_id, delay_ms)
+            await self._save(self._disarm(resolved, boundary_id))
+            return
+        envelope = self._arm(boundary_id, armed)
+        wake_at = engine.datetime_from_ms(armed["wakeAtMs"])
+        wait = {"kind": "sleep", "boundaryId": boundary_id, "wakeAtMs": armed["wakeAtMs"]}
+
+        async def park(conn: Connection) -> None:
+            await engine.schedule(conn, self._h.queue, self._h.engine_run_id, wake_at)
+            await self._park_store(conn, wait, envelope)
+
+        await self._db.transaction(park)
+        raise Suspended
+
+    async def wait_for_event(
+        self,
+        boundary_id: str,
+        event_key: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (a durable deadline, the public play API)
+    ) -> dict[str, Any]:
+        """Wait durably for integration event ``event_key``; return the boundary output.
+
+        The output has ``timed_out`` True when ``timeout`` seconds passed since the
+        wait was first armed. The payload comes from the store's signal row.
+        """
+        resolved = self._resolved_output(boundary_id)
+        if resolved is not None:
+            return resolved
+        self._check_key_unused(boundary_id, event_key)
+        armed = self._armed(boundary_id)
+        if armed is None:
+            deadline = None if timeout is None else _now_ms() + max(0, round(timeout * 1000))
+            armed = {
+                "kind": "integration_event",
+                "eventKey": event_key,
+                "deadlineMs": deadline,
+                "armedAtMs": _now_ms(),
+            }
+        timeout_ms = 0 if armed["deadlineMs"] is None else armed["deadlineMs"] - armed["armedAtMs"]
+        engine_payload: Any = None
+        # Two turns at most: a stale engine wake-up is consumed by the first
+        # await_event call, so the second one parks.
+        for _ in range(3):
+            output = await self._take_signal(boundary_id, event_key, timeout_ms, engine_payload)
+            if output is not None:
+                return output
+            deadline_ms = armed["deadlineMs"]
+            if deadline_ms is not None and _now_ms() >= deadline_ms:
+                return await self._resolve_timeout(boundary_id, event_key, timeout_ms)
+            # Not parked. Either the event exists already (its signal row committed
+            # with it: the next turn reads the authoritative payload from the
+            # store), or the engine took a stale wake-up for a timeout: only the
+            # armed deadline decides that, and the next turn parks until it.
+            engine_payload = await self._park_for_event(boundary_id, event_key, armed)
+        raise FatalRunError(
+            f"wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
+            f"the engine and the store disagree about event {event_key!r}."
+        )
+
+    # -- envelope bookkeeping -------------------------------------------------
+
+    def _armed(self, boundary_id: str) -> dict[str, Any] | None:
+        table = self._envelope.get(ARMED_WAITS)
+        entry = table.get(boundary_id) if isinstance(table, dict) else None
+        return dict(entry) if isinstance(entry, dict) else None
+
+    def _arm(self, boundary_id: str, armed: dict[str, Any]) -> dict[str, Any]:
+        envelope = dict(self._envelope)
+        table = envelope.get(ARMED_WAITS)
+        envelope[ARMED_WAITS] = {**(table if isinstance(table, dict) else {}), boundary_id: armed}
+        return envelope
+
+    @staticmethod
+    def _disarm(envelope: dict[str, Any], boundary_id: str) -> dict[str, Any]:
+        table = envelope.get(ARMED_WAITS)
+        if isinstance(table, dict) and boundary_id in table:
+            envelope = dict(envelope)
+            envelope[ARMED_WAITS] = {k: v for k, v in table.items() if k != boundary_id}
+        return envelope
+
+    def _resolved_output(self, boundary_id: str) -> dict[str, Any] | None:
+        if not checkpoint.boundary_resolved(self._envelope, boundary_id):
+            return None
+        entry = self._envelope["resolvedBoundaries"][boundary_id]
+        if entry.get("kind") != checkpoint.INTEGRATION_EVENT_BOUNDARY:
+            raise FatalRunError(
+                f"boundary {boundary_id!r} was resolved as a {entry.get('kind')!r}, but the play "
+                "now waits for an event there; boundary ids must not change meaning."
+            )
+        output: dict[str, Any] = entry.get("output") or {}
+        return output
+
+    def _check_key_unused(self, boundary_id: str, event_key: str) -> None:
+        boundaries = self._envelope.get("resolvedBoundaries") or {}
+        armed = self._envelope.get(ARMED_WAITS) or {}
+        for table in (boundaries, armed):
+            if not isinstance(table, dict):
+                continue
+            for other_id, entry in table.items():
+                if (
+                    other_id != boundary_id
+                    and isinstance(entry, dict)
+                    and entry.get("kind") == checkpoint.INTEGRATION_EVENT_BOUNDARY
+                    and entry.get("eventKey") == event_key
+                ):
+                    raise FatalRunError(
+                        f"event key {event_key!r} is waited on twice in run {self.run_id} "
+                        f"(boundaries {other_id!r} and {boundary_id!r}); an event key can be "
+                        "waited on once per run."
+                    )
+
+    # -- store and engine writes ---------------------------------------------
+
+    async def _save(self, envelope: dict[str, Any]) -> None:
+        async def write(conn: Connection) -> None:
+            await self._fenced(conn, "save_checkpoint", envelope)
+
+        await self._db.run(write)
+        self._envelope = envelope
+
+    async def _fenced(self, conn: Connection, query: str, *args: Any) -> None:
+        h = self._h
+        if await self._store.fetchval(conn, query, h.run_id, h.attempt_id, *args) is None:
+            raise LeaseLostError(
+                f"run {h.run_id} was taken over by a newer claim; attempt {h.attempt_id} stops",
+                engine_run_id=h.engine_run_id,
+            )
+
+    async def _park_store(
+        self, conn: Connection, wait: dict[str, Any], envelope: dict[str, Any]
+    ) -> None:
+        await self._fenced(conn, "park_run", wait, envelope)
+        await self._store.execute(conn, "finish_attempt", self._h.attempt_id, "parked", None)
+        self._envelope = envelope
+
+    async def _take_signal(
+        self, boundary_id: str, event_key: str, timeout_ms: int, engine_payload: Any
+    ) -> dict[str, Any] | None:
+        """Resolve the wait from the store's signal row, if the signal has arrived.
+
+        ``engine_payload`` is what the engine delivered, used only when an event
+        was emitted without a signal row (not by ``LaneClient.signal``).
+        """
+
+        async def take(conn: Connection) -> dict[str, Any] | None:
+            row = await self._store.fetchrow(
+                conn, "consume_signal", self._h.run_id, event_key, self._h.attempt_id
+            )
+            if row is not None:
+                payload = row["payload"]
+            elif engine_payload is not None:
+                log.warning(
+                    "wait.event_without_signal_row", run_id=self.run_id, event_key=event_key
+                )
+                payload = engine_payload
+            else:
+                return None
+            output = checkpoint.integration_event_boundary_output(
+                event_key=event_key,
+                # Signal data that is not an object is offered under "value".
+                signal_data=(
+                    payload if payload is None or isinstance(payload, dict) else {"value": payload}
+                ),
+                timed_out=False,
+            )
+            envelope = self._disarm(
+                checkpoint.checkpoint_with_integration_event(
+                    checkpoint=self._envelope,
+                    boundary_id=boundary_id,
+                    event_key=event_key,
+                    timeout_ms=timeout_ms,
+                    output=output,
+                ),
+                boundary_id,
+            )
+            await self._fenced(conn, "save_checkpoint", envelope)
+            self._envelope = envelope
+            return output
+
+        return await self._db.transaction(take)
+
+    async def _resolve_timeout(
+        self, boundary_id: str, event_key: str, timeout_ms: int
+    ) -> dict[str, Any]:
+        output = checkpoint.integration_event_boundary_output(
+            event_key=event_key, signal_data=None, timed_out=True
+        )
+        envelope = checkpoint.checkpoint_with_integration_event(
+            checkpoint=self._envelope,
+            boundary_id=boundary_id,
+            event_key=event_key,
+            timeout_ms=timeout_ms,
+            output=output,
+        )
+        await self._save(self._disarm(envelope, boundary_id))
+        return output
+
+    async def _park_for_event(self, boundary_id: str, event_key: str, armed: dict[str, Any]) -> Any:
+        """Park until the event or the armed deadline (raises ``Suspended``).
+
+        Returns the engine's payload when the event is already there (or None
+        when the engine believes the wait timed out).
+        """
+        h = self._h
+        deadline_ms = armed["deadlineMs"]
+        # The engine's timeout is whole seconds from now: round up, never below 1,
+        # so the run is not woken before the armed deadline.
+        remaining_s = (
+            None if deadline_ms is None else max(1, math.ceil((deadline_ms - _now_ms()) / 1000))
+        )
+        envelope = self._arm(boundary_id, armed)
+        wait = {
+            "kind": "integration_event",
+            "boundaryId": boundary_id,
+            "eventKey": event_key,
+            "deadlineMs": deadline_ms,
+        }
+        event_name = checkpoint.integration_event_name(self.run_id, event_key)
+
+        async def park(conn: Connection) -> tuple[bool, Any]:
+            suspend, payload = await engine.await_event(
+                conn, h.queue, h.task_id, h.engine_run_id, f"wait:{boundary_id}", event_name,
+                remaining_s,
+            )  # fmt: skip
+            if suspend:
+                await self._park_store(conn, wait, envelope)
+            return suspend, payload
+
+        suspended, payload = await self._db.transaction(park)
+        if suspended:
+            raise Suspended
+        return payload
+
+
+PlayFn = Callable[[TaskContext, Any], Awaitable[Any]]

@@ -1,0 +1,77 @@
+"""The reconciler: every engine-terminal task gets a terminal store row and one fact."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from worker import checkpoint
+from worker.db import Connection, Database
+from worker.store import Store, quote_ident
+
+log = structlog.get_logger("lane_worker.reconcile")
+
+RECONCILE_BATCH = 100
+
+
+def cancelled_fact(run_id: uuid.UUID, source: str) -> dict[str, Any]:
+    """Return the `run.cancelled` ledger fact (the shared design defines no helper for it)."""
+    return {
+        "type": "run.cancelled",
+        "runId": str(run_id),
+        "occurredAt": int(time.time() * 1000),
+        "source": source,
+    }
+
+
+async def reconcile_queue(db: Database, store: Store, queue: str) -> int:
+    """Give every engine-terminal (or vanished) task on ``queue`` its terminal store row.
+
+    The engine can end a task by itself (an expired lease on the last attempt,
+    a cancellation policy); each such run gets exactly one ledger fact here.
+    """
+    tasks, runs = quote_ident(f"t_{queue}"), quote_ident(f"r_{queue}")
+    sql = f"""
+        select s.run_id, t.state, t.completed_payload, r.failure_reason
+          from {store.schema_sql}.runs s
+          left join absurd.{tasks} t on t.task_id = s.task_id
+          left join absurd.{runs} r on r.run_id = t.last_attempt_run
+         where s.queue = $1
+           and s.task_id is not null
+           and s.status not in ('completed', 'failed', 'cancelled')
+           and (t.task_id is null or t.state in ('completed', 'failed', 'cancelled'))
+         limit {RECONCILE_BATCH}"""
+
+    async def settle_all(conn: Connection) -> int:
+        settled = 0
+        for row in await conn.fetch(sql, queue):
+            run_id, state = row["run_id"], row["state"]
+            if state == "completed":
+                status, output, error = "completed", row["completed_payload"], None
+            elif state == "cancelled":
+                status, output, error = "cancelled", None, None
+            else:
+                status, output = "failed", None
+                error = row["failure_reason"] or {
+                    "name": "EngineTaskMissing",
+                    "message": "the engine task is gone (cleaned up) before the run settled",
+                }
+            fact = (
+                cancelled_fact(run_id, "reconciler")
+                if status == "cancelled"
+                else checkpoint.terminal_ledger_event(
+                    {"status": status, "runId": str(run_id), "output": output, "error": error}
+                )
+            )
+            assert fact is not None
+            if await store.settle(
+                conn, run_id, status=status, fact=fact, attempt_id=None, output=output, error=error
+            ):
+                settled += 1
+                log.warning("run.reconciled", run_id=str(run_id), queue=queue, status=status)
+        return settled
+
+    return await db.transaction(settle_all)
