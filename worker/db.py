@@ -125,7 +125,7 @@ class Database:
         return AsyncRetrying(
             retry=retry_if_exception(is_transient),
             stop=stop_after_delay(retry_for_s),
-            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.1),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.1),
             before_sleep=_log_retry,
             reraise=True,
         )

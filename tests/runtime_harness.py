@@ -1,0 +1,92 @@
+"""In-process workers for runtime tests: a real pool, real claims, real plays.
+
+The daemon (its loops, signals, LISTEN) is tested end to end elsewhere; here a
+test drives claims itself so it can stop a run between any two durable points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from worker import lanes
+from worker.app import App
+from worker.client import LaneClient
+from worker.db import Database, PoolOptions
+from worker.runtime import Runtime
+from worker.store import Store
+
+SCHEMA = "runtime_scheduler"
+T = TypeVar("T")
+
+
+@asynccontextmanager
+async def open_client(url: str, env: Mapping[str, str] | None = None) -> AsyncIterator[LaneClient]:
+    """A LaneClient on ``url`` with an explicit environment (never the test process's)."""
+    client = await LaneClient.connect(url, env=dict(env or {}))
+    try:
+        await client.ensure_schemas()
+        yield client
+    finally:
+        await client.close()
+
+
+@asynccontextmanager
+async def open_runtime(
+    url: str, app: App, release_id: str, *, lease_s: int = 30, worker_base: str | None = None
+) -> AsyncIterator[Runtime]:
+    """A Runtime for ``release_id`` on its own 2-connection pool."""
+    db = await Database.open(PoolOptions(url=url, max_size=2, retry_for_s=5))
+    try:
+        yield Runtime(
+            db,
+            Store(SCHEMA),
+            app,
+            worker_base=worker_base or f"test-{release_id}",
+            release_id=release_id,
+            lease_s=lease_s,
+        )
+    finally:
+        await db.close()
+
+
+async def work_once(runtime: Runtime, queue: str | None = None, qty: int = 10) -> list[str]:
+    """Claim what is due on ``queue`` (default: the runtime's own) and handle each run."""
+    batch = await runtime.claim(queue or runtime.queue, qty)
+    return [await runtime.handle(run) for run in batch.runs]
+
+
+async def work_until(
+    runtime: Runtime, expected: str, *, queue: str | None = None, timeout_s: float = 20
+) -> list[str]:
+    """Keep claiming until some run ends with outcome ``expected``; return all outcomes seen."""
+    seen: list[str] = []
+
+    async def done() -> bool:
+        seen.extend(await work_once(runtime, queue))
+        return expected in seen
+
+    await eventually(done, timeout_s=timeout_s, what=f"an attempt ending {expected!r}")
+    return seen
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], *, timeout_s: float = 20, what: str = "condition"
+) -> Any:
+    """Await ``check`` until it returns something truthy, or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def queue_of(release_id: str) -> str:
+    """Return the lane queue of a release."""
+    return lanes.queue_name_for_release(release_id)
