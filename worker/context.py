@@ -107,7 +107,7 @@ class TaskContext:
         if checkpoint.boundary_resolved(self._envelope, boundary_id):
             return
         delay_ms = max(0, round(seconds * 1000))
-        armed = self._armed(boundary_id)
+        armed = self._armed(boundary_id, checkpoint.SLEEP_BOUNDARY)
         if armed is None:
             armed = {"kind": "sleep", "wakeAtMs": _now_ms() + delay_ms, "armedAtMs": _now_ms()}
         if _now_ms() >= armed["wakeAtMs"]:
@@ -141,7 +141,7 @@ class TaskContext:
         if resolved is not None:
             return resolved
         self._check_key_unused(boundary_id, event_key)
-        armed = self._armed(boundary_id)
+        armed = self._armed(boundary_id, checkpoint.INTEGRATION_EVENT_BOUNDARY)
         if armed is None:
             deadline = None if timeout is None else _now_ms() + max(0, round(timeout * 1000))
             armed = {
@@ -173,10 +173,18 @@ class TaskContext:
 
     # -- envelope bookkeeping -------------------------------------------------
 
-    def _armed(self, boundary_id: str) -> dict[str, Any] | None:
+    def _armed(self, boundary_id: str, kind: str) -> dict[str, Any] | None:
         table = self._envelope.get(ARMED_WAITS)
         entry = table.get(boundary_id) if isinstance(table, dict) else None
-        return dict(entry) if isinstance(entry, dict) else None
+        if entry is None:
+            return None
+        if not isinstance(entry, dict) or entry.get("kind") != kind:
+            found = entry.get("kind") if isinstance(entry, dict) else entry
+            raise FatalRunError(
+                f"boundary {boundary_id!r} of run {self.run_id} was armed as a {found!r} wait, "
+                f"but this build resumes it as a {kind!r} wait; it cannot be resumed here."
+            )
+        return dict(entry)
 
     def _arm(self, boundary_id: str, armed: dict[str, Any]) -> dict[str, Any]:
         envelope = dict(self._envelope)

@@ -218,6 +218,12 @@ class Runtime:
                     f"play {run['play']!r} is not registered in release {self.release_id} "
                     f"(it has: {known}); the run cannot be executed here."
                 )
+            wait_kind = (run["current_wait"] or {}).get("kind")
+            if wait_kind is not None and wait_kind not in checkpoint.KNOWN_BOUNDARY_KINDS:
+                raise FatalRunError(
+                    f"run {h.run_id} is parked in a {wait_kind!r} wait, which release "
+                    f"{self.release_id} cannot resume."
+                )
             checkpoints = await self.db.run(
                 lambda c: engine.get_checkpoints(c, h.queue, h.task_id, h.engine_run_id)
             )

@@ -329,3 +329,47 @@ async def test_client_rejects_unknown_runs(database_url: str) -> None:
             await client.status("00000000-0000-0000-0000-000000000000")
         with pytest.raises(RunNotFoundError, match="UUID"):
             await client.signal("not-a-uuid", "go", {})
+
+
+def napping_app() -> App:
+    """A play that takes one durable sleep at boundary `nap`."""
+    app = App()
+
+    @app.play("napper")
+    async def napper(ctx: TaskContext, params: dict[str, Any]) -> str:
+        await ctx.sleep("nap", 0.2)
+        return "rested"
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "expected"),
+    [
+        ("checkpoint", {"resolvedBoundaries": {"nap": {"kind": "approval_v2"}}}, "approval_v2"),
+        ("checkpoint", {"armedWaits": {"nap": {"kind": "integration_event"}}}, "armed as"),
+        ("current_wait", {"kind": "runner", "boundaryId": "r1"}, "'runner' wait"),
+    ],
+    ids=["unknown-boundary-kind", "armed-as-another-kind", "unknown-wait-kind"],
+)
+async def test_what_this_build_cannot_replay_fails_for_good(
+    database_url: str, column: str, value: dict[str, Any], expected: str
+) -> None:
+    """Unknown boundary kinds and wait kinds fail the run at once, visibly, not retried."""
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, napping_app(), RELEASE) as rt,
+    ):
+        submitted = await client.submit("napper")
+        await rt.db.execute(
+            f"update runtime_scheduler.runs set {column} = $1 where run_id = $2::uuid",
+            value,
+            submitted.run_id,
+        )
+        assert await work_once(rt) == ["failed"]
+        assert await work_once(rt) == []
+        status = await client.status(submitted.run_id)
+    assert status.status == "failed"
+    assert expected in status.error["message"]
+    assert status.error["fatal"] is True
+    assert status.facts == ("run.failed",)

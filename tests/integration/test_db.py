@@ -1,0 +1,82 @@
+"""The database layer: JSON codecs, and retries of transient errors only."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from worker.db import Database, PoolOptions, is_transient
+
+
+def test_transient_errors_are_classified() -> None:
+    """Connection loss, 40001 and 40P01 are transient; constraint violations are not."""
+    assert is_transient(asyncpg.SerializationError("x"))
+    assert is_transient(asyncpg.DeadlockDetectedError("x"))
+    assert is_transient(asyncpg.ConnectionDoesNotExistError("x"))
+    assert is_transient(asyncpg.CannotConnectNowError("x"))
+    assert is_transient(ConnectionRefusedError())
+    assert not is_transient(asyncpg.UniqueViolationError("x"))
+    assert not is_transient(asyncpg.RaiseError("x"))
+    assert not is_transient(asyncpg.QueryCanceledError("x"))
+    assert not is_transient(ValueError("x"))
+
+
+@pytest.fixture
+async def database(database_url: str) -> Database:
+    """A 2-connection lane-worker pool on a fresh database."""
+    db = await Database.open(PoolOptions(url=database_url, retry_for_s=5))
+    yield db  # type: ignore[misc]
+    await db.close()
+
+
+async def test_json_round_trips(database: Database) -> None:
+    """Python values go into json/jsonb and come back as Python values."""
+    value = {"a": [1, 2.5, None, True], "b": {"c": "é"}}
+    assert await database.fetchval("select $1::jsonb", value) == value
+    assert await database.fetchval("select $1::json", value) == value
+
+
+async def test_application_name_is_set(database: Database) -> None:
+    """Connections identify themselves to Postgres."""
+    assert await database.fetchval("select current_setting('application_name')") == "lane-worker"
+
+
+async def test_transaction_is_retried_after_its_connection_is_killed(database: Database) -> None:
+    """A unit whose backend is terminated mid-way is re-run whole on a fresh connection."""
+    await database.execute("create table t (n int)")
+    calls = 0
+
+    async def unit(conn: asyncpg.Connection[asyncpg.Record]) -> int:
+        nonlocal calls
+        calls += 1
+        await conn.execute("insert into t values ($1)", calls)
+        if calls == 1:
+            await conn.execute("select pg_terminate_backend(pg_backend_pid())")
+        return calls
+
+    assert await database.transaction(unit) == 2
+    assert calls == 2
+    # The first try's insert died with its transaction.
+    assert await database.fetch("select n from t") == [(2,)]
+
+
+async def test_constraint_violation_is_not_retried(database: Database) -> None:
+    """A unique violation surfaces at once, after exactly one try."""
+    await database.execute("create table u (k int primary key)")
+    calls = 0
+
+    async def unit(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+        nonlocal calls
+        calls += 1
+        await conn.execute("insert into u values (1), (1)")
+
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await database.transaction(unit)
+    assert calls == 1
+
+
+async def test_unreachable_server_fails_after_the_retry_budget() -> None:
+    """Nothing listening: open() retries for its budget, then raises the connection error."""
+    options = PoolOptions(url="postgresql://u:secret@127.0.0.1:1/none", retry_for_s=0.5)
+    with pytest.raises(ConnectionRefusedError):
+        await Database.open(options)
