@@ -96,6 +96,34 @@ class RunStatus:
 
 
 @dataclass(frozen=True)
+class LaneView:
+    """One release lane as ``lanes`` shows it."""
+
+    release_id: str
+    queue: str
+    status: str  # claiming | retired | drained (retired, nothing left to finish)
+    live_workers: int
+    queued: int
+    running: int
+    waiting: int
+    adoptable: int
+    release_ids: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the JSON object of one lane in ``lane-worker lanes --json``."""
+        return {
+            "releaseId": self.release_id,
+            "queue": self.queue,
+            "status": self.status,
+            "liveWorkers": self.live_workers,
+            "queued": self.queued,
+            "running": self.running,
+            "waiting": self.waiting,
+            "adoptable": self.adoptable,
+        }
+
+
+@dataclass(frozen=True)
 class SignalResult:
     """Whether a signal was delivered, or ignored as a duplicate (first wins)."""
 
@@ -340,7 +368,25 @@ class LaneClient:
         )
         return queue
 
-    async def lane_rows(self) -> list[dict[str, Any]]:
-        """Return the raw lane registry rows with run counts (``lanes`` builds on it)."""
+    async def lanes(self) -> list[LaneView]:
+        """Return every registered lane with its workers and run counts, by queue."""
+        await self.ensure_schemas()
         rows = await self.db.run(lambda c: self.store.fetch(c, "lanes"))
-        return [dict(r) for r in rows]
+        views = []
+        for r in rows:
+            retired = r["status"] == "retired"
+            open_runs = r["queued"] + r["running"] + r["waiting"]
+            views.append(
+                LaneView(
+                    release_id=r["release_ids"][0] if r["release_ids"] else r["queue"],
+                    queue=r["queue"],
+                    status="drained" if retired and open_runs == 0 else r["status"],
+                    live_workers=r["live_workers"],
+                    queued=r["queued"],
+                    running=r["running"],
+                    waiting=r["waiting"],
+                    adoptable=r["parked"] if retired else 0,
+                    release_ids=tuple(r["release_ids"]),
+                )
+            )
+        return views
