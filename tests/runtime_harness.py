@@ -56,7 +56,7 @@ async def open_runtime(
 async def work_once(runtime: Runtime, queue: str | None = None, qty: int = 10) -> list[str]:
     """Claim what is due on ``queue`` (default: the runtime's own) and handle each run."""
     batch = await runtime.claim(queue or runtime.queue, qty)
-    return [await runtime.handle(run) for run in batch.runs]
+    return [(await runtime.handle(run)).outcome for run in batch.runs]
 
 
 async def work_until(

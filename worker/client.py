@@ -21,13 +21,8 @@ from worker.config import DATABASE_URL_ENV, MAX_ATTEMPTS_ENV, SERVERLESS_ENV, Tu
 from worker.db import Connection, Database, PoolOptions
 from worker.errors import LaneConfigError, RunNotFoundError
 from worker.reconcile import cancelled_fact
-from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY
+from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.store import TERMINAL_STATUSES, Store
-
-
-def notify_channel(queue: str) -> str:
-    """Return the NOTIFY channel a queue's workers listen on."""
-    return f"lane_worker_{queue}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +125,9 @@ class SignalResult:
     run_id: str
     event_key: str
     duplicate: bool
+
+
+LANES_CHANNEL = "lane_worker_lanes"
 
 
 def _parse_run_id(run_id: str) -> uuid.UUID:
@@ -260,7 +258,7 @@ class LaneClient:
                 max_attempts=self._max_attempts, retry_strategy=RETRY_STRATEGY,
             )  # fmt: skip
             await self.store.execute(conn, "set_run_task", run_id, spawned.task_id)
-            await conn.execute("select pg_notify($1, $2)", notify_channel(queue), str(run_id))
+            await notify(conn, queue, run_id)
             return SubmittedRun(str(run_id), release_id, queue)
 
         return await self.db.transaction(submit)
@@ -286,9 +284,7 @@ class LaneClient:
             # Only a wake-up: the payload the run reads is the signal row above.
             event = checkpoint.integration_event_name(str(row["run_id"]), event_key)
             await engine.emit_event(conn, row["queue"], event, data)
-            await conn.execute(
-                "select pg_notify($1, $2)", notify_channel(row["queue"]), str(row["run_id"])
-            )
+            await notify(conn, row["queue"], row["run_id"])
             return SignalResult(str(row["run_id"]), event_key, duplicate=False)
 
         await self.ensure_schemas()

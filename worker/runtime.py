@@ -14,9 +14,11 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import anyio
 import structlog
 
 from worker import checkpoint, engine, lanes
@@ -48,8 +50,26 @@ RETRY_STRATEGY: dict[str, Any] = {
 T = TypeVar("T")
 
 
+def notify_channel(queue: str) -> str:
+    """Return the NOTIFY channel a queue's workers listen on."""
+    return f"lane_worker_{queue}"
+
+
+async def notify(conn: Connection, queue: str, run_id: uuid.UUID | str) -> None:
+    """Wake the workers of ``queue`` (delivered when the transaction commits)."""
+    await conn.execute("select pg_notify($1, $2)", notify_channel(queue), str(run_id))
+
+
 def _reason(exc: BaseException) -> dict[str, Any]:
     return {"name": type(exc).__name__, "message": str(exc)}
+
+
+@dataclass(frozen=True)
+class Handled:
+    """What one claim came to: the lane disposition and the attempt's outcome."""
+
+    disposition: str
+    outcome: str
 
 
 class Runtime:
@@ -89,8 +109,8 @@ class Runtime:
             await reconcile_queue(self.db, self.store, queue)
         return batch
 
-    async def handle(self, claimed: engine.ClaimedRun) -> str:
-        """Decide what to do with one claimed run and do it; return the attempt's outcome.
+    async def handle(self, claimed: engine.ClaimedRun) -> Handled:
+        """Decide what to do with one claimed run and do it; return the disposition and outcome.
 
         Raises ``LaneMismatchError`` after handing the run back when this worker's
         own loop claimed a run of another lane (misconfiguration: stop that loop).
@@ -103,7 +123,7 @@ class Runtime:
             # An engine task without a launch row cannot be executed by anyone.
             await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
             bound.error("run.orphan_cancelled", task_name=claimed.task_name)
-            return "cancelled"
+            return Handled("own", "cancelled")
         run_id: uuid.UUID = row["run_id"]
         effective = row["adopted_release_id"] or row["release_id"]
         bound = bound.bind(run_id=str(run_id), worker_id=self.worker_id_for(claimed.queue))
@@ -129,10 +149,11 @@ class Runtime:
             )
         if isinstance(disposition, lanes.Defer):
             bound.info("run.deferred", delay_s=disposition.delay_seconds)
-            return await self._put_back(
+            outcome = await self._put_back(
                 claimed, run_id, "defer", "deferred", delay_s=disposition.delay_seconds,
                 note={"reason": disposition.reason},
             )  # fmt: skip
+            return Handled("defer", outcome)
         if isinstance(disposition, lanes.Refuse):
             bound.error(
                 "lane.refused",
@@ -140,7 +161,9 @@ class Runtime:
                 remedy=f"this lane still claims; let a worker of {effective!r} take it, or run "
                 f"`lane-worker lanes retire {effective}` if that release is gone",
             )
-            return await self._put_back(claimed, run_id, "refuse", "refused", delay_s=0)
+            return Handled(
+                "refuse", await self._put_back(claimed, run_id, "refuse", "refused", delay_s=0)
+            )
         adopted = disposition.adopted_release_id if isinstance(disposition, lanes.Adopt) else None
         attempt_id = await self._begin(claimed, run_id, disposition.kind, self.release_id)
         if adopted is not None:
@@ -154,7 +177,7 @@ class Runtime:
             attempt_id=attempt_id,
             lease_s=self.lease_s,
         )
-        return await self._execute(handle, claimed, bound)
+        return Handled(disposition.kind, await self._execute(handle, claimed, bound))
 
     async def _begin(
         self, claimed: engine.ClaimedRun, run_id: uuid.UUID, kind: str, adopter: str | None
@@ -191,6 +214,8 @@ class Runtime:
         async def put_back(conn: Connection) -> None:
             await engine.schedule(conn, claimed.queue, claimed.run_id, wake_at)
             await self.store.execute(conn, "finish_attempt", attempt_id, outcome, note)
+            if delay_s <= 0:  # due now: wake the lane's own workers
+                await notify(conn, claimed.queue, run_id)
 
         await self.db.transaction(put_back)
         return outcome
@@ -202,6 +227,7 @@ class Runtime:
             await engine.schedule(conn, handle.queue, handle.engine_run_id, datetime.now(UTC))
             await self.store.fetchval(conn, "release_run", handle.run_id, handle.attempt_id)
             await self.store.execute(conn, "finish_attempt", handle.attempt_id, "handed_back", None)
+            await notify(conn, handle.queue, handle.run_id)
 
         await self.db.transaction(give_back)
 
@@ -241,6 +267,13 @@ class Runtime:
         except Suspended:
             bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
             return "parked"
+        except anyio.get_cancelled_exc_class():
+            # Shutdown: the play is unwound; give the run back for another worker,
+            # shielded so the hand-back itself is not cancelled.
+            with anyio.CancelScope(shield=True):
+                await self.hand_back(h)
+                bound.info("run.handed_back", attempt=h.attempt)
+            raise
         except RunCancelledError:
             return await self._observe_cancel(h, bound)
         except LeaseLostError as exc:

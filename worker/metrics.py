@@ -1,0 +1,51 @@
+"""Prometheus metrics of one worker process (served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """The daemon's metrics, in a registry of their own (no process-global state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.claims = Counter(
+            "lane_worker_claims",
+            "Runs claimed, by loop kind and lane disposition.",
+            ["loop", "disposition"],
+            registry=self.registry,
+        )
+        self.runs = Counter(
+            "lane_worker_runs",
+            "Attempts that ended, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.run_duration = Histogram(
+            "lane_worker_run_duration_seconds",
+            "Time from claim to the attempt's end (completion, park, failure).",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
+            registry=self.registry,
+        )
+        self.lease_extensions = Counter(
+            "lane_worker_lease_extensions",
+            "Lease extensions of running runs.",
+            registry=self.registry,
+        )
+        self.loop_errors = Counter(
+            "lane_worker_loop_errors",
+            "Errors a claim loop backed off from, by loop kind.",
+            ["loop"],
+            registry=self.registry,
+        )
+        self.adoptable_queues = Gauge(
+            "lane_worker_adoptable_queues_attached",
+            "Continuation loops attached to retired lanes.",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "lane_worker_runs_in_flight",
+            "Runs executing in this process now.",
+            registry=self.registry,
+        )

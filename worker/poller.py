@@ -1,0 +1,205 @@
+"""One claim loop: the own queue, or one retired lane's queue as ``:continuations``.
+
+The loop claims only what there is capacity for, hands each run to the
+supervisor's run group, and when idle waits for the first of: a NOTIFY on its
+queue, the next due sleeper, the poll interval, or stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from worker import engine
+from worker.errors import LaneMismatchError
+from worker.metrics import Metrics
+from worker.runtime import Runtime
+from worker.store import quote_ident
+
+log = structlog.get_logger("lane_worker.poller")
+
+CLAIM_BATCH = 16
+_BACKOFF_MAX_S = 15.0
+
+
+class Capacity:
+    """Run slots shared by every loop of the process (``LANE_WORKER_CONCURRENCY``)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._changed = asyncio.Event()
+
+    @property
+    def in_use(self) -> int:
+        """Return how many slots are taken."""
+        return self.total - self.free
+
+    async def reserve(self, most: int) -> int:
+        """Wait for at least one free slot and take up to ``most``; return how many."""
+        while self.free <= 0:
+            # No await between clear() and wait(): a release cannot slip in.
+            self._changed.clear()
+            await self._changed.wait()
+        taken = min(self.free, most)
+        self.free -= taken
+        return taken
+
+    def release(self, count: int = 1) -> None:
+        """Give ``count`` slots back (synchronous, so it is safe in a cancelled task)."""
+        if count > 0:
+            self.free += count
+            self._changed.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no slot is taken."""
+        while self.free < self.total:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+class Poller:
+    """The claim loop of one queue."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        queue: str,
+        capacity: Capacity,
+        wakeup: asyncio.Event,
+        poll_interval_s: float,
+        metrics: Metrics,
+        runs: TaskGroup,
+        on_guard_failure: Callable[[str], None],
+    ) -> None:
+        self.runtime = runtime
+        self.queue = queue
+        self.kind = "own" if queue == runtime.queue else "continuation"
+        self.capacity = capacity
+        self.wakeup = wakeup
+        self.poll_interval_s = poll_interval_s
+        self.metrics = metrics
+        self.runs = runs
+        self.on_guard_failure = on_guard_failure
+        self.stopped = asyncio.Event()
+        self.finished = asyncio.Event()
+        self.detach_reason: str | None = None
+        self.log = log.bind(queue=queue, loop=self.kind, worker_id=runtime.worker_id_for(queue))
+
+    def stop(self, reason: str) -> None:
+        """Stop claiming (in-flight runs are not touched)."""
+        if not self.stopped.is_set():
+            self.detach_reason = reason
+            self.stopped.set()
+
+    async def run(self) -> None:
+        """Claim until stopped."""
+        failures = 0
+        try:
+            while not self.stopped.is_set():
+                slots = await self._reserve()
+                if slots == 0:
+                    break
+                try:
+                    batch = await self.runtime.claim(self.queue, slots)
+                except Exception as exc:
+                    self.capacity.release(slots)
+                    failures += 1
+                    self.metrics.loop_errors.labels(self.kind).inc()
+                    delay = min(_BACKOFF_MAX_S, 0.5 * 2 ** min(failures, 6))
+                    self.log.warning("loop.claim_failed", error=repr(exc), retry_in_s=delay)
+                    await self._idle(delay, precise=False)
+                    continue
+                failures = 0
+                self.capacity.release(slots - len(batch.runs))
+                for claimed in batch.runs:
+                    self.runs.start_soon(self._handle, claimed)
+                if len(batch.runs) < slots:
+                    await self._idle(self.poll_interval_s, precise=True)
+        finally:
+            self.finished.set()
+
+    async def _reserve(self) -> int:
+        # Waiting for a slot must not outlive a stop request.
+        reserve = asyncio.ensure_future(self.capacity.reserve(CLAIM_BATCH))
+        stop = asyncio.ensure_future(self.stopped.wait())
+        await asyncio.wait({reserve, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if reserve.done():
+            slots = reserve.result()
+            if self.stopped.is_set():
+                self.capacity.release(slots)
+                return 0
+            return slots
+        reserve.cancel()
+        try:
+            slots = await reserve
+        except asyncio.CancelledError:
+            return 0
+        self.capacity.release(slots)
+        return 0
+
+    async def _idle(self, cap_s: float, *, precise: bool) -> None:
+        """Wait for a NOTIFY, the next due run (when ``precise``), ``cap_s``, or stop."""
+        wait_s = cap_s
+        if precise:
+            due_in = await self._next_due_in_s()
+            if due_in is not None:
+                wait_s = min(wait_s, max(due_in, 0.005))
+        self.wakeup.clear()
+        with anyio.move_on_after(wait_s):
+            wake = asyncio.ensure_future(self.wakeup.wait())
+            stop = asyncio.ensure_future(self.stopped.wait())
+            try:
+                await asyncio.wait({wake, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake.cancel()
+                stop.cancel()
+
+    async def _next_due_in_s(self) -> float | None:
+        """Return seconds until the next run on this queue becomes claimable, if any."""
+        runs = quote_ident(f"r_{self.queue}")
+        # A continuation loop only ever gets due sleepers (event-woken runs are
+        # due at once and come with a NOTIFY).
+        state = "'sleeping'" if self.kind == "continuation" else "'pending', 'sleeping'"
+        try:
+            due: datetime | None = await self.runtime.db.fetchval(
+                f"select min(available_at) from absurd.{runs} where state in ({state})"
+            )
+        except Exception as exc:
+            self.log.warning("loop.next_due_failed", error=repr(exc))
+            return None
+        if due is None:
+            return None
+        return (due - datetime.now(UTC)).total_seconds()
+
+    async def _handle(self, claimed: engine.ClaimedRun) -> None:
+        started = time.monotonic()
+        self.metrics.in_flight.inc()
+        try:
+            handled = await self.runtime.handle(claimed)
+        except LaneMismatchError as exc:
+            self.metrics.claims.labels(self.kind, "refuse").inc()
+            self.stop("lane guard failed")
+            self.on_guard_failure(str(exc))
+            return
+        except Exception as exc:
+            # The run stays claimed; its lease expires and it is retried elsewhere.
+            self.metrics.loop_errors.labels(self.kind).inc()
+            self.log.error("run.handling_failed", run_task_id=str(claimed.task_id), error=repr(exc))
+            return
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.run_duration.observe(time.monotonic() - started)
+            self.capacity.release(1)
+        self.metrics.claims.labels(self.kind, handled.disposition).inc()
+        self.metrics.runs.labels(handled.outcome).inc()
+        if handled.outcome == "refused" and self.kind == "continuation":
+            self.stop("lane still claims")
