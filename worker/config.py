@@ -30,6 +30,7 @@ DRAIN_SECONDS_ENV = "LANE_WORKER_DRAIN_SECONDS"
 HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
 MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
 LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
+PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
 # Read by the test suite only; listed so doctor does not call it a typo.
 TEST_DATABASE_URL_ENV = "LANE_WORKER_TEST_DATABASE_URL"
 
@@ -81,6 +82,7 @@ class Tuning:
     health_port: int = 8080
     max_attempts: int = 5
     log_format: LogFormat = "auto"
+    pgbouncer: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Diagnosis:
             "healthPort": self.tuning.health_port,
             "maxAttempts": self.tuning.max_attempts,
             "logFormat": self.tuning.log_format,
+            "pgbouncer": self.tuning.pgbouncer,
             "refused": self.refused,
             "exitCode": self.exit_code,
             "errors": [{"variable": e.variable, "message": str(e)} for e in self.errors],
@@ -247,6 +250,14 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         )
         log_format = defaults.log_format
 
+    pgbouncer_raw = (_blank_as_unset(env, PGBOUNCER_ENV) or "false").lower()
+    if pgbouncer_raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        problems.refuse(
+            PGBOUNCER_ENV,
+            f"{PGBOUNCER_ENV}={env.get(PGBOUNCER_ENV)!r} is not valid: set it to true when "
+            "WORKFLOW_RUNTIME_POSTGRES goes through PgBouncer transaction pooling, else false.",
+        )
+
     def read(name: str, default: _Number, parse: Callable[[str], _Number], *bounds: _Number,
              meaning: str) -> _Number:  # fmt: skip
         return _number(env, problems, name, default, parse, bounds, meaning)
@@ -282,6 +293,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
             meaning="a whole number of attempts",
         ),
         log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
+        pgbouncer=pgbouncer_raw in ("1", "true", "yes", "on"),
     )
 
 
@@ -331,7 +343,7 @@ def normalize_twice_differs(raw: str) -> bool:
 def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     known = {
         CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
-        HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV,
+        HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
     }  # fmt: skip
     return [
         f"{name} is set but lane-worker does not read it (a typo?); it is ignored."

@@ -107,6 +107,9 @@ class Poller:
                 slots = await self._reserve()
                 if slots == 0:
                     break
+                # Cleared before the claim, not after: a NOTIFY that lands while
+                # the claim runs must still cut the idle wait short.
+                self.wakeup.clear()
                 try:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
@@ -153,7 +156,6 @@ class Poller:
             due_in = await self._next_due_in_s()
             if due_in is not None:
                 wait_s = min(wait_s, max(due_in, 0.005))
-        self.wakeup.clear()
         with anyio.move_on_after(wait_s):
             wake = asyncio.ensure_future(self.wakeup.wait())
             stop = asyncio.ensure_future(self.stopped.wait())

@@ -33,6 +33,7 @@ from worker.errors import (
     UnknownBoundaryError,
     UnknownPlayError,
 )
+from worker.metrics import Metrics
 from worker.reconcile import cancelled_fact, reconcile_queue
 from worker.store import Store
 
@@ -84,7 +85,9 @@ class Runtime:
         worker_base: str,
         release_id: str,
         lease_s: int,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.db = db
         self.store = store
         self.app = app
@@ -307,6 +310,8 @@ class Runtime:
                     await self.db.run(
                         lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s)
                     )
+                    if self.metrics is not None:
+                        self.metrics.lease_extensions.inc()
                 except LeaseLostError as exc:
                     lost.append(exc)
                     host.cancel()

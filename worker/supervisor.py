@@ -1,10 +1,368 @@
-"""The daemon: boot, claim loops, adoption refresh, maintenance, health, SIGTERM drain."""
+"""The daemon: boot, claim loops, adoption refresh, maintenance, health, SIGTERM drain.
+
+Boot resolves the lane (refusing a topology that needs a suffix it lacks,
+before any connection), connects with retry, installs the schemas, registers
+the lane as claiming (never un-retiring it) and starts, in one task group: the
+own claim loop, one ``:continuations`` loop per retired lane that still has
+open runs (kept current), the LISTEN connection, heartbeats, maintenance and
+the HTTP endpoints. The first SIGTERM / SIGINT drains; a second exits at once.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import sys
 from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from worker import engine, lanes, logs
+from worker.app import App, load_app
+from worker.config import EXIT_CONFIG, Settings
+from worker.db import Database, PoolOptions, is_transient
+from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
+from worker.health import HealthServer
+from worker.listener import Listener, Wakeups
+from worker.maintenance import maintain
+from worker.metrics import Metrics
+from worker.poller import Capacity, Poller
+from worker.runtime import Runtime
+from worker.store import Store
+
+log = structlog.get_logger("lane_worker.supervisor")
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+BOOT_RETRY_S = 60.0
+HEARTBEAT_S = 10.0
+ADOPTION_REFRESH_S = 5.0
+MAINTENANCE_S = 60.0
+POLLER_STOP_GRACE_S = 5.0
+
+
+def _say(sentence: str) -> None:
+    print(f"lane-worker: {sentence}", file=sys.stderr, flush=True)
 
 
 def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
     """Run the worker daemon until it is stopped; return the process exit code."""
-    raise NotImplementedError("the supervisor is being written")
+    try:
+        settings = Settings.from_env(env)
+    except LaneConfigError as exc:
+        _say(str(exc))
+        return EXIT_CONFIG
+    logs.configure(settings.tuning.log_format)
+    try:
+        app = load_app(app_spec)
+    except (ImportError, ValueError) as exc:
+        _say(f"cannot load the app {app_spec!r}: {exc}")
+        return EXIT_USAGE
+    return anyio.run(Supervisor(settings, app).main)
+
+
+class Supervisor:
+    """Owns the daemon's loops and side tasks for one release lane."""
+
+    def __init__(self, settings: Settings, app: App) -> None:
+        self.settings = settings
+        self.app = app
+        self.worker_id = f"{settings.release_id}@{socket.gethostname()}:{os.getpid()}"
+        self.metrics = Metrics()
+        self.wakeups = Wakeups()
+        self.capacity = Capacity(settings.tuning.concurrency)
+        self.store = Store(settings.scheduler_schema)
+        self.pollers: dict[str, Poller] = {}
+        self.guard_error: str | None = None
+        self.own_lane_retired = False
+        self.stop_requested = anyio.Event()
+        self.db: Database | None = None
+        self.listener: Listener | None = None
+        self.log = log.bind(
+            release_id=settings.release_id, queue=settings.queue, worker_id=self.worker_id
+        )
+
+    async def main(self) -> int:
+        """Boot, run until stopped, drain; return the exit code."""
+        try:
+            self.db = await Database.open(
+                PoolOptions(
+                    url=self.settings.database_url,
+                    max_size=2,
+                    application_name=f"lane-worker {self.settings.release_id}"[:63],
+                    pgbouncer=self.settings.tuning.pgbouncer,
+                    retry_for_s=BOOT_RETRY_S,
+                )
+            )
+        except Exception as exc:
+            if not is_transient(exc) and not isinstance(exc, OSError):
+                raise
+            _say(
+                f"cannot reach the runtime database at {self.settings.database_url_redacted} "
+                f"after {BOOT_RETRY_S:g} s ({type(exc).__name__}); check WORKFLOW_RUNTIME_POSTGRES "
+                "and that Postgres is up."
+            )
+            return EXIT_FAILURE
+        try:
+            code = await self._boot(self.db)
+            if code is not None:
+                return code
+            await self._serve(self.db)
+            return 0
+        finally:
+            await self.db.close()
+
+    async def _boot(self, db: Database) -> int | None:
+        s = self.settings
+        try:
+            await db.run(engine.ensure_engine_schema)
+            await db.run(self.store.migrate)
+        except (EngineSchemaError, StoreSchemaError) as exc:
+            _say(str(exc))
+            return EXIT_CONFIG
+        await db.run(lambda c: engine.ensure_queue(c, s.queue))
+        status = await db.run(
+            lambda c: self.store.fetchval(c, "register_release", s.queue, s.release_id)
+        )
+        if status == "retired":
+            _say(
+                f"release lane {s.queue} ({s.release_id}) is retired, so this worker will not "
+                f"claim from it; run `lane-worker lanes activate {s.launch_release_id}` first if "
+                "this release must take work again."
+            )
+            return EXIT_CONFIG
+        await self._heartbeat_once(db)
+        return None
+
+    def _runtime(self, db: Database) -> Runtime:
+        return Runtime(
+            db,
+            self.store,
+            self.app,
+            worker_base=self.worker_id,
+            release_id=self.settings.release_id,
+            lease_s=self.settings.tuning.claim_timeout_s,
+            metrics=self.metrics,
+        )
+
+    async def _serve(self, db: Database) -> None:
+        s = self.settings
+        runtime = self._runtime(db)
+        health = HealthServer(s.tuning.health_port, self.metrics, self._readiness)
+        port = await health.start()
+        try:
+            async with anyio.create_task_group() as side:
+                side.start_soon(self._signals)
+                if not s.tuning.pgbouncer:
+                    self.listener = Listener(s.database_url, self.wakeups, self._queues)
+                    side.start_soon(self.listener.run)
+                side.start_soon(self._heartbeats, db)
+                side.start_soon(self._maintenance, db)
+                async with anyio.create_task_group() as runs:
+                    self._attach(runtime, s.queue, runs, side)
+                    side.start_soon(self._adoption_refresh, db, runtime, runs, side)
+                    self.log.info(
+                        "worker.ready",
+                        schema=s.scheduler_schema,
+                        concurrency=s.tuning.concurrency,
+                        health_port=port,
+                        listen=not s.tuning.pgbouncer,
+                    )
+                    await self.stop_requested.wait()
+                    await self._drain(runs)
+                side.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await health.stop()
+                await db.run(lambda c: self.store.execute(c, "worker_stopped", self.worker_id))
+                self.log.info(
+                    "worker.stopped",
+                    claims=_total(self.metrics.claims),
+                    outcomes=_by_label(self.metrics.runs),
+                )
+
+    async def _drain(self, runs: TaskGroup) -> None:
+        """Stop claiming, let in-flight runs finish within the window, hand back the rest."""
+        drain_s = self.settings.tuning.drain_s
+        self.log.info("worker.stopping", in_flight=self.capacity.in_use, drain_s=drain_s)
+        for poller in self.pollers.values():
+            poller.stop("shutdown")
+        with anyio.move_on_after(POLLER_STOP_GRACE_S):
+            for poller in list(self.pollers.values()):
+                await poller.finished.wait()
+        with anyio.move_on_after(drain_s):
+            await self.capacity.wait_idle()
+        if self.capacity.in_use:
+            self.log.info("worker.handing_back", in_flight=self.capacity.in_use)
+        # Each unfinished run unwinds its play and hands itself back (shielded).
+        runs.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for signum in received:
+                if self.stop_requested.is_set():
+                    self.log.warning("worker.exit_now", signal=signal.Signals(signum).name)
+                    os._exit(EXIT_FAILURE)
+                self.log.info("worker.signal", signal=signal.Signals(signum).name)
+                self.stop_requested.set()
+
+    def _queues(self) -> set[str]:
+        return {q for q, p in self.pollers.items() if not p.stopped.is_set()}
+
+    def _attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> None:
+        poller = Poller(
+            runtime=runtime,
+            queue=queue,
+            capacity=self.capacity,
+            wakeup=self.wakeups.for_queue(queue),
+            poll_interval_s=self.settings.tuning.poll_interval_s,
+            metrics=self.metrics,
+            runs=runs,
+            on_guard_failure=self._guard_failed,
+        )
+        self.pollers[queue] = poller
+        side.start_soon(self._run_poller, poller)
+        if poller.kind == "continuation":
+            self.metrics.adoptable_queues.set(len(self._continuations()))
+            self.log.info("loop.attached", loop_queue=queue)
+        if self.listener is not None:
+            self.listener.queues_changed()
+
+    async def _run_poller(self, poller: Poller) -> None:
+        await poller.run()
+        if poller.kind == "continuation" and poller.detach_reason != "shutdown":
+            self.pollers.pop(poller.queue, None)
+            self.metrics.adoptable_queues.set(len(self._continuations()))
+            self.log.info("loop.detached", loop_queue=poller.queue, reason=poller.detach_reason)
+            if self.listener is not None:
+                self.listener.queues_changed()
+
+    def _continuations(self) -> list[str]:
+        return [q for q, p in self.pollers.items() if p.kind == "continuation"]
+
+    def _guard_failed(self, message: str) -> None:
+        self.guard_error = message
+        self.log.error("lane.own_loop_stopped", error=message)
+
+    async def _adoption_refresh(
+        self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
+    ) -> None:
+        """Keep one continuation loop per retired lane with open runs; watch our own lane."""
+        s = self.settings
+        while True:
+            self.wakeups.lanes_changed.clear()
+            try:
+                rows = await db.run(lambda c: self.store.fetch(c, "adoptable_releases"))
+                retired_queues = {r["queue"] for r in rows}
+                wanted = set(
+                    lanes.adoption_queues(s.release_id, [i for r in rows for i in r["release_ids"]])
+                )
+                # A lane registered under a spelling we cannot map stays attachable by queue.
+                wanted |= retired_queues - {s.queue}
+                for queue in sorted(wanted - set(self._continuations())):
+                    if not self.stop_requested.is_set():
+                        await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
+                        self._attach(runtime, queue, runs, side)
+                for queue in sorted(set(self._continuations()) - wanted):
+                    self.pollers[queue].stop("lane drained or re-activated")
+                own_retired = s.queue in retired_queues or await self._own_lane_retired(db)
+                if own_retired and not self.own_lane_retired:
+                    self.own_lane_retired = True
+                    own = self.pollers.get(s.queue)
+                    if own is not None:
+                        own.stop("own lane retired")
+                    self.log.warning(
+                        "lane.retired",
+                        detail="own loop stopped claiming; in-flight runs finish; waiting for "
+                        "SIGTERM",
+                    )
+            except Exception as exc:
+                self.log.warning("adoption.refresh_failed", error=repr(exc))
+            with anyio.move_on_after(ADOPTION_REFRESH_S):
+                await self.wakeups.lanes_changed.wait()
+
+    async def _own_lane_retired(self, db: Database) -> bool:
+        status = await db.fetchval(
+            f"select status from {self.store.schema_sql}.releases where queue = $1",
+            self.settings.queue,
+        )
+        return bool(status == "retired")
+
+    async def _heartbeat_once(self, db: Database) -> None:
+        s = self.settings
+        await db.run(
+            lambda c: self.store.execute(
+                c,
+                "heartbeat",
+                self.worker_id,
+                s.release_id,
+                s.queue,
+                socket.gethostname(),
+                os.getpid(),
+                s.tuning.concurrency,
+            )
+        )
+
+    async def _heartbeats(self, db: Database) -> None:
+        while True:
+            await anyio.sleep(HEARTBEAT_S)
+            try:
+                await self._heartbeat_once(db)
+            except Exception as exc:
+                self.log.warning("worker.heartbeat_failed", error=repr(exc))
+
+    async def _maintenance(self, db: Database) -> None:
+        while True:
+            try:
+                await maintain(db, self.store)
+            except Exception as exc:
+                self.log.warning("maintenance.failed", error=repr(exc))
+            await anyio.sleep(MAINTENANCE_S)
+
+    async def _readiness(self) -> dict[str, Any]:
+        database = True
+        try:
+            assert self.db is not None
+            with anyio.fail_after(2):
+                await self.db.fetchval("select 1")
+        except Exception:
+            database = False
+        own = self.pollers.get(self.settings.queue)
+        own_running = own is not None and not own.stopped.is_set()
+        loops_ok = own_running or self.own_lane_retired
+        ready = (
+            database and loops_ok and self.guard_error is None and not self.stop_requested.is_set()
+        )
+        return {
+            "ready": ready,
+            "database": database,
+            "ownLoop": "running"
+            if own_running
+            else "retired"
+            if self.own_lane_retired
+            else "stopped",
+            "continuationLoops": sorted(self._continuations()),
+            "laneGuardError": self.guard_error,
+            "listening": bool(self.listener and self.listener.connected),
+            "inFlight": self.capacity.in_use,
+            "releaseId": self.settings.release_id,
+            "queue": self.settings.queue,
+        }
+
+
+def _total(counter: Any) -> int:
+    samples = [s for metric in counter.collect() for s in metric.samples]
+    return int(sum(s.value for s in samples if s.name.endswith("_total")))
+
+
+def _by_label(counter: Any) -> dict[str, int]:
+    return {
+        sample.labels.get("outcome", "?"): int(sample.value)
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }

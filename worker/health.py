@@ -1,0 +1,56 @@
+"""HTTP: /healthz (alive), /readyz (ready to work), /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from worker.metrics import Metrics
+
+ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class HealthServer:
+    """The daemon's HTTP endpoints on one port (0 picks a free one)."""
+
+    def __init__(self, port: int, metrics: Metrics, readiness: ReadinessCheck) -> None:
+        self._port = port
+        self._metrics = metrics
+        self._readiness = readiness
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Start listening; return the port actually bound."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics_page)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host="0.0.0.0", port=self._port)  # noqa: S104 (a container's health port)
+        await site.start()
+        server = site._server  # aiohttp exposes the bound port only through the server
+        assert isinstance(server, asyncio.Server)
+        self.port = int(server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        report = await self._readiness()
+        return web.json_response(report, status=200 if report.get("ready") else 503)
+
+    async def _metrics_page(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,116 @@
+"""LISTEN for NOTIFY hints on one dedicated connection; polling stays the guarantee.
+
+Channels: ``lane_worker_<queue>`` per claimed queue (a submit, signal or
+hand-back on that queue) and ``lane_worker_lanes`` (a lane was retired or
+activated). A notification only sets the matching wake-up event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+import structlog
+
+from worker.client import LANES_CHANNEL
+from worker.db import is_transient
+from worker.runtime import notify_channel
+
+log = structlog.get_logger("lane_worker.listener")
+
+_RECONNECT_MAX_S = 30.0
+
+
+class Wakeups:
+    """One asyncio event per queue (and one for the lane registry)."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self.lanes_changed = asyncio.Event()
+
+    def for_queue(self, queue: str) -> asyncio.Event:
+        """Return the wake-up event of ``queue``."""
+        return self._events.setdefault(queue, asyncio.Event())
+
+    def poke(self, queue: str) -> None:
+        """Wake the loop of ``queue``."""
+        self.for_queue(queue).set()
+
+
+class Listener:
+    """Keeps one LISTEN connection for a changing set of queues, reconnecting with backoff."""
+
+    def __init__(self, url: str, wakeups: Wakeups, queues: Callable[[], set[str]]) -> None:
+        self._url = url
+        self._wakeups = wakeups
+        self._queues = queues
+        self._changed = asyncio.Event()
+        self.connected = False
+
+    def queues_changed(self) -> None:
+        """Tell the listener to re-read its queue set."""
+        self._changed.set()
+
+    def _on_notify(
+        self,
+        _conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
+        _pid: int,
+        channel: str,
+        _payload: object,
+    ) -> None:
+        if channel == LANES_CHANNEL:
+            self._wakeups.lanes_changed.set()
+            return
+        prefix = notify_channel("")
+        if channel.startswith(prefix):
+            self._wakeups.poke(channel[len(prefix) :])
+
+    async def run(self) -> None:
+        """Listen until cancelled; on a dropped connection, wake everyone and reconnect."""
+        failures = 0
+        while True:
+            conn: asyncpg.Connection[asyncpg.Record] | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self._url,
+                    timeout=10,
+                    statement_cache_size=0,
+                    server_settings={"application_name": "lane-worker-listen"},
+                )
+                listening: set[str] = set()
+                await conn.add_listener(LANES_CHANNEL, self._on_notify)
+                self.connected = True
+                failures = 0
+                while not conn.is_closed():
+                    wanted = {notify_channel(q) for q in self._queues()}
+                    for channel in sorted(wanted - listening):
+                        await conn.add_listener(channel, self._on_notify)
+                    for channel in sorted(listening - wanted):
+                        await conn.remove_listener(channel, self._on_notify)
+                    listening = wanted
+                    self._changed.clear()
+                    # Wake on a queue-set change, or every few seconds to notice a
+                    # connection the server has dropped.
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), timeout=5)
+                    except TimeoutError:
+                        await conn.fetchval("select 1")
+                raise ConnectionResetError("LISTEN connection closed")
+            except Exception as exc:
+                if not is_transient(exc):
+                    log.error("listener.failed", error=repr(exc))
+                self.connected = False
+                failures += 1
+                # Whatever was notified while we were away is found by polling now.
+                for queue in self._queues():
+                    self._wakeups.poke(queue)
+                self._wakeups.lanes_changed.set()
+                delay = min(_RECONNECT_MAX_S, 0.5 * 2 ** min(failures, 6))
+                log.warning("listener.reconnecting", error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+            finally:
+                self.connected = False
+                if conn is not None and not conn.is_closed():
+                    await conn.close(timeout=2)
