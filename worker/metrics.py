@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `*_created` series double the exposition for no use here.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 
 class Metrics:
