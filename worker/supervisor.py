@@ -80,6 +80,7 @@ class Supervisor:
         self.guard_error: str | None = None
         self.own_lane_retired = False
         self.stop_requested = anyio.Event()
+        self.ready = anyio.Event()
         self.db: Database | None = None
         self.listener: Listener | None = None
         self.log = log.bind(
@@ -172,6 +173,7 @@ class Supervisor:
                         health_port=port,
                         listen=not s.tuning.pgbouncer,
                     )
+                    self.ready.set()
                     await self.stop_requested.wait()
                     await self._drain(runs)
                 side.cancel_scope.cancel()
@@ -184,6 +186,10 @@ class Supervisor:
                     claims=_total(self.metrics.claims),
                     outcomes=_by_label(self.metrics.runs),
                 )
+
+    def request_stop(self) -> None:
+        """Start the drain, as a first SIGTERM does."""
+        self.stop_requested.set()
 
     async def _drain(self, runs: TaskGroup) -> None:
         """Stop claiming, let in-flight runs finish within the window, hand back the rest."""

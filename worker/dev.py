@@ -1,0 +1,142 @@
+"""``lane-worker dev``: embedded Postgres, a worker and the demo runs, watched in a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import anyio
+import click
+
+from worker import demo, logs
+from worker.app import App, load_app
+from worker.client import LaneClient, LaneView, RunStatus
+from worker.config import (
+    DATABASE_URL_ENV,
+    EXIT_CONFIG,
+    HEALTH_PORT_ENV,
+    LOG_FORMAT_ENV,
+    Settings,
+)
+from worker.embedded import embedded_postgres
+from worker.errors import LaneConfigError
+from worker.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor
+
+DEMO_TIMEOUT_S = 120.0
+_WATCH_EVERY_S = 0.25
+
+
+def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, data_dir: Path) -> int:
+    """Run embedded Postgres (unless a URL is set), a worker and the demo; return the exit code."""
+    values = dict(env)
+    # A second worktree's dev worker must not collide on the health port.
+    values.setdefault(HEALTH_PORT_ENV, "0")
+    values.setdefault(LOG_FORMAT_ENV, "console")
+    with _database(values, data_dir) as url:
+        values[DATABASE_URL_ENV] = url
+        try:
+            settings = Settings.from_env(values)
+        except LaneConfigError as exc:
+            click.echo(f"lane-worker: {exc}", err=True)
+            return EXIT_CONFIG
+        logs.configure(settings.tuning.log_format)
+        try:
+            app = load_app(app_spec)
+        except (ImportError, ValueError) as exc:
+            click.echo(f"lane-worker: cannot load the app {app_spec!r}: {exc}", err=True)
+            return EXIT_USAGE
+        return anyio.run(_dev_main, settings, app, values, exit_after_demo)
+
+
+@contextlib.contextmanager
+def _database(values: dict[str, str], data_dir: Path) -> Iterator[str]:
+    url = (values.get(DATABASE_URL_ENV) or "").strip()
+    if url:
+        yield url
+        return
+    click.echo(f"dev: starting embedded PostgreSQL in {data_dir} ...")
+    with embedded_postgres(data_dir) as embedded_url:
+        click.echo("dev: PostgreSQL is up (it stops when lane-worker dev exits)")
+        yield embedded_url
+    click.echo("dev: PostgreSQL stopped")
+
+
+async def _dev_main(
+    settings: Settings, app: App, env: dict[str, str], exit_after_demo: bool
+) -> int:
+    supervisor = Supervisor(settings, app)
+    outcome = {"demo": 0}
+    async with anyio.create_task_group() as tg:
+
+        async def demo_then_maybe_stop() -> None:
+            outcome["demo"] = await _demo(supervisor, app, env)
+            if exit_after_demo:
+                supervisor.request_stop()
+
+        tg.start_soon(demo_then_maybe_stop)
+        code = await supervisor.main()
+        tg.cancel_scope.cancel()
+    if code == 0 and exit_after_demo:
+        return outcome["demo"]
+    return code
+
+
+async def _demo(supervisor: Supervisor, app: App, env: dict[str, str]) -> int:
+    """Submit the demo runs, signal their waits, print their progress; 0 when all completed."""
+    await supervisor.ready.wait()
+    runs = [(play, params) for play, params in demo.DEMO_RUNS if play in app.plays]
+    if not runs:
+        click.echo("dev: this app has none of the demo plays; the worker runs, nothing submitted")
+        return 0
+    async with await LaneClient.connect(env=env) as client:
+        submitted = [(play, (await client.submit(play, params)).run_id) for play, params in runs]
+        click.echo(f"dev: submitted {len(submitted)} demo runs to {supervisor.settings.queue}")
+        last: dict[str, str] = {}
+        signalled: set[str] = set()
+        deadline = time.monotonic() + DEMO_TIMEOUT_S
+        while True:
+            statuses = [await client.status(run_id) for _, run_id in submitted]
+            for (play, run_id), status in zip(submitted, statuses, strict=True):
+                if last.get(run_id) != status.status:
+                    last[run_id] = status.status
+                    click.echo(_progress_line(play, status))
+                waiting = status.status == "waiting" and run_id not in signalled
+                if waiting and play in demo.DEMO_SIGNALS:
+                    key, data = demo.DEMO_SIGNALS[play]
+                    await client.signal(run_id, key, data)
+                    signalled.add(run_id)
+                    click.echo(f"dev: signalled {key!r} to {play} ({run_id[:8]})")
+            if all(s.finished for s in statuses) or time.monotonic() > deadline:
+                break
+            await anyio.sleep(_WATCH_EVERY_S)
+        click.echo(lanes_table(await client.lanes()))
+    failed = [s for s in statuses if s.status != "completed"]
+    if failed:
+        click.echo(f"dev: {len(failed)} demo run(s) did not complete", err=True)
+        return EXIT_FAILURE
+    click.echo("dev: every demo run completed")
+    return 0
+
+
+def _progress_line(play: str, status: RunStatus) -> str:
+    detail = ""
+    if status.status == "completed":
+        detail = f" -> {status.output}"
+    elif status.status in ("failed", "retrying") and status.error:
+        detail = f" ({status.error.get('message')})"
+    return f"dev: {play:<11} {status.run_id[:8]}  {status.status}{detail}"
+
+
+def lanes_table(views: list[LaneView]) -> str:
+    """Render lanes as an aligned text table."""
+    header = ("RELEASE", "QUEUE", "STATUS", "WORKERS", "QUEUED", "RUNNING", "WAITING", "ADOPTABLE")
+    rows = [header] + [
+        (v.release_id, v.queue, v.status, str(v.live_workers), str(v.queued), str(v.running),
+         str(v.waiting), str(v.adoptable))
+        for v in views
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)
