@@ -13,7 +13,7 @@ $(UV):
 
 # The lock file is the contract: --frozen installs exactly what it pins, never re-resolves.
 $(VENV)/.installed: $(UV) uv.lock pyproject.toml
-	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --frozen --all-extras
 	touch $@
 
 install: $(VENV)/.installed

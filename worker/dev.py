@@ -34,8 +34,12 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     # A second worktree's dev worker must not collide on the health port.
     values.setdefault(HEALTH_PORT_ENV, "0")
     values.setdefault(LOG_FORMAT_ENV, "console")
-    with _database(values, data_dir) as url:
-        values[DATABASE_URL_ENV] = url
+    with contextlib.ExitStack() as stack:
+        try:
+            values[DATABASE_URL_ENV] = stack.enter_context(_database(values, data_dir))
+        except RuntimeError as exc:  # embedded Postgres is not installed
+            click.echo(f"lane-worker: {exc}", err=True)
+            return EXIT_FAILURE
         try:
             settings = Settings.from_env(values)
         except LaneConfigError as exc:

