@@ -186,7 +186,7 @@ class Poller:
         started = time.monotonic()
         self.metrics.in_flight.inc()
         try:
-            handled = await self.runtime.handle(claimed)
+            handled = await self.runtime.handle(claimed, on_refuse=self._refused)
         except LaneMismatchError as exc:
             self.metrics.claims.labels(self.kind, "refuse").inc()
             self.stop("lane guard failed")
@@ -203,5 +203,7 @@ class Poller:
             self.capacity.release(1)
         self.metrics.claims.labels(self.kind, handled.disposition).inc()
         self.metrics.runs.labels(handled.outcome).inc()
-        if handled.outcome == "refused" and self.kind == "continuation":
+
+    def _refused(self) -> None:
+        if self.kind == "continuation":
             self.stop("lane still claims")

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -112,11 +112,15 @@ class Runtime:
             await reconcile_queue(self.db, self.store, queue)
         return batch
 
-    async def handle(self, claimed: engine.ClaimedRun) -> Handled:
+    async def handle(
+        self, claimed: engine.ClaimedRun, *, on_refuse: Callable[[], None] | None = None
+    ) -> Handled:
         """Decide what to do with one claimed run and do it; return the disposition and outcome.
 
         Raises ``LaneMismatchError`` after handing the run back when this worker's
         own loop claimed a run of another lane (misconfiguration: stop that loop).
+        ``on_refuse`` runs as soon as a refusal is decided, before the run is
+        handed back, so the loop stops before it could claim the run again.
         """
         row = await self.db.run(lambda c: self.store.fetchrow(c, "lane_state", claimed.task_id))
         bound = log.bind(
@@ -158,6 +162,8 @@ class Runtime:
             )  # fmt: skip
             return Handled("defer", outcome)
         if isinstance(disposition, lanes.Refuse):
+            if on_refuse is not None:
+                on_refuse()
             bound.error(
                 "lane.refused",
                 run_release_id=effective,

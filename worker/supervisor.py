@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from worker import engine, lanes, logs
 from worker.app import App, load_app
 from worker.config import EXIT_CONFIG, Settings
-from worker.db import Database, PoolOptions, is_transient
+from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
 from worker.health import HealthServer
 from worker.listener import Listener, Wakeups
@@ -234,7 +234,7 @@ class Supervisor:
         side.start_soon(self._run_poller, poller)
         if poller.kind == "continuation":
             self.metrics.adoptable_queues.set(len(self._continuations()))
-            self.log.info("loop.attached", loop_queue=queue)
+            self.log.info("loop.attached", queue=queue)
         if self.listener is not None:
             self.listener.queues_changed()
 
@@ -243,7 +243,7 @@ class Supervisor:
         if poller.kind == "continuation" and poller.detach_reason != "shutdown":
             self.pollers.pop(poller.queue, None)
             self.metrics.adoptable_queues.set(len(self._continuations()))
-            self.log.info("loop.detached", loop_queue=poller.queue, reason=poller.detach_reason)
+            self.log.info("loop.detached", queue=poller.queue, reason=poller.detach_reason)
             if self.listener is not None:
                 self.listener.queues_changed()
 
@@ -257,46 +257,53 @@ class Supervisor:
     async def _adoption_refresh(
         self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
     ) -> None:
-        """Keep one continuation loop per retired lane with open runs; watch our own lane."""
+        """Keep one continuation loop per retired lane with open runs; watch our own lane.
+
+        A loop detaches when its lane drains. A lane activated again keeps its
+        loop until the loop claims one of its runs: that refusal is the loud
+        signal that two releases claim one lane, and it detaches the loop.
+        """
         s = self.settings
         while True:
             self.wakeups.lanes_changed.clear()
             try:
-                rows = await db.run(lambda c: self.store.fetch(c, "adoptable_releases"))
-                retired_queues = {r["queue"] for r in rows}
+                registry = {r["queue"]: r for r in await db.run(self._lane_registry)}
+                adoptable = [
+                    r for r in registry.values() if r["status"] == "retired" and r["has_open"]
+                ]
                 wanted = set(
-                    lanes.adoption_queues(s.release_id, [i for r in rows for i in r["release_ids"]])
+                    lanes.adoption_queues(
+                        s.release_id, [i for r in adoptable for i in r["release_ids"]]
+                    )
                 )
-                # A lane registered under a spelling we cannot map stays attachable by queue.
-                wanted |= retired_queues - {s.queue}
                 for queue in sorted(wanted - set(self._continuations())):
                     if not self.stop_requested.is_set():
                         await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
                         self._attach(runtime, queue, runs, side)
-                for queue in sorted(set(self._continuations()) - wanted):
-                    self.pollers[queue].stop("lane drained or re-activated")
-                own_retired = s.queue in retired_queues or await self._own_lane_retired(db)
-                if own_retired and not self.own_lane_retired:
-                    self.own_lane_retired = True
-                    own = self.pollers.get(s.queue)
-                    if own is not None:
-                        own.stop("own lane retired")
-                    self.log.warning(
-                        "lane.retired",
-                        detail="own loop stopped claiming; in-flight runs finish; waiting for "
-                        "SIGTERM",
-                    )
+                for queue in self._continuations():
+                    lane = registry.get(queue)
+                    if lane is None or (lane["status"] == "retired" and not lane["has_open"]):
+                        self.pollers[queue].stop("lane drained")
+                own = registry.get(s.queue)
+                if own is not None and own["status"] == "retired" and not self.own_lane_retired:
+                    self._own_lane_was_retired()
             except Exception as exc:
                 self.log.warning("adoption.refresh_failed", error=repr(exc))
             with anyio.move_on_after(ADOPTION_REFRESH_S):
                 await self.wakeups.lanes_changed.wait()
 
-    async def _own_lane_retired(self, db: Database) -> bool:
-        status = await db.fetchval(
-            f"select status from {self.store.schema_sql}.releases where queue = $1",
-            self.settings.queue,
+    async def _lane_registry(self, conn: Connection) -> list[Any]:
+        return await self.store.fetch(conn, "lane_registry")
+
+    def _own_lane_was_retired(self) -> None:
+        self.own_lane_retired = True
+        own = self.pollers.get(self.settings.queue)
+        if own is not None:
+            own.stop("own lane retired")
+        self.log.warning(
+            "lane.retired",
+            detail="own loop stopped claiming; in-flight runs finish; waiting for SIGTERM",
         )
-        return bool(status == "retired")
 
     async def _heartbeat_once(self, db: Database) -> None:
         s = self.settings

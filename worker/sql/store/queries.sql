@@ -148,15 +148,15 @@ on conflict (queue) do update
        updated_at = now()
 returning status;
 
--- name: adoptable_releases
--- Retired lanes that still hold non-terminal runs (continuation loops attach
--- to all of them, so expired leases there are swept).
-select l.queue, l.release_ids
-  from {schema}.releases l
- where l.status = 'retired'
-   and exists (select 1 from {schema}.runs r
+-- name: lane_registry
+-- Every lane with its status and whether it still holds non-terminal runs:
+-- continuation loops attach to retired lanes with open runs (not only parked
+-- ones, so expired leases there are swept) and detach when they drain.
+select l.queue, l.status, l.release_ids,
+       exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled'));
+                  and r.status not in ('completed', 'failed', 'cancelled')) as has_open
+  from {schema}.releases l;
 
 -- name: lanes
 select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,

@@ -1,0 +1,207 @@
+"""A rolling deploy with real daemons: release A, then B, on one database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from daemon import Daemons, eventually
+from runtime_harness import open_client
+
+from worker import lanes
+from worker.client import LaneClient, SubmittedRun
+
+A, B = "rel-a", "rel-b"  # as deployed (launch stamps)
+# How the workers call themselves (sanitized): attempts, outputs and logs carry these.
+A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
+B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+QUEUE_A, QUEUE_B = "runs_rel_a", "runs_rel_b"
+# Many attempts, so the flaky run stays in retry backoff for the whole test.
+CLIENT_A_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
+
+
+async def submit_many(client: LaneClient, play: str, count: int, params: Any) -> list[SubmittedRun]:
+    """Submit ``count`` runs of ``play``."""
+    return [await client.submit(play, params) for _ in range(count)]
+
+
+async def engine_runs_of(database_url: str, queue: str, run_id: str) -> list[int]:
+    """Return the engine attempt numbers of a run's engine runs (one per spent attempt)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            f'select r.attempt from absurd."r_{queue}" r'
+            " join runtime_scheduler.runs s on s.task_id = r.task_id"
+            " where s.run_id = $1 order by r.attempt",
+            run_id,
+        )
+    finally:
+        await conn.close()
+    return [r["attempt"] for r in rows]
+
+
+async def test_rolling_deploy_b_adopts_parked_runs_defers_retries_and_leaves_fresh_runs(
+    database_url: str,
+) -> None:
+    """B adopts A's parked sleepers and waiters, defers A's retry, never runs A's fresh runs."""
+    async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
+        a = pool.start(A, name="A")
+        await a.ready()
+        sleepers = await submit_many(client, "sleeper", 2, {"seconds": 3})
+        waiters = await submit_many(client, "waiter", 2, {})
+        plains = await submit_many(client, "plain", 2, {"early": True})
+        flaky = await client.submit("flaky", {})
+        for run in sleepers + waiters:
+            await a.wait_for("run.parked", run_id=run.run_id)
+        for run in plains:
+            await a.wait_for("run.completed", run_id=run.run_id)
+
+        async def flaky_in_backoff() -> bool:
+            return (await client.status(flaky.run_id)).status == "retrying"
+
+        await eventually(flaky_in_backoff, what="the flaky run to be in retry backoff")
+
+        # Stop A (its sleepers wake 3 s after parking: A must not take them).
+        a.terminate()
+        assert await a.wait_exit(timeout_s=15) == 0
+        for run in sleepers:
+            assert not a.events("run.completed", run_id=run.run_id), "A finished a sleeper"
+        fresh = await submit_many(client, "plain", 2, {"fresh": True})
+        assert all(run.release_id == A and run.queue == QUEUE_A for run in fresh)
+        assert await client.retire_release(A) == QUEUE_A
+
+        b = pool.start(B, name="B")
+        await b.ready()
+        await b.wait_for("loop.attached", queue=QUEUE_A)
+        for run in sleepers:
+            adopted = await b.wait_for("run.adopted", run_id=run.run_id)
+            assert adopted["release_id"] == B_ID
+            assert adopted["queue"] == QUEUE_A
+            await b.wait_for("run.completed", run_id=run.run_id)
+        for run in waiters:
+            assert not (await client.signal(run.run_id, "go", {"by": "deploy-test"})).duplicate
+        for run in waiters:
+            await b.wait_for("run.completed", run_id=run.run_id)
+        deferred = await b.wait_for("run.deferred", run_id=flaky.run_id, timeout_s=30)
+        assert deferred["queue"] == QUEUE_A
+
+        continuation_worker = f"{b.worker_id}:{QUEUE_A}:continuations"
+        for run in sleepers:
+            status = await client.status(run.run_id)
+            assert status.status == "completed"
+            assert status.adopted_release_id == B_ID
+            assert status.output == {"before": A_ID, "after": B_ID}
+            assert [(x.release_id, x.disposition, x.outcome) for x in status.attempts] == [
+                (A_ID, "own", "parked"),
+                (B_ID, "adopt", "completed"),
+            ]
+            assert status.attempts[1].worker_id == continuation_worker
+            assert [x.attempt for x in status.attempts] == [1, 1]
+            assert status.facts == ("run.completed",)
+        for run in waiters:
+            status = await client.status(run.run_id)
+            assert status.status == "completed"
+            assert status.adopted_release_id == B_ID
+            assert status.output == {
+                "resumed": True,
+                "timed_out": False,
+                "by": "deploy-test",
+                "release": B_ID,
+            }
+            assert [x.attempt for x in status.attempts] == [1, 1]
+        for run in plains:
+            status = await client.status(run.run_id)
+            assert status.status == "completed"
+            assert status.adopted_release_id is None
+            assert status.output["release"] == A_ID
+
+        # A's fresh runs were never started: queued, no attempt rows, not in B's logs.
+        for run in fresh:
+            status = await client.status(run.run_id)
+            assert status.status == "queued"
+            assert status.attempts == ()
+            assert not b.events(run_id=run.run_id)
+
+        # The flaky run: deferred by B, no attempt spent on the defer.
+        status = await client.status(flaky.run_id)
+        assert status.status == "retrying"
+        own = [x for x in status.attempts if x.disposition == "own"]
+        defers = [x for x in status.attempts if x.disposition == "defer"]
+        assert own
+        assert all(x.release_id == A_ID and x.outcome == "retrying" for x in own)
+        assert defers
+        assert all(
+            (x.release_id, x.outcome, x.worker_id) == (B_ID, "deferred", continuation_worker)
+            for x in defers
+        )
+        assert {x.disposition for x in status.attempts} == {"own", "defer"}
+        last_own = max(x.attempt for x in own)
+        assert {x.attempt for x in defers} == {last_own + 1}
+        engine_runs = await engine_runs_of(database_url, QUEUE_A, flaky.run_id)
+        assert engine_runs == list(range(1, last_own + 2)), "a defer created an engine run"
+
+        by_queue = {lane.queue: lane for lane in await client.lanes()}
+        lane_a, lane_b = by_queue[QUEUE_A], by_queue[QUEUE_B]
+        assert lane_a.status == "retired"
+        assert lane_a.release_id in (A, A_ID)
+        assert (lane_a.queued, lane_a.running, lane_a.waiting) == (len(fresh), 1, 0)
+        assert lane_a.live_workers == 0
+        assert (lane_b.status, lane_b.live_workers) == ("claiming", 1)
+        assert lane_b.release_id in (B, B_ID)
+
+        b.terminate()
+        assert await b.wait_exit(timeout_s=15) == 0
+        assert a.malformed_lines() == []
+        assert b.malformed_lines() == []
+
+
+async def test_continuation_loop_refuses_a_lane_that_claims_again(database_url: str) -> None:
+    """After `lanes activate A`, B refuses A's woken run and detaches; an A worker finishes it."""
+    async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
+        a = pool.start(A, name="A")
+        await a.ready()
+        run = await client.submit("waiter", {})
+        await a.wait_for("run.parked", run_id=run.run_id)
+        a.terminate()
+        assert await a.wait_exit(timeout_s=15) == 0
+        await client.retire_release(A)
+
+        b = pool.start(B, name="B")
+        await b.ready()
+        await b.wait_for("loop.attached", queue=QUEUE_A)
+        # A claims again; before B's loop notices, the run wakes on B's loop.
+        assert await client.activate_release(A) == QUEUE_A
+        await client.signal(run.run_id, "go", {"by": "refuse-test"})
+        detached = await b.wait_for("loop.detached", queue=QUEUE_A)
+        refusals = b.events("lane.refused", run_id=run.run_id)
+        assert refusals, (
+            "B detached from the re-activated lane before the woken run reached it: the "
+            f"refusal window was missed (a race with B's adoption refresh): {detached}"
+        )
+        refused = refusals[0]
+        assert b.records.index(refused) < b.records.index(detached)
+        assert refused["level"] == "error"
+        assert refused["remedy"]
+        assert refused["queue"] == QUEUE_A
+        assert not b.events("run.started", run_id=run.run_id)
+
+        a2 = pool.start(A, name="A2")
+        await a2.ready()
+        await a2.wait_for("run.completed", run_id=run.run_id)
+        status = await client.status(run.run_id)
+        assert status.status == "completed"
+        assert status.adopted_release_id is None
+        assert status.output["release"] == A_ID
+        assert [(x.release_id, x.disposition, x.outcome) for x in status.attempts] == [
+            (A_ID, "own", "parked"),
+            (B_ID, "refuse", "refused"),
+            (A_ID, "own", "completed"),
+        ]
+        assert [x.attempt for x in status.attempts] == [1, 1, 1]
+        assert status.facts == ("run.completed",)
+        for daemon in (a2, b):
+            daemon.terminate()
+        for daemon in (a2, b):
+            assert await daemon.wait_exit(timeout_s=15) == 0
+        for daemon in (a, b, a2):
+            assert daemon.malformed_lines() == []
