@@ -1,22 +1,73 @@
-"""The ``lane-worker`` command line: a thin shell over settings, client and supervisor."""
+"""The ``lane-worker`` command line: a thin shell over settings, client and supervisor.
+
+Every database command goes through ``_with_client``: it checks the environment
+the client needs, connects, runs one async action and maps what can go wrong to
+an exit code and one sentence on stderr (0 ok, 1 failure, 2 usage, 78 config).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, Any, TypeVar
+from urllib.parse import urlsplit
 
+import asyncpg
 import click
+import structlog
+from click.core import ParameterSource
 
-from worker.config import Diagnosis, diagnose
+from worker import config, lanes
+from worker.client import LaneClient, RunStatus, lanes_table
+from worker.db import is_transient
+from worker.errors import EngineSchemaError, LaneConfigError, LaneWorkerError, StoreSchemaError
+from worker.store import MigrationReport
+
+T = TypeVar("T")
+DEFAULT_APP = "worker.demo:app"
+# The CLI answers within seconds when the database is away; the daemon waits longer.
+CONNECT_RETRY_S = 10.0
+# The variables a database command refuses on; submit also needs its lane to resolve.
+_CLIENT_VARIABLES = (config.DATABASE_URL_ENV, lanes.SCHEDULER_SCHEMA_ENV)
+_SUBMIT_VARIABLES = (lanes.QUEUE_SUFFIX_ENV, lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
 
 
-def _say_errors(diagnosis: Diagnosis) -> None:
+_MISSING_SCHEMA = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.InvalidSchemaNameError,
+)
+
+
+class Failure(click.ClickException):
+    """A command failed: one sentence on stderr, prefixed ``lane-worker:``; exit 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"lane-worker: {self.format_message()}", err=True)
+
+
+class ConfigRefused(Failure):
+    """The configuration is refused (exit 78): the environment or the schemas must change."""
+
+    exit_code = config.EXIT_CONFIG
+
+
+def _say_errors(diagnosis: config.Diagnosis) -> None:
     for error in diagnosis.errors:
         click.echo(f"lane-worker: {error}", err=True)
 
 
-def _render(diagnosis: Diagnosis) -> str:
+def _render(diagnosis: config.Diagnosis) -> str:
     t = diagnosis.tuning
     schema = diagnosis.scheduler_schema + (
         " (isolated)" if diagnosis.isolated else " (production default)"
@@ -38,8 +89,7 @@ def _render(diagnosis: Diagnosis) -> str:
         ("max attempts", str(t.max_attempts)),
         ("log format", t.log_format),
     ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    lines = _columns(rows)
     verdict = (
         f"boot would be REFUSED (exit {diagnosis.exit_code})"
         if diagnosis.refused
@@ -51,26 +101,361 @@ def _render(diagnosis: Diagnosis) -> str:
     return "\n".join(lines)
 
 
+def _columns(rows: list[tuple[str, str]]) -> list[str]:
+    width = max(len(name) for name, _ in rows)
+    return [f"{name.ljust(width)}  {value}" for name, value in rows]
+
+
+def _scrub(text: str, url: str) -> str:
+    """Remove the database URL and its password from ``text`` (driver messages may echo them)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    text = text.replace(url, config.redact_url(url)) if url else text
+    return text.replace(password, "***") if password else text
+
+
+def _failure_for(exc: Exception, url: str) -> Failure:
+    """Map an exception of a command to its exit code and one sentence."""
+    where = config.redact_url(url) if url else "(not set)"
+    said = _scrub(str(exc), url)
+    if isinstance(exc, LaneConfigError | EngineSchemaError | StoreSchemaError):
+        return ConfigRefused(said)
+    if isinstance(exc, LaneWorkerError):
+        return Failure(said)
+    if is_transient(exc):
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return Failure(
+            f"cannot reach the runtime database at {where} ({_scrub(reason, url)}); "
+            "check that it is running and that the URL is right."
+        )
+    if isinstance(exc, _MISSING_SCHEMA):
+        return Failure(f"the runtime database at {where} lacks lane-worker's schemas ({said}); "
+                       "run lane-worker migrate first.")  # fmt: skip
+    if isinstance(exc, asyncpg.PostgresError):
+        return Failure(f"the runtime database at {where} answered: {said}")
+    return Failure(f"unexpected {type(exc).__name__}: {said}")
+
+
+def _with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[str, ...] = ()) -> T:
+    """Connect a client from the environment, run ``action`` with it, map failures to exits."""
+    env = os.environ
+    url = (env.get(config.DATABASE_URL_ENV) or "").strip()
+    for error in config.diagnose(env).errors:
+        if error.variable in _CLIENT_VARIABLES + check:
+            raise ConfigRefused(str(error))
+    # Library logs (retry warnings) would break the one-sentence and --json contracts.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+    async def main() -> T:
+        try:
+            client = await LaneClient.connect(env=env, retry_for_s=CONNECT_RETRY_S)
+        except (ValueError, asyncpg.ClientConfigurationError) as exc:
+            if isinstance(exc, LaneConfigError):
+                raise
+            # The driver could not parse the URL; nothing reached the server.
+            raise ConfigRefused(
+                f"{config.DATABASE_URL_ENV} is not a usable database URL "
+                f"({_scrub(str(exc), url)}): set it to postgresql://user:password@host:5432/dbname."
+            ) from None
+        try:
+            return await action(client)
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(main())
+    except Failure:
+        raise
+    except Exception as exc:
+        raise _failure_for(exc, url) from None
+
+
+class _Checked(click.ParamType[Any]):
+    """A string parameter: ``problem`` says why a value is unusable (exit 2), else None."""
+
+    def __init__(self, name: str, problem: Callable[[str], str | None], to: Callable[[str], Any]):
+        self.name, self.problem, self.to = name, problem, to
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        reason = self.problem(value) if isinstance(value, str) else None
+        if reason:
+            self.fail(reason, param, ctx)
+        return self.to(value) if isinstance(value, str) else value
+
+
+def _json_problem(value: str) -> str | None:
+    try:
+        json.loads(value)
+    except json.JSONDecodeError as exc:
+        return f"{value!r} is not valid JSON ({exc.msg} at column {exc.colno})."
+    return None
+
+
+def _release_problem(value: str) -> str | None:
+    if not value.strip():
+        return "must not be blank."
+    try:
+        lanes.queue_name_for_release(value)
+    except LaneConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _app_problem(value: str) -> str | None:
+    module, _, attr = value.partition(":")
+    return None if module.strip() and attr.strip() else f"{value!r} is not MODULE:ATTRIBUTE."
+
+
+def _suffix_problem(value: str) -> str | None:
+    return None if lanes.normalize_queue_suffix(value) else f"{value!r} names no queue."
+
+
+JSON = _Checked("json", _json_problem, json.loads)
+TEXT = _Checked("text", lambda v: None if v.strip() else "must not be blank.", str.strip)
+RELEASE_ID = _Checked("release_id", _release_problem, str.strip)
+SUFFIX = _Checked("suffix", _suffix_problem, str.strip)
+APP_SPEC = _Checked("module:attr", _app_problem, str.strip)
+
+
+def _one_line(value: Any, limit: int = 300) -> str:
+    if isinstance(value, dict) and isinstance(value.get("message"), str):
+        value = value["message"]
+    text = " ".join((value if isinstance(value, str) else json.dumps(value, default=str)).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _emit(as_json: bool, report: Any, *lines: str) -> None:
+    """Print ``report`` as one JSON object, or else ``lines`` as text."""
+    click.echo(json.dumps(report, indent=2, default=str) if as_json else "\n".join(lines))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Run and operate lane-worker: durable Absurd runs, one queue per release."""
+    """Run and operate lane-worker: durable Absurd runs, one queue per release.
+
+    Every command reads its configuration from the environment
+    (WORKFLOW_RUNTIME_POSTGRES, DEEPLINE_RUNTIME_SCHEDULER_SCHEMA, ...). Exit
+    codes: 0 success, 1 failure, 2 usage error, 78 configuration refused.
+    """
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@json_option
 def doctor(as_json: bool) -> None:
     """Print the resolved topology and whether the daemon would refuse to boot.
 
     Reads the environment only; never connects to the database. Exits with the
     code the daemon would use: 78 when boot would be refused, else 0.
     """
-    diagnosis = diagnose(os.environ)
-    if as_json:
-        click.echo(json.dumps(diagnosis.as_json(), indent=2))
-    else:
-        click.echo(_render(diagnosis))
+    diagnosis = config.diagnose(os.environ)
+    _emit(as_json, diagnosis.as_json(), _render(diagnosis))
     _say_errors(diagnosis)
     sys.exit(diagnosis.exit_code)
+
+
+@cli.command()
+@click.option("--app", default=DEFAULT_APP, show_default=True, type=APP_SPEC,
+              help="The App whose plays to run, as module:attribute.")  # fmt: skip
+def run(app: str) -> None:
+    """Run the worker daemon for this release's lane until SIGTERM."""
+    from worker.supervisor import run_daemon  # the daemon's imports stay out of other commands
+
+    try:
+        code = run_daemon(os.environ, app)
+    except Exception as exc:
+        url = os.environ.get(config.DATABASE_URL_ENV) or ""
+        raise _failure_for(exc, url.strip()) from None
+    sys.exit(code)
+
+
+@cli.command()
+@click.option(
+    "--app",
+    default=DEFAULT_APP,
+    show_default=True,
+    type=APP_SPEC,
+    help="The App whose plays to run; the demo runs are submitted if it has them.",
+)
+@click.option(
+    "--exit-after-demo",
+    is_flag=True,
+    help="Exit 0 once every demo run completed (1 if one did not).",
+)
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".pg/dev"), show_default=True,
+              help="Embedded PostgreSQL's data folder, reused across starts.")  # fmt: skip
+def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
+    """Run a worker with the demo runs, on embedded PostgreSQL unless one is configured.
+
+    With WORKFLOW_RUNTIME_POSTGRES set, that database is used instead. Ctrl-C
+    drains the worker and stops PostgreSQL.
+    """
+    from worker.dev import run_dev  # embedded Postgres stays out of other commands
+
+    sys.exit(run_dev(os.environ, app, exit_after_demo=exit_after_demo, data_dir=data_dir))
+
+
+@cli.command()
+@click.argument("play", type=TEXT)
+@click.option("--input", "input_", type=JSON, help="The play's input as JSON (default {}).")
+@click.option("--idempotency-key", type=TEXT, metavar="KEY", help="At most one run per KEY.")
+@click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
+@click.option("--wait", is_flag=True, help="Wait for the end; exit 1 unless it completed.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, metavar="SECONDS", help="How long --wait waits.")  # fmt: skip
+@json_option
+@click.pass_context
+def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | None,
+           queue_suffix: str | None, wait: bool, timeout: float,
+           as_json: bool) -> None:  # fmt: skip
+    """Submit a run of PLAY on this release's lane and print its run id."""
+    if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--timeout only applies together with --wait.")
+
+    async def action(client: LaneClient) -> tuple[dict[str, Any], RunStatus | None]:
+        run = await client.submit(
+            play, input_, idempotency_key=idempotency_key, queue_suffix=queue_suffix
+        )
+        if not as_json:
+            click.echo(run.run_id)  # before waiting, so an operator can follow the run
+        report = dict(runId=run.run_id, releaseId=run.release_id, queue=run.queue,
+                      created=run.created)  # fmt: skip
+        return report, (await client.wait(run.run_id, timeout) if wait else None)
+
+    report, final = _with_client(action, check=() if queue_suffix else _SUBMIT_VARIABLES)
+    if final is None:
+        if as_json:
+            _emit(True, report)
+        return
+    report |= dict(status=final.status, output=final.output, error=final.error,
+                   timedOut=not final.finished)  # fmt: skip
+    done = final.status == "completed"
+    output = [f"output: {json.dumps(final.output, default=str)}"] if done else []
+    _emit(as_json, report, f"status: {final.status}", *output)
+    if not final.finished:
+        raise Failure(
+            f"run {final.run_id} did not finish within {timeout:g} s; it is {final.status} "
+            "and goes on (see lane-worker status)."
+        )
+    if not done:
+        why = f": {_one_line(final.error)}" if final.error is not None else "."
+        raise Failure(f"run {final.run_id} {final.status}{why}")
+
+
+@cli.command()
+@click.argument("run_id")
+@click.argument("event_key", type=TEXT)
+@click.option("--data", type=JSON, help="The event's payload as JSON (default null).")
+@json_option
+def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
+    """Deliver integration event EVENT_KEY to a run (first wins)."""
+    result = _with_client(lambda client: client.signal(run_id, event_key, data))
+    report = {"runId": result.run_id, "eventKey": event_key, "duplicate": result.duplicate}
+    if result.duplicate:
+        text = f"ignored: run {result.run_id} already has event {event_key!r} (first signal wins)."
+    else:
+        text = f"delivered event {event_key!r} to run {result.run_id}."
+    _emit(as_json, report, text)
+
+
+@cli.command()
+@click.argument("run_id")
+@json_option
+def cancel(run_id: str, as_json: bool) -> None:
+    """Cancel a run (a finished run is left as it is)."""
+
+    async def action(client: LaneClient) -> tuple[bool, RunStatus]:
+        cancelled = await client.cancel(run_id)
+        return cancelled, await client.status(run_id)
+
+    cancelled, now = _with_client(action)
+    report = {"runId": now.run_id, "cancelled": cancelled, "status": now.status}
+    said = "cancelled run" if cancelled else f"nothing to cancel: already {now.status}, run"
+    _emit(as_json, report, f"{said} {now.run_id}.")
+
+
+@cli.command()
+@click.argument("run_id")
+@json_option
+def status(run_id: str, as_json: bool) -> None:
+    """Show a run's status, release, queue, attempts and result."""
+    now = _with_client(lambda client: client.status(run_id))
+    rows = [
+        ("run", now.run_id),
+        ("play", now.play),
+        ("status", now.status),
+        ("release", now.release_id),
+        ("adopted release", now.adopted_release_id or "(none)"),
+        ("queue", now.queue),
+        ("attempts", str(len(now.attempts)) if now.attempts else "(none yet)"),
+    ]
+    for a in now.attempts:
+        did = f"{a.disposition} by {a.worker_id} (release {a.release_id})"
+        rows.append((f"  #{a.attempt}", f"{did} -> {a.outcome or 'in progress'}"))
+    if now.output is not None:
+        rows.append(("output", json.dumps(now.output, default=str)))
+    if now.error is not None:
+        rows.append(("error", _one_line(now.error, limit=2000)))
+    _emit(as_json, now.as_json(), *_columns(rows))
+
+
+@cli.group("lanes", invoke_without_command=True)
+@json_option
+@click.pass_context
+def lanes_group(ctx: click.Context, as_json: bool) -> None:
+    """List release lanes and their runs, or retire / activate one."""
+    if ctx.invoked_subcommand is None:
+        views = _with_client(lambda client: client.lanes())
+        _emit(as_json, {"lanes": [v.as_json() for v in views]}, *lanes_table(views))
+
+
+@lanes_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@json_option
+def retire(release_id: str, as_json: bool) -> None:
+    """Mark RELEASE_ID's lane retired; newer releases adopt its parked runs."""
+    queue = _with_client(lambda client: client.retire_release(release_id))
+    report = {"releaseId": release_id, "queue": queue, "status": "retired"}
+    _emit(as_json, report, f"retired lane {queue} (release {release_id}).")
+
+
+@lanes_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@json_option
+def activate(release_id: str, as_json: bool) -> None:
+    """Mark RELEASE_ID's lane claiming again; its workers may boot."""
+    queue = _with_client(lambda client: client.activate_release(release_id))
+    report = {"releaseId": release_id, "queue": queue, "status": "claiming"}
+    _emit(as_json, report, f"activated lane {queue} (release {release_id}): claiming again.")
+
+
+@cli.command()
+@json_option
+def migrate(as_json: bool) -> None:
+    """Install or upgrade the engine schema and the run-state store."""
+
+    async def action(client: LaneClient) -> tuple[str, MigrationReport, str]:
+        return (*await client.migrate(), client.store.schema)
+
+    engine, store, schema = _with_client(action)
+    applied = ", ".join(f"{v:04d}" for v in store.applied) or "nothing (current)"
+    newer = ", ".join(f"{v:04d}" for v in store.unknown_compatible)
+    report = dict(engine=engine, storeSchema=schema, storeVersion=store.current,
+                  storeApplied=list(store.applied),
+                  storeNewer=list(store.unknown_compatible))  # fmt: skip
+    lines = [f"engine schema: {engine}", f"store {schema}: applied {applied}"]
+    lines[-1] += f"; version {store.current:04d}"
+    if newer:
+        lines.append(f"store {schema} also holds newer compatible migrations {newer}")
+    _emit(as_json, report, *lines)
 
 
 def main() -> None:

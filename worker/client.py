@@ -22,7 +22,7 @@ from worker.db import Connection, Database, PoolOptions
 from worker.errors import LaneConfigError, RunNotFoundError
 from worker.reconcile import cancelled_fact
 from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
-from worker.store import TERMINAL_STATUSES, Store
+from worker.store import TERMINAL_STATUSES, MigrationReport, Store
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,12 @@ class LaneClient:
         *,
         schema: str | None = None,
         env: Mapping[str, str] | None = None,
+        retry_for_s: float = 30.0,
     ) -> LaneClient:
-        """Connect with ``url`` (default ``WORKFLOW_RUNTIME_POSTGRES``) to store ``schema``."""
+        """Connect with ``url`` (default ``WORKFLOW_RUNTIME_POSTGRES``) to store ``schema``.
+
+        Connection errors are retried for ``retry_for_s`` seconds (here and on every call).
+        """
         values = os.environ if env is None else env
         url = (url or values.get(DATABASE_URL_ENV) or "").strip()
         if not url:
@@ -174,7 +178,10 @@ class LaneClient:
         serverless = bool((values.get(SERVERLESS_ENV) or "").strip())
         db = await Database.open(
             PoolOptions(
-                url=url, max_size=1 if serverless else 2, application_name="lane-worker-client"
+                url=url,
+                max_size=1 if serverless else 2,
+                application_name="lane-worker-client",
+                retry_for_s=retry_for_s,
             )
         )
         return cls(db, Store(schema), env=values, max_attempts=max(1, max_attempts))
@@ -210,12 +217,12 @@ class LaneClient:
 
     async def ensure_schemas(self) -> None:
         """Install or upgrade the engine schema and the store (once per process)."""
+        await self._memoized(None, self.migrate)
 
-        async def install() -> None:
-            await self.db.run(engine.ensure_engine_schema)
-            await self.db.run(self.store.migrate)
-
-        await self._memoized(None, install)
+    async def migrate(self) -> tuple[str, MigrationReport]:
+        """Install or upgrade the engine schema and the store; say what was done."""
+        engine_outcome = await self.db.run(engine.ensure_engine_schema)
+        return engine_outcome, await self.db.run(self.store.migrate)
 
     async def ensure_queue(self, queue: str) -> None:
         """Make ``queue`` ready once per process (memoized, evicted on failure)."""
@@ -357,11 +364,13 @@ class LaneClient:
     async def _set_lane(self, release_id: str, status: str) -> str:
         queue = lanes.queue_name_for_release(release_id)
         await self.ensure_schemas()
-        await self.db.run(
-            lambda c: self.store.fetchval(
-                c, "set_release_status", queue, status, release_id.strip()
-            )
-        )
+
+        async def set_status(conn: Connection) -> None:
+            await self.store.fetchval(conn, "set_release_status", queue, status, release_id.strip())
+            # Running workers re-read the lane registry at once.
+            await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
+
+        await self.db.transaction(set_status)
         return queue
 
     async def lanes(self) -> list[LaneView]:
@@ -386,3 +395,14 @@ class LaneClient:
                 )
             )
         return views
+
+
+def lanes_table(views: list[LaneView]) -> list[str]:
+    """Render lanes as aligned text lines (the CLI's `lanes` and `lane-worker dev`)."""
+    if not views:
+        return ["no lanes registered (a worker registers its lane at boot)."]
+    header = ("RELEASE", "QUEUE", "STATUS", "LIVE", "QUEUED", "RUNNING", "WAITING", "ADOPTABLE")
+    # as_json() lists the fields in the table's column order.
+    rows = [header, *(tuple(str(x) for x in v.as_json().values()) for v in views)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -12,7 +12,7 @@ import click
 
 from worker import demo, logs
 from worker.app import App, load_app
-from worker.client import LaneClient, LaneView, RunStatus
+from worker.client import LaneClient, RunStatus, lanes_table
 from worker.config import (
     DATABASE_URL_ENV,
     EXIT_CONFIG,
@@ -115,7 +115,7 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str]) -> int:
             if all(s.finished for s in statuses) or time.monotonic() > deadline:
                 break
             await anyio.sleep(_WATCH_EVERY_S)
-        click.echo(lanes_table(await client.lanes()))
+        click.echo("\n".join(lanes_table(await client.lanes())))
     failed = [s for s in statuses if s.status != "completed"]
     if failed:
         click.echo(f"dev: {len(failed)} demo run(s) did not complete", err=True)
@@ -131,16 +131,3 @@ def _progress_line(play: str, status: RunStatus) -> str:
     elif status.status in ("failed", "retrying") and status.error:
         detail = f" ({status.error.get('message')})"
     return f"dev: {play:<11} {status.run_id[:8]}  {status.status}{detail}"
-
-
-def lanes_table(views: list[LaneView]) -> str:
-    """Render lanes as an aligned text table."""
-    header = ("RELEASE", "QUEUE", "STATUS", "WORKERS", "QUEUED", "RUNNING", "WAITING", "ADOPTABLE")
-    rows = [header] + [
-        (v.release_id, v.queue, v.status, str(v.live_workers), str(v.queued), str(v.running),
-         str(v.waiting), str(v.adoptable))
-        for v in views
-    ]  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
-    return "\n".join(line.rstrip() for line in lines)

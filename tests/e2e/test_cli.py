@@ -1,0 +1,375 @@
+"""The operator commands as an operator runs them: real processes against a real database.
+
+Every test runs ``python -m worker ...`` with exactly the environment it gives
+(plus PATH) against its own fresh database. ``submit --wait`` up to a finished
+run needs a running worker, so it is covered with the daemon tests, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from worker.cli import cli as root_command
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE = "Release-2026.12.02"
+RELEASE_QUEUE = "runs_release_2026_12_02"
+SECRET = "secretpw"
+UNREACHABLE = f"postgresql://u:{SECRET}@127.0.0.1:1/x"
+
+
+def lane_worker(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m worker ARGS`` with exactly ``env`` (plus PATH)."""
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        cwd=REPO,
+        env={"PATH": os.environ.get("PATH", ""), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def ok(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a command that must succeed silently on stderr."""
+    result = lane_worker(env, *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return result
+
+
+def ok_json(env: dict[str, str], *args: str) -> Any:
+    """Run a command with ``--json`` and return the one object it prints."""
+    return json.loads(ok(env, *args, "--json").stdout)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """Return the single ``lane-worker: ...`` line a failed command printed on stderr."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("lane-worker: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def env(database_url: str) -> dict[str, str]:
+    """The environment of the commands: this test's fresh database, nothing else."""
+    return {"WORKFLOW_RUNTIME_POSTGRES": database_url}
+
+
+@pytest.fixture
+def migrated(env: dict[str, str]) -> dict[str, str]:
+    """``env`` after ``lane-worker migrate``."""
+    ok(env, "migrate")
+    return env
+
+
+def test_migrate_installs_then_reports_current(env: dict[str, str]) -> None:
+    """The first migrate installs both schemas; a second one finds them current."""
+    first = ok(env, "migrate").stdout
+    assert "engine schema: installed" in first
+    assert "applied 0001" in first
+    again = ok_json(env, "migrate")
+    assert again["engine"] == "current"
+    assert again["storeSchema"] == "runtime_scheduler"
+    assert again["storeApplied"] == []
+    assert again["storeVersion"] >= 1
+
+
+def test_status_before_migrate_says_to_migrate(env: dict[str, str]) -> None:
+    """On a database without the store, status exits 1 and names migrate as the remedy."""
+    result = lane_worker(env, "status", str(uuid.uuid4()))
+    assert result.returncode == 1
+    assert "lane-worker migrate" in one_error_line(result)
+
+
+def test_submit_prints_the_run_id(env: dict[str, str]) -> None:
+    """Without --json, submit prints only the new run's UUID."""
+    out = ok(env, "submit", "enrich-company").stdout.strip()
+    assert str(uuid.UUID(out)) == out
+
+
+def test_submit_json_stamps_the_release_and_its_queue(env: dict[str, str]) -> None:
+    """--json gives runId, the raw deploy version as releaseId, and the queue derived from it."""
+    report = ok_json({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p")
+    uuid.UUID(report["runId"])
+    assert report["releaseId"] == RELEASE
+    assert report["queue"] == RELEASE_QUEUE
+    assert report["created"] is True
+
+
+def test_submit_queue_suffix_goes_to_that_dev_lane(env: dict[str, str]) -> None:
+    """--queue-suffix outranks the deploy version: dev-<suffix> on runs_<suffix>."""
+    release_env = {**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
+    report = ok_json(release_env, "submit", "p", "--queue-suffix", "PR-7")
+    assert (report["releaseId"], report["queue"]) == ("dev-pr_7", "runs_pr_7")
+
+
+def test_submit_with_idempotency_key_twice_returns_the_same_run(env: dict[str, str]) -> None:
+    """A repeated idempotency key returns the first run and says it was not created."""
+    args = ("submit", "p", "--input", '{"n": 1}', "--idempotency-key", "order-42")
+    first = ok_json(env, *args)
+    second = ok_json(env, *args)
+    assert second["runId"] == first["runId"]
+    assert (first["created"], second["created"]) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("submit", "p", "--input", "{not json"), "--input"),
+        (("signal", str(uuid.uuid4()), "approved", "--data", "[1,"), "--data"),
+    ],
+)
+def test_bad_json_is_a_usage_error(env: dict[str, str], args: tuple[str, ...], flag: str) -> None:
+    """Malformed JSON in --input or --data exits 2 naming the flag, before touching the database."""
+    result = lane_worker(env, *args)
+    assert result.returncode == 2
+    assert flag in result.stderr
+    assert "is not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("submit", "  "),
+        ("submit", "p", "--timeout", "5"),
+        ("submit", "p", "--wait", "--timeout", "0"),
+        ("submit", "p", "--queue-suffix", "..."),
+        ("lanes", "retire", " "),
+        ("run", "--app", "no-attribute"),
+    ],
+)
+def test_unusable_arguments_are_usage_errors(env: dict[str, str], args: tuple[str, ...]) -> None:
+    """A blank play or release, --timeout without --wait, a suffix naming no queue: exit 2."""
+    result = lane_worker(env, *args)
+    assert result.returncode == 2, result.stderr
+    assert "Error:" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_submit_wait_times_out_without_a_worker(env: dict[str, str]) -> None:
+    """--wait with no worker running exits 1 after the timeout and says the run goes on."""
+    result = lane_worker(env, "submit", "p", "--wait", "--timeout", "0.5", "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert (report["status"], report["timedOut"]) == ("queued", True)
+    assert "did not finish within 0.5 s" in one_error_line(result)
+
+
+def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
+    """status --json reports exactly the design's fields for a run no worker has claimed."""
+    submitted = ok_json(env, "submit", "p", "--input", '{"domain": "example.com"}')
+    report = ok_json(env, "status", submitted["runId"])
+    assert report == {
+        "runId": submitted["runId"],
+        "play": "p",
+        "status": "queued",
+        "releaseId": "dev",
+        "adoptedReleaseId": None,
+        "queue": "runs",
+        "attempts": [],
+        "output": None,
+        "error": None,
+    }
+
+
+def test_status_text_is_a_readable_summary(env: dict[str, str]) -> None:
+    """Without --json, status prints one labelled line per field."""
+    run_id = ok(env, "submit", "enrich").stdout.strip()
+    out = ok(env, "status", run_id).stdout
+    for label, value in [
+        ("run", run_id),
+        ("play", "enrich"),
+        ("status", "queued"),
+        ("release", "dev"),
+        ("queue", "runs"),
+        ("attempts", "(none yet)"),
+    ]:
+        assert any(line.split(None, 1) == [label, value] for line in out.splitlines()), out
+    assert "adopted release" in out
+
+
+@pytest.mark.parametrize("run_id", [str(uuid.uuid4()), "not-a-uuid"])
+def test_status_of_an_unknown_run_exits_1(migrated: dict[str, str], run_id: str) -> None:
+    """An unknown run id, or one that is not a UUID, exits 1 with one 'no run' line."""
+    result = lane_worker(migrated, "status", run_id)
+    assert result.returncode == 1
+    assert one_error_line(result).startswith("lane-worker: no run ")
+    assert result.stdout == ""
+
+
+def test_signal_then_duplicate_is_ignored(env: dict[str, str]) -> None:
+    """The first signal is delivered; a second for the same key says ignored and exits 0."""
+    run_id = ok(env, "submit", "p").stdout.strip()
+    first = ok(env, "signal", run_id, "approved", "--data", '{"by": "ops"}').stdout
+    assert "delivered" in first
+    again = ok(env, "signal", run_id, "approved", "--data", '{"by": "someone else"}').stdout
+    assert "ignored" in again
+    report = ok_json(env, "signal", run_id, "approved")
+    assert (report["runId"], report["eventKey"], report["duplicate"]) == (run_id, "approved", True)
+
+
+def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:
+    """Signalling a run that does not exist exits 1 with one line."""
+    result = lane_worker(migrated, "signal", str(uuid.uuid4()), "approved")
+    assert result.returncode == 1
+    assert one_error_line(result).startswith("lane-worker: no run ")
+
+
+def test_cancel_then_status_shows_cancelled(env: dict[str, str]) -> None:
+    """cancel ends a queued run; status shows it cancelled; a second cancel says so, exit 0."""
+    run_id = ok(env, "submit", "p").stdout.strip()
+    assert ok_json(env, "cancel", run_id) == {
+        "runId": run_id,
+        "cancelled": True,
+        "status": "cancelled",
+    }
+    assert ok_json(env, "status", run_id)["status"] == "cancelled"
+    again = ok(env, "cancel", run_id).stdout
+    assert "already cancelled" in again
+
+
+def lane(env: dict[str, str], queue: str) -> dict[str, Any]:
+    """Return the one lane of ``queue`` in ``lanes --json``."""
+    (found,) = [row for row in ok_json(env, "lanes")["lanes"] if row["queue"] == queue]
+    return dict(found)
+
+
+def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
+    """retire marks a lane with a queued run retired; activate makes it claiming again."""
+    ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p")
+    assert ok_json(env, "lanes") == {"lanes": []}
+    retired = ok(env, "lanes", "retire", RELEASE).stdout
+    assert RELEASE_QUEUE in retired
+    row = lane(env, RELEASE_QUEUE)
+    assert row == {
+        "releaseId": RELEASE,
+        "queue": RELEASE_QUEUE,
+        "status": "retired",
+        "liveWorkers": 0,
+        "queued": 1,
+        "running": 0,
+        "waiting": 0,
+        "adoptable": 0,
+    }
+    activated = ok_json(env, "lanes", "activate", RELEASE)
+    assert activated == {"releaseId": RELEASE, "queue": RELEASE_QUEUE, "status": "claiming"}
+    assert lane(env, RELEASE_QUEUE)["status"] == "claiming"
+
+
+def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> None:
+    """A retired lane with nothing left to finish is listed as drained, in a table."""
+    ok(env, "migrate")
+    assert "no lanes" in ok(env, "lanes").stdout
+    ok(env, "lanes", "retire", "dev")
+    header, row = ok(env, "lanes").stdout.splitlines()
+    assert header.split() == [
+        "RELEASE",
+        "QUEUE",
+        "STATUS",
+        "LIVE",
+        "QUEUED",
+        "RUNNING",
+        "WAITING",
+        "ADOPTABLE",
+    ]
+    assert row.split() == ["dev", "runs", "drained", "0", "0", "0", "0", "0"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("migrate",),
+        ("submit", "p"),
+        ("status", str(uuid.uuid4())),
+        ("lanes",),
+        ("lanes", "retire", "r1"),
+        ("signal", str(uuid.uuid4()), "k"),
+        ("cancel", "x"),
+    ],
+)
+def test_missing_database_url_exits_78_naming_it(args: tuple[str, ...]) -> None:
+    """Without WORKFLOW_RUNTIME_POSTGRES every database command exits 78 naming it."""
+    result = lane_worker({}, *args)
+    assert result.returncode == 78
+    assert "WORKFLOW_RUNTIME_POSTGRES" in one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    "url", [f"mysql://root:{SECRET}@db/x", f"postgresql://u:{SECRET}@db:port/x"]
+)
+def test_unusable_database_url_exits_78_without_the_password(url: str) -> None:
+    """A URL that is not postgresql://, or that the driver cannot parse, exits 78."""
+    result = lane_worker({"WORKFLOW_RUNTIME_POSTGRES": url}, "lanes")
+    assert result.returncode == 78
+    assert "WORKFLOW_RUNTIME_POSTGRES" in one_error_line(result)
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_isolated_schema_without_suffix_refuses_submit(env: dict[str, str]) -> None:
+    """submit in an isolated store with no queue suffix exits 78 naming the suffix variable."""
+    result = lane_worker({**env, "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_9"}, "submit", "p")
+    assert result.returncode == 78
+    assert "DEEPLINE_ABSURD_QUEUE_SUFFIX" in one_error_line(result)
+
+
+def test_unreachable_database_exits_1_without_the_password() -> None:
+    """Nothing listens on port 1: exit 1 with one sentence, in bounded time, no password."""
+    started = time.monotonic()
+    result = lane_worker({"WORKFLOW_RUNTIME_POSTGRES": UNREACHABLE}, "status", "x", timeout=60)
+    assert time.monotonic() - started < 45  # the client retries connection errors for 30 s
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert "cannot reach the runtime database" in line
+    assert "127.0.0.1:1" in line
+    assert SECRET not in result.stdout + result.stderr
+
+
+def commands(
+    group: click.Group = root_command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Yield every command of the CLI with the words that invoke it."""
+    yield path, group
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+ALL_COMMANDS = list(commands())
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), ALL_COMMANDS, ids=[" ".join(path) or "-" for path, _ in ALL_COMMANDS]
+)
+def test_help_explains_every_flag(path: tuple[str, ...], command: click.Command) -> None:
+    """`lane-worker [COMMAND] --help` exits 0 and lists each of its flags with help text."""
+    result = lane_worker({}, *path, "--help")
+    assert result.returncode == 0, result.stderr
+    assert (command.help or "").split("\n")[0].strip()[:40] in " ".join(result.stdout.split())
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{param.name} has no help text"
+            for flag in param.opts:
+                assert flag in result.stdout, f"{flag} missing from {' '.join(path)} --help"
+    if isinstance(command, click.Group):
+        for name in command.commands:
+            assert name in result.stdout
