@@ -5,10 +5,11 @@
 set -eu
 target=${1:-/app/.venv}
 uv_version=0.13.9
-python3 -m venv /tmp/uv-bootstrap
-/tmp/uv-bootstrap/bin/pip install --quiet --no-cache-dir "uv==${uv_version}"
+boot=$(mktemp -d)
+python3 -m venv "$boot"
+"$boot/bin/pip" install --quiet --no-cache-dir "uv==${uv_version}"
 # --no-dev: no test tools; no extras: embedded Postgres is for `lane-worker dev`, not production.
 UV_PROJECT_ENVIRONMENT="$target" UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy \
-  /tmp/uv-bootstrap/bin/uv sync --frozen --no-dev --no-editable
-rm -rf /tmp/uv-bootstrap
+  "$boot/bin/uv" sync --frozen --no-dev --no-editable
+rm -rf "$boot"
 "$target/bin/lane-worker" --help >/dev/null
