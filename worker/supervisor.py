@@ -43,6 +43,7 @@ HEARTBEAT_S = 10.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
 POLLER_STOP_GRACE_S = 5.0
+STOP_MARK_TIMEOUT_S = 5.0
 
 
 def _say(sentence: str) -> None:
@@ -180,7 +181,9 @@ class Supervisor:
         finally:
             with anyio.CancelScope(shield=True):
                 await health.stop()
-                await db.run(lambda c: self.store.execute(c, "worker_stopped", self.worker_id))
+                # Display only: a database that is away must not hold up the exit.
+                with anyio.move_on_after(STOP_MARK_TIMEOUT_S):
+                    await db.run(lambda c: self.store.execute(c, "worker_stopped", self.worker_id))
                 self.log.info(
                     "worker.stopped",
                     claims=_total(self.metrics.claims),
