@@ -42,6 +42,7 @@ log = structlog.get_logger("lane_worker.runtime")
 PLAY_RUN_TASK = "play-run"
 # Always a delay > 0, so every retry is a `sleeping` run that passes the
 # continuation fence (and is deferred there, never adopted).
+HAND_BACK_TIMEOUT_S = 10.0
 RETRY_STRATEGY: dict[str, Any] = {
     "kind": "exponential",
     "base_seconds": 1,
@@ -279,9 +280,11 @@ class Runtime:
         except anyio.get_cancelled_exc_class():
             # Shutdown: the play is unwound; give the run back for another worker,
             # shielded so the hand-back itself is not cancelled.
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(HAND_BACK_TIMEOUT_S, shield=True) as scope:
                 await self.hand_back(h)
                 bound.info("run.handed_back", attempt=h.attempt)
+            if scope.cancelled_caught:  # the database is away: the lease expiry takes over
+                bound.warning("run.hand_back_timed_out", lease_s=h.lease_s)
             raise
         except RunCancelledError:
             return await self._observe_cancel(h, bound)
