@@ -7,10 +7,13 @@ test drives claims itself so it can stop a run between any two durable points.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
+
+import asyncpg
 
 from worker import lanes
 from worker.app import App
@@ -51,6 +54,14 @@ async def open_runtime(
         )
     finally:
         await db.close()
+
+
+async def connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
+    """Open a plain connection with the JSON codecs lane-worker's pool uses."""
+    conn = await asyncpg.connect(url)
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    return conn
 
 
 async def work_once(runtime: Runtime, queue: str | None = None, qty: int = 10) -> list[str]:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -313,17 +313,3 @@ class Daemons:
             for daemon in self.started:
                 if f"--- daemon {daemon.name} (pid {daemon.pid}," not in message:
                     exc.add_note(daemon.tail())
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], *, timeout_s: float = 20, what: str = "condition"
-) -> Any:
-    """Await ``check`` until it returns something truthy, or fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)

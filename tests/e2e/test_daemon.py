@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon import Daemons, base_env, eventually, queue_of
-from runtime_harness import open_client
+from daemon import Daemons, base_env, queue_of
+from runtime_harness import eventually, open_client
 
 from worker import lanes
 from worker.client import RunStatus

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from daemon import Daemons, eventually
-from runtime_harness import open_client
+from daemon import Daemons
+from runtime_harness import eventually, open_client
 
 from worker import lanes
 from worker.client import LaneClient, SubmittedRun

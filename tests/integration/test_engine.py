@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import absurdctl
 import asyncpg
 import pytest
+from runtime_harness import connect
 
 from worker import engine
 from worker.db import Connection
@@ -19,14 +19,6 @@ QUEUE = "runs_engine_test"
 RETRY = {"kind": "fixed", "base_seconds": 1}
 OWN = "w1"
 CONT = f"w2:{QUEUE}:continuations"
-
-
-async def connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
-    """Open a connection with the JSON codecs lane-worker uses."""
-    conn = await asyncpg.connect(url)
-    for name in ("json", "jsonb"):
-        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-    return conn
 
 
 @pytest.fixture

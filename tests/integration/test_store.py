@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 
 import asyncpg
 import pytest
+from runtime_harness import connect
 
 from worker.errors import StoreSchemaError
 from worker.store import Store, known_migrations, quote_ident
 
 SCHEMA = "pr_store_test"
-
-
-async def connect(url: str) -> asyncpg.Connection[asyncpg.Record]:
-    """Open a connection with lane-worker's JSON codecs."""
-    conn = await asyncpg.connect(url)
-    for name in ("json", "jsonb"):
-        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-    return conn
 
 
 @pytest.fixture
