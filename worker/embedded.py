@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ def embedded_postgres(data_dir: Path) -> Iterator[str]:
 
     data_dir = data_dir.resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _forget_dead_users(data_dir)
     server: Any = get_server(data_dir, cleanup_mode="stop")
     try:
         info = server.get_postmaster_info()
@@ -37,3 +40,30 @@ def embedded_postgres(data_dir: Path) -> Iterator[str]:
         yield f"postgresql://{server.postgres_user}@/postgres?{options}"
     finally:
         server.cleanup()
+
+
+def _forget_dead_users(data_dir: Path) -> None:
+    """Drop processes that died without letting go of the server (SIGKILL) from its user list.
+
+    embedded_postgres stops the server when its last user leaves, counting users
+    by pid in ``.handle_pids.json``; a killed ``lane-worker dev`` stays listed
+    for ever and the server would then never be stopped again.
+    """
+    users_file = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(users_file.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+    if alive != pids:
+        users_file.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True

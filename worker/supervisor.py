@@ -36,6 +36,8 @@ from worker.store import Store
 
 log = structlog.get_logger("lane_worker.supervisor")
 
+# The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
+DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 BOOT_RETRY_S = 60.0
@@ -211,7 +213,7 @@ class Supervisor:
         runs.cancel_scope.cancel()
 
     async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+        with anyio.open_signal_receiver(*DRAIN_SIGNALS) as received:
             async for signum in received:
                 if self.stop_requested.is_set():
                     self.log.warning("worker.exit_now", signal=signal.Signals(signum).name)
