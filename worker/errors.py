@@ -80,3 +80,7 @@ class UnknownPlayError(FatalRunError):
 
 class RunNotFoundError(LaneWorkerError):
     """No run with this id exists in the store."""
+
+
+class HealthPortError(LaneWorkerError):
+    """The health, readiness and metrics port cannot be bound."""

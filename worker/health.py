@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from worker.errors import HealthPortError
 from worker.metrics import Metrics
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
@@ -33,7 +34,16 @@ class HealthServer:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host="0.0.0.0", port=self._port)  # noqa: S104 (a container's health port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            # Left as a bare OSError it would read as "the database is unreachable".
+            raise HealthPortError(
+                f"cannot listen on health port {self._port} ({exc.strerror or exc}); set "
+                "LANE_WORKER_HEALTH_PORT to a free port, or to 0 to pick one."
+            ) from exc
         server = site._server  # aiohttp exposes the bound port only through the server
         assert isinstance(server, asyncio.Server)
         self.port = int(server.sockets[0].getsockname()[1])

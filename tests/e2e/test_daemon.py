@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -101,6 +102,23 @@ async def test_unreachable_database_exits_1_with_one_sentence(database_url: str)
         assert "s3cret-pass" not in "\n".join(json.dumps(r) for r in daemon.records)
         assert sentence
         assert not daemon.events("worker.ready")
+
+
+async def test_busy_health_port_exits_1_naming_the_variable(database_url: str) -> None:
+    """A health port another process holds: exit 1, one sentence naming the variable, not the DB."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))  # noqa: S104 (the daemon binds all interfaces too)
+        holder.listen()
+        port = holder.getsockname()[1]
+        async with Daemons(database_url) as pool:
+            daemon = pool.start(RELEASE, LANE_WORKER_HEALTH_PORT=str(port))
+            code = await daemon.wait_exit(timeout_s=60)
+    assert code == 1, daemon.tail()
+    sentence = one_sentence(daemon.stderr)
+    assert "LANE_WORKER_HEALTH_PORT" in sentence
+    assert str(port) in sentence
+    assert "database" not in sentence
+    assert not daemon.events("worker.ready")
 
 
 async def test_ready_daemon_serves_health_readiness_and_metrics(database_url: str) -> None:
