@@ -33,7 +33,7 @@ DEFAULT_APP = "worker.demo:app"
 # The CLI answers within seconds when the database is away; the daemon waits longer.
 CONNECT_RETRY_S = 10.0
 # The variables a database command refuses on; submit also needs its lane to resolve.
-_CLIENT_VARIABLES = (config.DATABASE_URL_ENV, lanes.SCHEDULER_SCHEMA_ENV)
+_CLIENT_VARIABLES = (config.DATABASE_URL_ENV, lanes.SCHEDULER_SCHEMA_ENV, config.PGBOUNCER_ENV)
 _SUBMIT_VARIABLES = (lanes.QUEUE_SUFFIX_ENV, lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
 
 
@@ -73,6 +73,7 @@ def _render(diagnosis: config.Diagnosis) -> str:
         " (isolated)" if diagnosis.isolated else " (production default)"
     )
     suffix = diagnosis.queue_suffix or "(none)"
+    listen = " (PgBouncer: no LISTEN, polling)" if t.pgbouncer else " + 1 LISTEN"
     rows = [
         ("release id", diagnosis.release_id or "(unresolved)"),
         ("launch release id", diagnosis.launch_release_id or "(unresolved)"),
@@ -80,7 +81,7 @@ def _render(diagnosis: config.Diagnosis) -> str:
         ("scheduler schema", schema),
         ("queue suffix", f"{suffix} (lane from {diagnosis.suffix_source})"),
         ("database", diagnosis.database_url_redacted or "(not set)"),
-        ("pool", f"worker 2 connections + 1 LISTEN; client {diagnosis.client_pool_size}"),
+        ("pool", f"worker 2 connections{listen}; client {diagnosis.client_pool_size}"),
         ("concurrency", str(t.concurrency)),
         ("claim timeout", f"{t.claim_timeout_s} s"),
         ("poll interval", f"{t.poll_interval_s} s"),

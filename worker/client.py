@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker import checkpoint, engine, lanes
-from worker.config import DATABASE_URL_ENV, MAX_ATTEMPTS_ENV, SERVERLESS_ENV, Tuning
+from worker.config import (
+    DATABASE_URL_ENV,
+    MAX_ATTEMPTS_ENV,
+    SERVERLESS_ENV,
+    Tuning,
+    pgbouncer_mode,
+)
 from worker.db import Connection, Database, PoolOptions
 from worker.errors import LaneConfigError, RunNotFoundError
 from worker.reconcile import cancelled_fact
@@ -181,6 +187,7 @@ class LaneClient:
                 url=url,
                 max_size=1 if serverless else 2,
                 application_name="lane-worker-client",
+                pgbouncer=pgbouncer_mode(values),
                 retry_for_s=retry_for_s,
             )
         )

@@ -239,6 +239,15 @@ def _number(
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def pgbouncer_mode(env: Mapping[str, str]) -> bool:
+    """Tell whether ``LANE_WORKER_PGBOUNCER`` asks for PgBouncer mode (invalid values: no)."""
+    return (env.get(PGBOUNCER_ENV) or "").strip().lower() in _TRUE
+
+
 def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
     defaults = Tuning()
     log_format = (_blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
@@ -251,7 +260,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         log_format = defaults.log_format
 
     pgbouncer_raw = (_blank_as_unset(env, PGBOUNCER_ENV) or "false").lower()
-    if pgbouncer_raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+    if pgbouncer_raw not in _TRUE + _FALSE:
         problems.refuse(
             PGBOUNCER_ENV,
             f"{PGBOUNCER_ENV}={env.get(PGBOUNCER_ENV)!r} is not valid: set it to true when "
@@ -293,7 +302,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
             meaning="a whole number of attempts",
         ),
         log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
-        pgbouncer=pgbouncer_raw in ("1", "true", "yes", "on"),
+        pgbouncer=pgbouncer_raw in _TRUE,
     )
 
 

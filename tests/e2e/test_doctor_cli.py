@@ -100,3 +100,12 @@ def test_help_explains_the_flag() -> None:
     assert result.returncode == 0
     assert "--json" in result.stdout
     assert "78" in result.stdout
+
+
+@pytest.mark.parametrize(("setting", "shown"), [("true", "no LISTEN"), ("false", "+ 1 LISTEN")])
+def test_pool_line_follows_pgbouncer_mode(setting: str, shown: str) -> None:
+    """In PgBouncer mode the worker polls instead of holding a LISTEN connection; doctor says so."""
+    result = doctor({"WORKFLOW_RUNTIME_POSTGRES": DB, "LANE_WORKER_PGBOUNCER": setting})
+    assert result.returncode == 0, result.stderr
+    pool_line = next(line for line in result.stdout.splitlines() if line.startswith("pool"))
+    assert shown in pool_line

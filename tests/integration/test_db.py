@@ -80,3 +80,27 @@ async def test_unreachable_server_fails_after_the_retry_budget() -> None:
     options = PoolOptions(url="postgresql://u:secret@127.0.0.1:1/none", retry_for_s=0.5)
     with pytest.raises(ConnectionRefusedError):
         await Database.open(options)
+
+
+@pytest.mark.parametrize(("setting", "named_statements"), [("true", False), ("false", True)])
+async def test_client_follows_pgbouncer_mode(
+    database_url: str, setting: str, named_statements: bool
+) -> None:
+    """LANE_WORKER_PGBOUNCER=true keeps the client's connections free of named prepared statements.
+
+    PgBouncer in transaction pooling moves a session between server connections, so a
+    statement prepared on one is missing on the next.
+    """
+    from worker.client import LaneClient
+
+    env = {"WORKFLOW_RUNTIME_POSTGRES": database_url, "LANE_WORKER_PGBOUNCER": setting}
+    async with await LaneClient.connect(env=env, retry_for_s=5) as client:
+        await client.migrate()
+        run = await client.submit("greet", {"name": "ada"})
+        await client.status(run.run_id)
+        async with client.db.pool.acquire() as conn:
+            await conn.fetchval("select $1::int", 1)
+            prepared = await conn.fetchval(
+                "select count(*) from pg_prepared_statements where name <> ''"
+            )
+    assert (prepared > 0) is named_statements
