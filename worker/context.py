@@ -25,7 +25,7 @@ from worker.db import Connection, Database
 from worker.errors import FatalRunError, LeaseLostError
 from worker.store import Store
 
-log = structlog.get_logger("lane_worker.runtime")
+_log = structlog.get_logger("lane_worker.runtime")
 
 ARMED_WAITS = "armedWaits"  # our envelope key; unknown to other builds, so kept by them
 
@@ -66,7 +66,9 @@ class TaskContext:
         release_id: str,
         envelope: dict[str, Any],
         checkpoints: dict[str, Any],
+        log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
+        self._log = log if log is not None else _log.bind(run_id=str(handle.run_id))
         self._db = db
         self._store = store
         self._h = handle
@@ -271,9 +273,7 @@ class TaskContext:
             if row is not None:
                 payload = row["payload"]
             elif engine_payload is not None:
-                log.warning(
-                    "wait.event_without_signal_row", run_id=self.run_id, event_key=event_key
-                )
+                self._log.warning("wait.event_without_signal_row", event_key=event_key)
                 payload = engine_payload
             else:
                 return None

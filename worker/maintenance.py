@@ -16,7 +16,7 @@ log = structlog.get_logger("lane_worker.maintenance")
 _MAINTENANCE_LOCK_KEY = 0x6C77_6D61_696E_7400
 
 
-async def maintain(db: Database, store: Store) -> bool:
+async def maintain(db: Database, store: Store, *, worker_id: str) -> bool:
     """Run one pass if no other worker is running one; return whether this one ran."""
 
     async def cleanup(conn: Connection) -> list[str] | None:
@@ -35,5 +35,5 @@ async def maintain(db: Database, store: Store) -> bool:
     if queues is None:
         return False
     for queue in queues:
-        await reconcile_queue(db, store, queue)
+        await reconcile_queue(db, store, queue, worker_id=worker_id)
     return True

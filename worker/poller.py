@@ -91,7 +91,12 @@ class Poller:
         self.stopped = asyncio.Event()
         self.finished = asyncio.Event()
         self.detach_reason: str | None = None
-        self.log = log.bind(queue=queue, loop=self.kind, worker_id=runtime.worker_id_for(queue))
+        self.log = log.bind(
+            queue=queue,
+            loop=self.kind,
+            release_id=runtime.release_id,
+            worker_id=runtime.worker_id_for(queue),
+        )
 
     def stop(self, reason: str) -> None:
         """Stop claiming (in-flight runs are not touched)."""

@@ -27,15 +27,18 @@ def cancelled_fact(run_id: uuid.UUID, source: str) -> dict[str, Any]:
     }
 
 
-async def reconcile_queue(db: Database, store: Store, queue: str) -> int:
+async def reconcile_queue(db: Database, store: Store, queue: str, *, worker_id: str) -> int:
     """Give every engine-terminal (or vanished) task on ``queue`` its terminal store row.
 
     The engine can end a task by itself (an expired lease on the last attempt,
     a cancellation policy); each such run gets exactly one ledger fact here.
+    Works in batches of ``RECONCILE_BATCH`` runs, one transaction each, until none
+    is left, so a mass lease expiry is settled within one pass. Returns how many
+    runs it settled.
     """
     tasks, runs = quote_ident(f"t_{queue}"), quote_ident(f"r_{queue}")
     sql = f"""
-        select s.run_id, t.state, t.completed_payload, r.failure_reason
+        select s.run_id, s.release_id, t.state, t.completed_payload, r.failure_reason
           from {store.schema_sql}.runs s
           left join absurd.{tasks} t on t.task_id = s.task_id
           left join absurd.{runs} r on r.run_id = t.last_attempt_run
@@ -45,9 +48,10 @@ async def reconcile_queue(db: Database, store: Store, queue: str) -> int:
            and (t.task_id is null or t.state in ('completed', 'failed', 'cancelled'))
          limit {RECONCILE_BATCH}"""
 
-    async def settle_all(conn: Connection) -> int:
+    async def settle_batch(conn: Connection) -> tuple[int, int]:
         settled = 0
-        for row in await conn.fetch(sql, queue):
+        rows = await conn.fetch(sql, queue)
+        for row in rows:
             run_id, state = row["run_id"], row["state"]
             if state == "completed":
                 status, output, error = "completed", row["completed_payload"], None
@@ -71,7 +75,20 @@ async def reconcile_queue(db: Database, store: Store, queue: str) -> int:
                 conn, run_id, status=status, fact=fact, attempt_id=None, output=output, error=error
             ):
                 settled += 1
-                log.warning("run.reconciled", run_id=str(run_id), queue=queue, status=status)
-        return settled
+                log.warning(
+                    "run.reconciled",
+                    run_id=str(run_id),
+                    release_id=row["release_id"],
+                    queue=queue,
+                    worker_id=worker_id,
+                    status=status,
+                )
+        return len(rows), settled
 
-    return await db.transaction(settle_all)
+    total = 0
+    while True:
+        found, settled = await db.transaction(settle_batch)
+        total += settled
+        # A short batch was the last; a batch that settled nothing would repeat itself.
+        if found < RECONCILE_BATCH or settled == 0:
+            return total

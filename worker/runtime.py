@@ -110,7 +110,7 @@ class Runtime:
             lambda conn: engine.claim(conn, queue, worker_id, lease_s=self.lease_s, qty=qty)
         )
         if batch.swept:
-            await reconcile_queue(self.db, self.store, queue)
+            await reconcile_queue(self.db, self.store, queue, worker_id=worker_id)
         return batch
 
     async def handle(
@@ -270,10 +270,11 @@ class Runtime:
                 release_id=self.release_id,
                 envelope=run["checkpoint"],
                 checkpoints=checkpoints,
+                log=bound,
             )
             bound.info("run.started", attempt=h.attempt, play=run["play"])
             started = time.monotonic()
-            output = await self._with_lease(h, play(ctx, run["input"]))
+            output = await self._with_lease(h, play(ctx, run["input"]), bound)
         except Suspended:
             bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
             return "parked"
@@ -306,7 +307,9 @@ class Runtime:
         bound.info("run.completed", duration_s=round(time.monotonic() - started, 3))
         return "completed"
 
-    async def _with_lease(self, h: RunHandle, work: Awaitable[T]) -> T:
+    async def _with_lease(
+        self, h: RunHandle, work: Awaitable[T], bound: structlog.typing.FilteringBoundLogger
+    ) -> T:
         """Run ``work`` while extending the lease; cancel it if the lease is lost."""
         host = asyncio.current_task()
         assert host is not None
@@ -326,7 +329,7 @@ class Runtime:
                     host.cancel()
                     return
                 except Exception as exc:  # the database is away: keep trying while the lease lasts
-                    log.warning("lease.extend_failed", run_id=str(h.run_id), error=repr(exc))
+                    bound.warning("lease.extend_failed", error=repr(exc))
 
         keeper = asyncio.create_task(keep())
         try:

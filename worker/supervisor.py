@@ -336,7 +336,7 @@ class Supervisor:
     async def _maintenance(self, db: Database) -> None:
         while True:
             try:
-                await maintain(db, self.store)
+                await maintain(db, self.store, worker_id=self.worker_id)
             except Exception as exc:
                 self.log.warning("maintenance.failed", error=repr(exc))
             await anyio.sleep(MAINTENANCE_S)

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from runtime_harness import eventually, open_client, open_runtime, work_once, work_until
+from runtime_harness import connect, eventually, open_client, open_runtime, work_once, work_until
 
 from worker import App, TaskContext
 from worker.client import LaneClient
@@ -373,3 +373,35 @@ async def test_what_this_build_cannot_replay_fails_for_good(
     assert expected in status.error["message"]
     assert status.error["fatal"] is True
     assert status.facts == ("run.failed",)
+
+
+async def test_reconciler_settles_more_than_one_batch_in_one_pass(database_url: str) -> None:
+    """A mass ending in the engine (here: cancels) is settled in one pass, one fact per run."""
+    from worker.reconcile import RECONCILE_BATCH, reconcile_queue
+
+    count = RECONCILE_BATCH + 30
+    async with open_client(database_url, ENV) as client:
+        runs = [await client.submit("wait") for _ in range(count)]
+        conn = await connect(database_url)
+        try:
+            await conn.execute(
+                f"select absurd.cancel_task($1, task_id) from {client.store.schema_sql}.runs",
+                QUEUE,
+            )
+        finally:
+            await conn.close()
+        settled = await reconcile_queue(client.db, client.store, QUEUE, worker_id="test")
+        assert settled == count
+        assert await reconcile_queue(client.db, client.store, QUEUE, worker_id="test") == 0
+        for run in (runs[0], runs[-1]):
+            status = await client.status(run.run_id)
+            assert status.status == "cancelled"
+            assert status.facts == ("run.cancelled",)
+        conn = await connect(database_url)
+        try:
+            open_runs = await conn.fetchval(
+                f"select count(*) from {client.store.schema_sql}.runs where status <> 'cancelled'"
+            )
+        finally:
+            await conn.close()
+    assert open_runs == 0
