@@ -31,7 +31,7 @@ from worker.listener import Listener, Wakeups
 from worker.maintenance import maintain
 from worker.metrics import Metrics
 from worker.poller import Capacity, Poller
-from worker.runtime import Runtime
+from worker.runtime import HAND_BACK_TIMEOUT_S, Runtime
 from worker.store import Store
 
 log = structlog.get_logger("lane_worker.supervisor")
@@ -46,6 +46,16 @@ ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
 POLLER_STOP_GRACE_S = 5.0
 STOP_MARK_TIMEOUT_S = 5.0
+
+
+def longest_stop_s(drain_s: float) -> float:
+    """Return the longest a SIGTERM can take to end the process, with drain window ``drain_s``.
+
+    Claim loops stop, runs drain, unfinished ones hand themselves back, the stop is
+    recorded: an orchestrator's kill timeout must exceed this, or runs are cut off
+    and resume only after their lease expires.
+    """
+    return POLLER_STOP_GRACE_S + drain_s + HAND_BACK_TIMEOUT_S + STOP_MARK_TIMEOUT_S
 
 
 def _say(sentence: str) -> None:

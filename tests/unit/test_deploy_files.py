@@ -8,9 +8,11 @@ is checked against what the code actually reads, binds or serves.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
+import subprocess
 import tomllib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -168,10 +170,16 @@ def fly_env(fly: dict[str, Any]) -> dict[str, str]:
     return {name: str(value) for name, value in fly.get("env", {}).items()}
 
 
+DEPLOYED_RELEASE = "3f9c2e1d7a5b"
+
+
 def machine_env(fly: dict[str, Any], image: Stage) -> dict[str, str]:
     """Return the environment a Fly machine of this image gets (fly [env] over image ENV)."""
     env = dict(image.env())
-    build_args = {name: str(value) for name, value in fly["build"]["args"].items()}
+    # An empty build arg is the one `fly deploy --build-arg` fills in per deploy.
+    build_args = {
+        name: str(value) or DEPLOYED_RELEASE for name, value in fly["build"]["args"].items()
+    }
     # ENV NAME=${NAME}: the build argument's value is baked in.
     for name, value in list(env.items()):
         ref = re.fullmatch(r"\$\{?(\w+)\}?", value)
@@ -238,18 +246,18 @@ def test_kill_timeout_exceeds_the_drain_window_fly_sets() -> None:
         f"fly.toml kill_timeout={kill_timeout:g} s does not exceed the drain window "
         f"{config.DRAIN_SECONDS_ENV}={drain_s:g} s: runs are cut off mid-drain"
     )
-    # Supervisor._drain first waits up to POLLER_STOP_GRACE_S for the claim loops to stop.
-    worst = supervisor.POLLER_STOP_GRACE_S + drain_s
+    # Loops stop, runs drain, the rest is handed back, the stop is recorded.
+    worst = supervisor.longest_stop_s(drain_s)
     assert kill_timeout > worst, (
-        f"fly.toml kill_timeout={kill_timeout:g} s does not exceed the daemon's longest drain "
-        f"(POLLER_STOP_GRACE_S {supervisor.POLLER_STOP_GRACE_S:g} s + drain {drain_s:g} s)"
+        f"fly.toml kill_timeout={kill_timeout:g} s does not exceed the daemon's longest stop "
+        f"({worst:g} s with a {drain_s:g} s drain window)"
     )
 
 
 def test_kill_timeout_exceeds_the_code_default_drain_when_fly_sets_none() -> None:
-    """Without fly's LANE_WORKER_DRAIN_SECONDS, kill_timeout still exceeds the code default."""
+    """Without fly's LANE_WORKER_DRAIN_SECONDS, kill_timeout still exceeds the longest stop."""
     fly = tomllib.loads(FLY_TOML.read_text())
-    assert seconds(fly["kill_timeout"]) > config.Tuning().drain_s + supervisor.POLLER_STOP_GRACE_S
+    assert seconds(fly["kill_timeout"]) > supervisor.longest_stop_s(config.Tuning().drain_s)
 
 
 def test_stop_signal_is_sigterm_in_fly_and_dockerfile(fly: dict[str, Any], image: Stage) -> None:
@@ -343,6 +351,24 @@ def test_release_id_variable_is_baked_in_under_the_name_the_code_reads(
     baked = image.env().get(name)
     assert baked in (f"${{{name}}}", f"${name}"), f"ENV {name}={baked!r} is not the ARG's value"
     assert set(fly["build"]["args"]) == {name}, f"fly [build.args] {sorted(fly['build']['args'])}"
+
+
+@pytest.mark.parametrize(("value", "builds"), [("", False), ("3f9c2e1d7a5b", True)])
+def test_image_build_refuses_an_empty_release_id(image: Stage, value: str, builds: bool) -> None:
+    """The final stage's guard fails the build without a release id (run as Docker runs it)."""
+    name = lanes.RELEASE_ID_ENV
+    guards = [run for run in image.all("RUN") if name in run]
+    assert len(guards) == 1, f"the final stage has no single RUN that checks {name}"
+    result = subprocess.run(
+        ["/bin/sh", "-c", guards[0]],
+        env={name: value, "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (result.returncode == 0) is builds, result.stderr
+    if not builds:
+        assert f"--build-arg {name}=" in result.stderr
 
 
 def test_a_fly_machine_environment_boots_without_errors_or_warnings(
