@@ -32,8 +32,10 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     """Run embedded Postgres (unless a URL is set), a worker and the demo; return the exit code."""
     values = dict(env)
     # A second worktree's dev worker must not collide on the health port.
-    values.setdefault(HEALTH_PORT_ENV, "0")
-    values.setdefault(LOG_FORMAT_ENV, "console")
+    # Blank counts as unset here too (as in worker.config), so it gets dev's default.
+    for name, default in ((HEALTH_PORT_ENV, "0"), (LOG_FORMAT_ENV, "console")):
+        if not (values.get(name) or "").strip():
+            values[name] = default
     with contextlib.ExitStack() as stack:
         try:
             values[DATABASE_URL_ENV] = stack.enter_context(_database(values, data_dir))

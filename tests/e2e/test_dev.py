@@ -276,7 +276,14 @@ async def test_two_worktrees_share_a_database_on_separate_lanes(
         suffix: devs.start(
             suffix,
             "--exit-after-demo",
-            env=dev_env(**{DATABASE_URL_ENV: database_url, lanes.QUEUE_SUFFIX_ENV: suffix}),
+            # A blank port (an env file's `NAME=`) is unset: each dev picks a free port.
+            env=dev_env(
+                **{
+                    DATABASE_URL_ENV: database_url,
+                    lanes.QUEUE_SUFFIX_ENV: suffix,
+                    "LANE_WORKER_HEALTH_PORT": "",
+                }
+            ),
         )
         for suffix in worktrees
     }
