@@ -1,4 +1,4 @@
-"""HTTP: /healthz (alive), /readyz (ready to work), /metrics (Prometheus)."""
+"""HTTP: /healthz (alive), /readyz (ready to work), /metrics (Prometheus), /lanes (the lanes)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,28 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from worker.client import LaneView, lanes_table
 from worker.errors import HealthPortError
 from worker.metrics import Metrics
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
+LanesReport = Callable[[], Awaitable[list[LaneView]]]
 
 
 class HealthServer:
     """The daemon's HTTP endpoints on one port (0 picks a free one)."""
 
-    def __init__(self, port: int, metrics: Metrics, readiness: ReadinessCheck) -> None:
+    def __init__(
+        self,
+        port: int,
+        metrics: Metrics,
+        readiness: ReadinessCheck,
+        lanes: LanesReport | None = None,
+    ) -> None:
         self._port = port
         self._metrics = metrics
         self._readiness = readiness
+        self._lanes = lanes
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -31,6 +40,8 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_page)
+        if self._lanes is not None:
+            app.router.add_get("/lanes", self._lanes_page)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host="0.0.0.0", port=self._port)  # noqa: S104 (a container's health port)
@@ -60,6 +71,17 @@ class HealthServer:
     async def _readyz(self, _request: web.Request) -> web.Response:
         report = await self._readiness()
         return web.json_response(report, status=200 if report.get("ready") else 503)
+
+    async def _lanes_page(self, request: web.Request) -> web.Response:
+        """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""
+        assert self._lanes is not None
+        try:
+            views = await self._lanes()
+        except Exception as exc:  # the database is away: say so, do not crash the page
+            return web.json_response({"error": type(exc).__name__}, status=503)
+        if request.query.get("format") == "text":
+            return web.Response(text="\n".join(lanes_table(views)) + "\n")
+        return web.json_response({"lanes": [v.as_json() for v in views]})
 
     async def _metrics_page(self, _request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

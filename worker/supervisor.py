@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 
 from worker import engine, lanes, logs
 from worker.app import App, load_app
+from worker.client import LaneClient
 from worker.config import EXIT_CONFIG, Settings
 from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
@@ -166,7 +167,8 @@ class Supervisor:
     async def _serve(self, db: Database) -> None:
         s = self.settings
         runtime = self._runtime(db)
-        health = HealthServer(s.tuning.health_port, self.metrics, self._readiness)
+        lanes_view = LaneClient(db, self.store, env={}, max_attempts=s.tuning.max_attempts).lanes
+        health = HealthServer(s.tuning.health_port, self.metrics, self._readiness, lanes_view)
         port = await health.start()
         try:
             async with anyio.create_task_group() as side:

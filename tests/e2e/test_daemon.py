@@ -122,7 +122,7 @@ async def test_busy_health_port_exits_1_naming_the_variable(database_url: str) -
 
 
 async def test_ready_daemon_serves_health_readiness_and_metrics(database_url: str) -> None:
-    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics once ready."""
+    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics, /lanes."""
     async with Daemons(database_url) as pool:
         daemon = pool.start(RELEASE)
         ready = await daemon.ready()
@@ -153,6 +153,17 @@ async def test_ready_daemon_serves_health_readiness_and_metrics(database_url: st
         }
         ours = {name for name in names if name.startswith("lane_worker_")}
         assert ours, f"no lane_worker_ metric in:\n{body[:2000]}"
+
+        status, content_type, body = await http_get(daemon.health_port, "/lanes")
+        assert status == 200
+        assert content_type == "application/json"
+        lane = {v["queue"]: v for v in json.loads(body)["lanes"]}[QUEUE]
+        assert lane["status"] == "claiming"
+        assert lane["liveWorkers"] == 1
+        status, _, body = await http_get(daemon.health_port, "/lanes?format=text")
+        assert status == 200
+        assert body.splitlines()[0].split()[:3] == ["RELEASE", "QUEUE", "STATUS"]
+        assert QUEUE in body
 
         daemon.terminate()
         assert await daemon.wait_exit(timeout_s=15) == 0
