@@ -359,8 +359,18 @@ def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | No
 def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
     """Deliver integration event EVENT_KEY to a run (first wins)."""
     result = _with_client(lambda client: client.signal(run_id, event_key, data))
-    report = {"runId": result.run_id, "eventKey": event_key, "duplicate": result.duplicate}
-    if result.duplicate:
+    report = {
+        "runId": result.run_id,
+        "eventKey": event_key,
+        "duplicate": result.duplicate,
+        "runEnded": result.run_ended,
+    }
+    if result.run_ended is not None:
+        text = (
+            f"ignored: run {result.run_id} has already ended ({result.run_ended}); "
+            f"nothing waits for {event_key!r}."
+        )
+    elif result.duplicate:
         text = f"ignored: run {result.run_id} already has event {event_key!r} (first signal wins)."
     else:
         text = f"delivered event {event_key!r} to run {result.run_id}."

@@ -126,11 +126,17 @@ class LaneView:
 
 @dataclass(frozen=True)
 class SignalResult:
-    """Whether a signal was delivered, or ignored as a duplicate (first wins)."""
+    """Whether a signal was delivered, or ignored: a duplicate (first wins) or the run ended."""
 
     run_id: str
     event_key: str
     duplicate: bool
+    run_ended: str | None = None  # the run's terminal status when it had already ended
+
+    @property
+    def delivered(self) -> bool:
+        """Return whether this call delivered the event."""
+        return not self.duplicate and self.run_ended is None
 
 
 LANES_CHANNEL = "lane_worker_lanes"
@@ -290,6 +296,9 @@ class LaneClient:
 
         async def deliver(conn: Connection) -> SignalResult:
             row = await self._run_row(conn, run_id)
+            if row["status"] in TERMINAL_STATUSES:
+                # Nothing can wait for it any more; recording it would only mislead.
+                return SignalResult(str(row["run_id"]), event_key, False, row["status"])
             received = await self.store.fetchval(
                 conn, "insert_signal", row["run_id"], event_key, data
             )

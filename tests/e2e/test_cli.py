@@ -224,6 +224,17 @@ def test_signal_then_duplicate_is_ignored(env: dict[str, str]) -> None:
     assert "ignored" in again
     report = ok_json(env, "signal", run_id, "approved")
     assert (report["runId"], report["eventKey"], report["duplicate"]) == (run_id, "approved", True)
+    assert report["runEnded"] is None
+
+
+def test_signal_to_an_ended_run_is_ignored(env: dict[str, str]) -> None:
+    """A signal to a cancelled run says it ended, exits 0, and --json names the status."""
+    run_id = ok(env, "submit", "p").stdout.strip()
+    ok(env, "cancel", run_id)
+    text = ok(env, "signal", run_id, "approved").stdout
+    assert text.startswith(f"ignored: run {run_id} has already ended (cancelled)")
+    report = ok_json(env, "signal", run_id, "approved")
+    assert (report["duplicate"], report["runEnded"]) == (False, "cancelled")
 
 
 def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:

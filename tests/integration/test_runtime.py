@@ -176,9 +176,29 @@ async def test_duplicate_signal_is_ignored_first_wins(database_url: str) -> None
         first = await client.signal(submitted.run_id, "go", {"n": 1})
         second = await client.signal(submitted.run_id, "go", {"n": 2})
         assert (first.duplicate, second.duplicate) == (False, True)
+        assert (first.delivered, second.delivered) == (True, False)
         assert await work_once(rt) == ["completed"]
         status = await client.status(submitted.run_id)
     assert status.output["n"] == 1
+
+
+async def test_signal_to_an_ended_run_is_ignored_and_recorded_nowhere(database_url: str) -> None:
+    """A signal after the run ended says so; no signal row, no engine event is written."""
+    async with open_client(database_url, ENV) as client:
+        submitted = await client.submit("wait")
+        assert await client.cancel(submitted.run_id)
+        result = await client.signal(submitted.run_id, "go", {"late": True})
+        assert (result.run_ended, result.duplicate, result.delivered) == ("cancelled", False, False)
+        conn = await connect(database_url)
+        try:
+            signals = await conn.fetchval(
+                f"select count(*) from {client.store.schema_sql}.signals where run_id = $1",
+                submitted.run_id,
+            )
+            events = await conn.fetchval(f"select count(*) from absurd.e_{QUEUE}")
+        finally:
+            await conn.close()
+    assert (signals, events) == (0, 0)
 
 
 async def test_wait_times_out(database_url: str) -> None:
