@@ -80,6 +80,17 @@ async def _init_connection(conn: Connection) -> None:
         )
 
 
+async def _keep_session(_conn: Connection) -> None:
+    """Reset nothing when a connection goes back to the pool.
+
+    asyncpg's default reset sends `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL`, one more round trip and transaction per unit of work. lane-worker
+    leaves no session state on pooled connections: its advisory locks are
+    transaction-scoped, LISTEN has its own connection and nothing SETs a session
+    value. asyncpg still rolls back a transaction left open before calling this.
+    """
+
+
 def _log_retry(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
     log.warning(
@@ -110,6 +121,7 @@ class Database:
             min_size=0,
             max_size=options.max_size,
             init=_init_connection,
+            reset=_keep_session,
             timeout=options.connect_timeout_s,
             # Prepared statements do not survive PgBouncer transaction pooling.
             statement_cache_size=0 if options.pgbouncer else 100,

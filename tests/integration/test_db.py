@@ -104,3 +104,16 @@ async def test_client_follows_pgbouncer_mode(
                 "select count(*) from pg_prepared_statements where name <> ''"
             )
     assert (prepared > 0) is named_statements
+
+
+async def test_a_transaction_left_open_is_rolled_back_on_release(database: Database) -> None:
+    """The pool resets no session state, but never hands out a connection inside a transaction."""
+    await database.execute("create table kept (n int)")
+    async with database.pool.acquire() as conn:
+        await conn.execute("begin")
+        await conn.execute("insert into kept values (1)")
+    # max_size 2: acquiring both proves neither is still in the abandoned transaction.
+    async with database.pool.acquire() as one, database.pool.acquire() as two:
+        assert not one.is_in_transaction()
+        assert not two.is_in_transaction()
+        assert await one.fetchval("select count(*) from kept") == 0
