@@ -8,6 +8,7 @@ queue, the next due sleeper, the poll interval, or stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,6 +26,11 @@ from worker.store import quote_ident
 log = structlog.get_logger("lane_worker.poller")
 
 CLAIM_BATCH = 16
+# Under a backlog (the last claim came back full), wait this long for a quarter
+# of a batch to free up before claiming: every claim sorts the queue's pending
+# set, so one claim per finished run costs more than a few idle milliseconds.
+BACKLOG_BATCH = CLAIM_BATCH // 4
+BACKLOG_PATIENCE_S = 0.025
 _BACKOFF_MAX_S = 15.0
 
 
@@ -41,12 +47,27 @@ class Capacity:
         """Return how many slots are taken."""
         return self.total - self.free
 
-    async def reserve(self, most: int) -> int:
-        """Wait for at least one free slot and take up to ``most``; return how many."""
-        while self.free <= 0:
+    async def reserve(self, most: int, *, at_least: int = 1, patience_s: float = 0.0) -> int:
+        """Wait for a free slot and take up to ``most``; return how many.
+
+        With ``at_least`` > 1, wait up to ``patience_s`` (from the first free slot)
+        for that many to be free, so a loop under a backlog claims a batch
+        instead of one run per finished run.
+        """
+        want = max(1, min(at_least, most, self.total))
+        deadline: float | None = None
+        while self.free < want:
+            timeout: float | None = None
+            if self.free > 0:
+                now = time.monotonic()
+                deadline = now + patience_s if deadline is None else deadline
+                if now >= deadline:
+                    break
+                timeout = deadline - now
             # No await between clear() and wait(): a release cannot slip in.
             self._changed.clear()
-            await self._changed.wait()
+            with contextlib.suppress(TimeoutError):  # patience ran out: take what is free
+                await asyncio.wait_for(self._changed.wait(), timeout)
         taken = min(self.free, most)
         self.free -= taken
         return taken
@@ -107,9 +128,10 @@ class Poller:
     async def run(self) -> None:
         """Claim until stopped."""
         failures = 0
+        backlog = False
         try:
             while not self.stopped.is_set():
-                slots = await self._reserve()
+                slots = await self._reserve(backlog)
                 if slots == 0:
                     break
                 # Cleared before the claim, not after: a NOTIFY that lands while
@@ -126,6 +148,7 @@ class Poller:
                     await self._idle(delay, precise=False)
                     continue
                 failures = 0
+                backlog = len(batch.runs) == slots
                 self.capacity.release(slots - len(batch.runs))
                 for claimed in batch.runs:
                     self.runs.start_soon(self._handle, claimed)
@@ -134,9 +157,12 @@ class Poller:
         finally:
             self.finished.set()
 
-    async def _reserve(self) -> int:
+    async def _reserve(self, backlog: bool) -> int:
         # Waiting for a slot must not outlive a stop request.
-        reserve = asyncio.ensure_future(self.capacity.reserve(CLAIM_BATCH))
+        batch = (BACKLOG_BATCH, BACKLOG_PATIENCE_S) if backlog else (1, 0.0)
+        reserve = asyncio.ensure_future(
+            self.capacity.reserve(CLAIM_BATCH, at_least=batch[0], patience_s=batch[1])
+        )
         stop = asyncio.ensure_future(self.stopped.wait())
         await asyncio.wait({reserve, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()

@@ -1,0 +1,55 @@
+"""The run slots every claim loop of a process shares."""
+
+from __future__ import annotations
+
+import asyncio
+
+from worker.poller import Capacity
+
+
+async def test_reserve_takes_every_free_slot_up_to_most() -> None:
+    """With slots free and no batch asked for, reserve returns at once with what it may take."""
+    capacity = Capacity(8)
+    assert await capacity.reserve(5) == 5
+    assert await capacity.reserve(5) == 3
+    assert capacity.free == 0
+
+
+async def test_reserve_waits_for_a_release_when_nothing_is_free() -> None:
+    """No free slot: reserve waits until one is released, then takes it."""
+    capacity = Capacity(2)
+    assert await capacity.reserve(2) == 2
+    waiting = asyncio.ensure_future(capacity.reserve(2))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    capacity.release(1)
+    assert await waiting == 1
+
+
+async def test_a_batch_reserve_waits_for_the_batch_while_patient() -> None:
+    """Asked for at least 3, one free slot is not enough: it waits until 3 are free."""
+    capacity = Capacity(4)
+    assert await capacity.reserve(4) == 4
+    capacity.release(1)
+    waiting = asyncio.ensure_future(capacity.reserve(4, at_least=3, patience_s=60))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    capacity.release(1)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    capacity.release(1)
+    assert await waiting == 3
+    assert capacity.free == 0
+
+
+async def test_a_batch_reserve_takes_what_is_free_once_patience_runs_out() -> None:
+    """When the batch does not free up within the patience, reserve takes the free slots."""
+    capacity = Capacity(4)
+    assert await capacity.reserve(3) == 3
+    assert await capacity.reserve(4, at_least=4, patience_s=0.01) == 1
+
+
+async def test_a_batch_larger_than_the_process_is_capped() -> None:
+    """At least 16 of a capacity of 2 means all of it, not a wait that can never end."""
+    capacity = Capacity(2)
+    assert await capacity.reserve(16, at_least=16, patience_s=60) == 2
