@@ -6,12 +6,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.client import LaneView, lanes_table
 from worker.errors import HealthPortError
 from worker.metrics import Metrics
+
+LANES_TIMEOUT_S = 5.0
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
 LanesReport = Callable[[], Awaitable[list[LaneView]]]
@@ -76,7 +79,9 @@ class HealthServer:
         """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""
         assert self._lanes is not None
         try:
-            views = await self._lanes()
+            # The pool retries an absent database for a minute; a page must answer sooner.
+            with anyio.fail_after(LANES_TIMEOUT_S):
+                views = await self._lanes()
         except Exception as exc:  # the database is away: say so, do not crash the page
             return web.json_response({"error": type(exc).__name__}, status=503)
         if request.query.get("format") == "text":
