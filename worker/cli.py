@@ -432,9 +432,25 @@ def lanes_group(ctx: click.Context, as_json: bool) -> None:
 @click.argument("release_id", type=RELEASE_ID)
 @json_option
 def retire(release_id: str, as_json: bool) -> None:
-    """Mark RELEASE_ID's lane retired; newer releases adopt its parked runs."""
-    queue = _with_client(lambda client: client.retire_release(release_id))
-    report = {"releaseId": release_id, "queue": queue, "status": "retired"}
+    """Mark RELEASE_ID's lane retired; newer releases adopt its parked runs.
+
+    Retiring a lane no worker has registered and no run has used is allowed (its
+    machines may not have booted yet), with a warning on stderr: it is usually a
+    mistyped release id.
+    """
+
+    async def action(client: LaneClient) -> tuple[str, bool]:
+        known = await client.lane_known(release_id)
+        return await client.retire_release(release_id), known
+
+    queue, known = _with_client(action)
+    if not known:
+        click.echo(
+            f"lane-worker: warning: no worker has registered lane {queue} and no run has used "
+            f"it; retired anyway. Check the release id against `lane-worker lanes`.",
+            err=True,
+        )
+    report = {"releaseId": release_id, "queue": queue, "status": "retired", "known": known}
     _emit(as_json, report, f"retired lane {queue} (release {release_id}).")
 
 

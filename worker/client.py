@@ -377,6 +377,17 @@ class LaneClient:
         """Mark a retired lane claiming again (its workers may boot). Return its queue."""
         return await self._set_lane(release_id, "claiming")
 
+    async def lane_known(self, release_id: str) -> bool:
+        """Tell whether the release's lane was ever used: a worker booted on it or a run went to it.
+
+        Retiring an unknown lane is allowed (its machines may not have booted yet),
+        but it is usually a mistyped release id.
+        """
+        queue = lanes.queue_name_for_release(release_id)
+        await self.ensure_schemas()
+        known: bool = await self.db.run(lambda c: self.store.fetchval(c, "lane_known", queue))
+        return known
+
     async def _set_lane(self, release_id: str, status: str) -> str:
         queue = lanes.queue_name_for_release(release_id)
         await self.ensure_schemas()

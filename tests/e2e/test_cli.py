@@ -267,8 +267,9 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     """retire marks a lane with a queued run retired; activate makes it claiming again."""
     ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p")
     assert ok_json(env, "lanes") == {"lanes": []}
-    retired = ok(env, "lanes", "retire", RELEASE).stdout
-    assert RELEASE_QUEUE in retired
+    retired = ok(env, "lanes", "retire", RELEASE)
+    assert RELEASE_QUEUE in retired.stdout
+    assert retired.stderr == ""  # a run went to it: not a typo
     row = lane(env, RELEASE_QUEUE)
     assert row == {
         "releaseId": RELEASE,
@@ -285,11 +286,23 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     assert lane(env, RELEASE_QUEUE)["status"] == "claiming"
 
 
+def test_retiring_a_lane_nothing_ever_used_warns(env: dict[str, str]) -> None:
+    """A release id no worker and no run ever used is retired, with a warning on stderr."""
+    ok(env, "migrate")
+    result = lane_worker(env, "lanes", "retire", "rel-typo", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["known"] is False
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith("lane-worker: warning: no worker has registered lane runs_rel_typo")
+    assert lane(env, "runs_rel_typo")["status"] in ("retired", "drained")
+
+
 def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> None:
     """A retired lane with nothing left to finish is listed as drained, in a table."""
     ok(env, "migrate")
     assert "no lanes" in ok(env, "lanes").stdout
-    ok(env, "lanes", "retire", "dev")
+    # Nothing has used the lane yet, so the retire warns (tested above) and succeeds.
+    assert lane_worker(env, "lanes", "retire", "dev").returncode == 0
     header, row = ok(env, "lanes").stdout.splitlines()
     assert header.split() == [
         "RELEASE",

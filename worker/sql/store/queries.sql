@@ -148,6 +148,12 @@ on conflict (queue) do update
        updated_at = now()
 returning status;
 
+-- name: lane_known
+-- Whether anything ever used this queue: a lane row (a worker booted, or an
+-- operator retired it) or the engine queue (created by the first submit or boot).
+select exists (select 1 from {schema}.releases where queue = $1)
+    or exists (select 1 from absurd.queues where queue_name = $1);
+
 -- name: lane_registry
 -- Every lane with its status and whether it still holds non-terminal runs:
 -- continuation loops attach to retired lanes with open runs (not only parked
