@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import anyio
+import asyncpg
 import structlog
 
 from worker import checkpoint, engine, lanes
@@ -187,7 +188,7 @@ class Runtime:
             attempt_id=attempt_id,
             lease_s=self.lease_s,
         )
-        return Handled(disposition.kind, await self._execute(handle, claimed, bound))
+        return Handled(disposition.kind, await self._execute(handle, claimed, row, bound))
 
     async def _begin(
         self, claimed: engine.ClaimedRun, run_id: uuid.UUID, kind: str, adopter: str | None
@@ -242,10 +243,13 @@ class Runtime:
         await self.db.transaction(give_back)
 
     async def _execute(
-        self, h: RunHandle, claimed: engine.ClaimedRun, bound: structlog.typing.FilteringBoundLogger
+        self,
+        h: RunHandle,
+        claimed: engine.ClaimedRun,
+        run: asyncpg.Record,
+        bound: structlog.typing.FilteringBoundLogger,
     ) -> str:
-        run = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", h.run_id))
-        assert run is not None  # lane_state found it; runs are never deleted under a claim
+        """Run the play of ``run`` (its ``lane_state`` row) under the attempt ``h``."""
         play = self.app.plays.get(run["play"])
         try:
             if play is None:

@@ -116,8 +116,10 @@ update {schema}.signals
 returning payload;
 
 -- name: lane_state
--- What a continuation loop needs to decide on a claimed run.
+-- What a loop needs to decide on a claimed run, and to execute it: one read
+-- per claim (only this claim's attempt writes the run's envelope meanwhile).
 select r.run_id, r.release_id, r.adopted_release_id, r.status, r.current_wait,
+       r.play, r.input, r.checkpoint,
        coalesce(l.status = 'claiming', false) as lane_claiming
   from {schema}.runs r
   left join {schema}.releases l on l.queue = r.queue
