@@ -15,7 +15,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
-from urllib.parse import urlsplit
 
 import asyncpg
 import click
@@ -109,12 +108,10 @@ def _columns(rows: list[tuple[str, str]]) -> list[str]:
 
 def _scrub(text: str, url: str) -> str:
     """Remove the database URL and its password from ``text`` (driver messages may echo them)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
     text = text.replace(url, config.redact_url(url)) if url else text
-    return text.replace(password, "***") if password else text
+    for secret in config.url_secrets(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _failure_for(exc: Exception, url: str) -> Failure:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from worker import lanes
 from worker.errors import LaneConfigError
@@ -69,6 +69,22 @@ def redact_url(url: str) -> str:
     except ValueError:
         # Unparseable: say nothing of its content rather than risk echoing a secret.
         return "<unparseable URL>"
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """Return the secrets in ``url`` that must never be printed: its passwords, both spellings."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password or ""]
+        found += [
+            v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"
+        ]
+    except ValueError:
+        return ()
+    # urlsplit leaves the password percent-encoded; the driver (and its errors) decode it.
+    found += [unquote(s) for s in found]
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted({s for s in found if s}, key=len, reverse=True))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from worker.config import (
     HEALTH_PORT_ENV,
     LOG_FORMAT_ENV,
     Settings,
+    url_secrets,
 )
 from worker.embedded import embedded_postgres
 from worker.errors import LaneConfigError
@@ -47,7 +48,7 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
         except LaneConfigError as exc:
             click.echo(f"lane-worker: {exc}", err=True)
             return EXIT_CONFIG
-        logs.configure(settings.tuning.log_format)
+        logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
         try:
             app = load_app(app_spec)
         except (ImportError, ValueError) as exc:

@@ -4,13 +4,55 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import structlog
 
+_MASK = "***"
 
-def configure(log_format: Literal["json", "console", "auto"], *, stream: object = None) -> None:
-    """Configure structlog (and stdlib logging) once, at the entry point."""
+
+def _scrub(value: Any, secrets: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, _MASK)
+        return value
+    if isinstance(value, dict):
+        return {k: _scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, secrets) for v in value]
+    return value
+
+
+class _ScrubFilter(logging.Filter):
+    """Masks secrets in stdlib log records (asyncpg and aiohttp warnings)."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self._secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = _scrub(record.getMessage(), self._secrets)
+        record.args = None
+        return True
+
+
+def configure(
+    log_format: Literal["json", "console", "auto"],
+    *,
+    stream: object = None,
+    secrets: Sequence[str] = (),
+) -> None:
+    """Configure structlog (and stdlib logging) once, at the entry point.
+
+    Every occurrence of one of ``secrets`` (the database password) in a log line
+    is masked: a driver's error text is logged as it is, and must not leak it.
+    """
+    secrets = tuple(s for s in secrets if s)
+
+    def scrub_secrets(_logger: Any, _method: str, event: Any) -> Any:
+        return _scrub(event, secrets) if secrets else event
+
     out = stream if stream is not None else sys.stdout
     use_console = log_format == "console" or (
         log_format == "auto" and hasattr(out, "isatty") and out.isatty()
@@ -26,6 +68,7 @@ def configure(log_format: Literal["json", "console", "auto"], *, stream: object 
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            scrub_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
@@ -34,3 +77,6 @@ def configure(log_format: Literal["json", "console", "auto"], *, stream: object 
     )
     # Libraries that use stdlib logging (aiohttp, asyncpg) go to stderr, warnings only.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
+    if secrets:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_ScrubFilter(secrets))

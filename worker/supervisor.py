@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from worker import engine, lanes, logs
 from worker.app import App, load_app
 from worker.client import LaneClient
-from worker.config import EXIT_CONFIG, Settings
+from worker.config import EXIT_CONFIG, Settings, url_secrets
 from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
 from worker.health import HealthServer
@@ -70,7 +70,7 @@ def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
     except LaneConfigError as exc:
         _say(str(exc))
         return EXIT_CONFIG
-    logs.configure(settings.tuning.log_format)
+    logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
     try:
         app = load_app(app_spec)
     except (ImportError, ValueError) as exc:

@@ -1,0 +1,50 @@
+"""Log lines never carry the database password, whatever text a driver error holds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from worker.config import url_secrets
+
+URL = "postgresql://lane:s3cr%2Fet-pass@db:5432/runtime?sslmode=require&password=other-Secret"
+
+
+def test_url_secrets_names_every_password_spelling() -> None:
+    """The userinfo password (decoded and as written) and a password= parameter."""
+    assert set(url_secrets(URL)) == {"s3cr/et-pass", "s3cr%2Fet-pass", "other-Secret"}
+    assert url_secrets("postgresql://lane@db/runtime") == ()
+    assert url_secrets("postgresql://[bad") == ()
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> None:
+    """A secret inside an event value, nested or in a library's warning, is printed as ***."""
+    program = textwrap.dedent(
+        f"""
+        import logging, structlog
+        from worker import logs
+        from worker.config import url_secrets
+        logs.configure({log_format!r}, secrets=url_secrets({URL!r}))
+        structlog.get_logger("t").warning(
+            "db.retry", detail="connect to {URL} failed", nested={{"why": ["s3cr/et-pass"]}}
+        )
+        logging.getLogger("asyncpg").warning("dsn %s", {URL!r})
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    for secret in url_secrets(URL):
+        assert secret not in result.stdout
+        assert secret not in result.stderr
+    assert "***" in result.stdout
+    assert "***" in result.stderr
+    assert "db.retry" in result.stdout
+    if log_format == "json":
+        record = json.loads(result.stdout)
+        assert record["nested"] == {"why": ["***"]}
