@@ -244,6 +244,27 @@ async def test_sigterm_mid_step_hands_the_run_back_without_spending_an_attempt(
         assert second.malformed_lines() == []
 
 
+async def test_a_second_sigterm_exits_at_once_with_1(database_url: str, tmp_path: Path) -> None:
+    """SIGTERM twice: the second cuts the 30 s drain short, exit 1, the run left to its lease."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        daemon = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="30")
+        await daemon.ready()
+        run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 60})
+        await step_started(tmp_path / "two.log")
+        daemon.terminate()
+        await daemon.wait_for("worker.stopping", timeout_s=5)
+        daemon.terminate()
+        # Well inside the drain window: only the second signal can end the process this soon.
+        assert await daemon.wait_exit(timeout_s=10) == 1
+        assert daemon.events("worker.exit_now")
+        assert not daemon.events("run.handed_back")
+        assert not daemon.events("worker.stopped")
+        status = await client.status(run.run_id)
+    # Not handed back: the run stays claimed until its lease expires (as after SIGKILL).
+    assert status.status == "running"
+    assert [a.outcome for a in status.attempts] == [None]
+
+
 async def test_sigterm_lets_a_short_run_finish_and_claims_nothing_new(
     database_url: str, tmp_path: Path
 ) -> None:
