@@ -27,14 +27,16 @@ def cancelled_fact(run_id: uuid.UUID, source: str) -> dict[str, Any]:
     }
 
 
-async def reconcile_queue(db: Database, store: Store, queue: str, *, worker_id: str) -> int:
+async def reconcile_queue(
+    db: Database, store: Store, queue: str, *, worker_id: str, max_batches: int | None = None
+) -> int:
     """Give every engine-terminal (or vanished) task on ``queue`` its terminal store row.
 
     The engine can end a task by itself (an expired lease on the last attempt,
     a cancellation policy); each such run gets exactly one ledger fact here.
     Works in batches of ``RECONCILE_BATCH`` runs, one transaction each, until none
-    is left, so a mass lease expiry is settled within one pass. Returns how many
-    runs it settled.
+    is left (or ``max_batches``), so a mass lease expiry is settled within one
+    maintenance pass. Returns how many runs it settled.
     """
     tasks, runs = quote_ident(f"t_{queue}"), quote_ident(f"r_{queue}")
     sql = f"""
@@ -85,10 +87,10 @@ async def reconcile_queue(db: Database, store: Store, queue: str, *, worker_id: 
                 )
         return len(rows), settled
 
-    total = 0
+    total, batches = 0, 0
     while True:
         found, settled = await db.transaction(settle_batch)
-        total += settled
+        total, batches = total + settled, batches + 1
         # A short batch was the last; a batch that settled nothing would repeat itself.
-        if found < RECONCILE_BATCH or settled == 0:
+        if found < RECONCILE_BATCH or settled == 0 or batches == max_batches:
             return total

@@ -111,7 +111,14 @@ class Runtime:
             lambda conn: engine.claim(conn, queue, worker_id, lease_s=self.lease_s, qty=qty)
         )
         if batch.swept:
-            await reconcile_queue(self.db, self.store, queue, worker_id=worker_id)
+            # One batch inline, so the claimed runs start promptly; maintenance settles
+            # the rest. A failure here must not abandon the runs just claimed.
+            try:
+                await reconcile_queue(
+                    self.db, self.store, queue, worker_id=worker_id, max_batches=1
+                )
+            except Exception as exc:
+                log.warning("reconcile.failed", queue=queue, worker_id=worker_id, error=repr(exc))
         return batch
 
     async def handle(
@@ -176,7 +183,8 @@ class Runtime:
                 "refuse", await self._put_back(claimed, run_id, "refuse", "refused", delay_s=0)
             )
         adopted = disposition.adopted_release_id if isinstance(disposition, lanes.Adopt) else None
-        attempt_id = await self._begin(claimed, run_id, disposition.kind, self.release_id)
+        begun = await self._begin(claimed, run_id, disposition.kind, self.release_id)
+        attempt_id: int = begun["attempt_id"]
         if adopted is not None:
             bound.info("run.adopted", from_release_id=adopted)
         handle = RunHandle(
@@ -188,13 +196,17 @@ class Runtime:
             attempt_id=attempt_id,
             lease_s=self.lease_s,
         )
-        return Handled(disposition.kind, await self._execute(handle, claimed, row, bound))
+        if begun["checkpoint"] is None:
+            # Cancelled between the claim and the fence move: nothing left to run.
+            return Handled(disposition.kind, await self._observe_cancel(handle, bound))
+        return Handled(disposition.kind, await self._execute(handle, claimed, row, begun, bound))
 
     async def _begin(
         self, claimed: engine.ClaimedRun, run_id: uuid.UUID, kind: str, adopter: str | None
-    ) -> int:
-        attempt_id: int = await self.db.run(
-            lambda c: self.store.fetchval(
+    ) -> asyncpg.Record:
+        """Record the claim; for own/adopt also move the fence and return the envelope."""
+        begun: asyncpg.Record | None = await self.db.run(
+            lambda c: self.store.fetchrow(
                 c,
                 "begin_attempt",
                 run_id,
@@ -206,7 +218,8 @@ class Runtime:
                 adopter,
             )
         )
-        return attempt_id
+        assert begun is not None  # the insert always returns its row
+        return begun
 
     async def _put_back(
         self,
@@ -219,7 +232,7 @@ class Runtime:
         note: dict[str, Any] | None = None,
     ) -> str:
         """Record the claim and reschedule the engine run; no attempt is spent."""
-        attempt_id = await self._begin(claimed, run_id, kind, None)
+        attempt_id = (await self._begin(claimed, run_id, kind, None))["attempt_id"]
         wake_at = datetime.now(UTC) + timedelta(seconds=delay_s)
 
         async def put_back(conn: Connection) -> None:
@@ -247,9 +260,10 @@ class Runtime:
         h: RunHandle,
         claimed: engine.ClaimedRun,
         run: asyncpg.Record,
+        begun: asyncpg.Record,
         bound: structlog.typing.FilteringBoundLogger,
     ) -> str:
-        """Run the play of ``run`` (its ``lane_state`` row) under the attempt ``h``."""
+        """Run the play of ``run`` (``lane_state``) from the envelope ``begun`` returned."""
         play = self.app.plays.get(run["play"])
         try:
             if play is None:
@@ -258,7 +272,7 @@ class Runtime:
                     f"play {run['play']!r} is not registered in release {self.release_id} "
                     f"(it has: {known}); the run cannot be executed here."
                 )
-            wait_kind = (run["current_wait"] or {}).get("kind")
+            wait_kind = (begun["current_wait"] or {}).get("kind")
             if wait_kind is not None and wait_kind not in checkpoint.KNOWN_BOUNDARY_KINDS:
                 raise FatalRunError(
                     f"run {h.run_id} is parked in a {wait_kind!r} wait, which release "
@@ -272,7 +286,7 @@ class Runtime:
                 store=self.store,
                 handle=h,
                 release_id=self.release_id,
-                envelope=run["checkpoint"],
+                envelope=begun["checkpoint"],
                 checkpoints=checkpoints,
                 log=bound,
             )

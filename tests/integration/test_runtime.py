@@ -425,3 +425,22 @@ async def test_reconciler_settles_more_than_one_batch_in_one_pass(database_url: 
         finally:
             await conn.close()
     assert open_runs == 0
+
+
+async def test_a_run_cancelled_between_claim_and_start_is_not_executed(database_url: str) -> None:
+    """Claimed, then cancelled before the attempt took the run: the play never runs."""
+    calls: Counter[str] = Counter()
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, flow_app(calls), RELEASE) as rt,
+    ):
+        submitted = await client.submit("flow", {"x": 1})
+        batch = await rt.claim(QUEUE, 1)
+        assert await client.cancel(submitted.run_id)
+        handled = await rt.handle(batch.runs[0])
+        status = await client.status(submitted.run_id)
+    assert (handled.disposition, handled.outcome) == ("own", "cancelled")
+    assert calls == Counter()
+    assert status.status == "cancelled"
+    assert status.facts == ("run.cancelled",)
+    assert [a.outcome for a in status.attempts] == ["cancelled"]

@@ -29,7 +29,9 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
 
 -- name: begin_attempt
 -- Own and adopt take the run over (status running, fence moves to this
--- attempt); defer and refuse only record that the claim happened.
+-- attempt); defer and refuse only record that the claim happened. Returns the
+-- envelope and wait as of the fence move: an older attempt may still write
+-- them until then, never after.
 with attempt as (
   insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
   values ($1, $2, $3, $4, $5, $6)
@@ -44,8 +46,10 @@ with attempt as (
    where r.run_id = $1
      and $6 in ('own', 'adopt')
      and r.status not in ('completed', 'failed', 'cancelled')
+  returning r.checkpoint, r.current_wait
 )
-select attempt_id from attempt;
+select a.attempt_id, t.checkpoint, t.current_wait
+  from attempt a left join taken t on true;
 
 -- name: finish_attempt
 update {schema}.attempts
@@ -116,10 +120,10 @@ update {schema}.signals
 returning payload;
 
 -- name: lane_state
--- What a loop needs to decide on a claimed run, and to execute it: one read
--- per claim (only this claim's attempt writes the run's envelope meanwhile).
+-- What a loop needs to decide on a claimed run, plus the play and input to run
+-- it (never changed after submit); the envelope comes from begin_attempt.
 select r.run_id, r.release_id, r.adopted_release_id, r.status, r.current_wait,
-       r.play, r.input, r.checkpoint,
+       r.play, r.input,
        coalesce(l.status = 'claiming', false) as lane_claiming
   from {schema}.runs r
   left join {schema}.releases l on l.queue = r.queue
