@@ -12,28 +12,48 @@ import structlog
 _MASK = "***"
 
 
+def _mask(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, _MASK)
+    return text
+
+
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, _MASK)
-        return value
+        return _mask(value, secrets)
     if isinstance(value, dict):
         return {k: _scrub(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | set | frozenset):
         return [_scrub(v, secrets) for v in value]
-    return value
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    # Anything else (an exception, bytes, a UUID) is rendered as text anyway.
+    text = str(value)
+    masked = _mask(text, secrets)
+    return value if masked == text else masked
 
 
 class _ScrubFilter(logging.Filter):
-    """Masks secrets in stdlib log records (asyncpg and aiohttp warnings)."""
+    """Masks secrets in stdlib log records (asyncpg and aiohttp warnings), tracebacks too."""
 
     def __init__(self, secrets: Sequence[str]) -> None:
         super().__init__()
         self._secrets = secrets
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = _scrub(record.getMessage(), self._secrets)
-        record.args = None
+        try:
+            message = record.getMessage()
+        except Exception:  # bad %-args: show them raw rather than fail the caller
+            message = f"{record.msg!r} % {record.args!r}"
+        record.msg, record.args = _mask(message, self._secrets), None
+        if record.exc_info:
+            # Rendered here, so the handler prints the masked text instead.
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text, record.exc_info = _mask(text, self._secrets), None
+        elif record.exc_text:
+            record.exc_text = _mask(record.exc_text, self._secrets)
+        if record.stack_info:
+            record.stack_info = _mask(record.stack_info, self._secrets)
         return True
 
 

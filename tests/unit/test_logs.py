@@ -34,6 +34,12 @@ def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> No
             "db.retry", detail="connect to {URL} failed", nested={{"why": ["s3cr/et-pass"]}}
         )
         logging.getLogger("asyncpg").warning("dsn %s", {URL!r})
+        logging.getLogger("asyncpg").warning("bad args %s %s", {URL!r})
+        try:
+            raise RuntimeError("connect to {URL} failed")
+        except RuntimeError:
+            logging.getLogger("aiohttp").exception("with a traceback")
+        structlog.get_logger("t").warning("obj", error=RuntimeError("pw s3cr/et-pass"))
         """
     )
     result = subprocess.run(
@@ -46,5 +52,7 @@ def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> No
     assert "***" in result.stderr
     assert "db.retry" in result.stdout
     if log_format == "json":
-        record = json.loads(result.stdout)
-        assert record["nested"] == {"why": ["***"]}
+        first, second = (json.loads(line) for line in result.stdout.splitlines())
+        assert first["nested"] == {"why": ["***"]}
+        assert second["error"] == "pw ***"
+    assert "RuntimeError: connect to" in result.stderr  # the traceback is printed, masked
