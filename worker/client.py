@@ -153,8 +153,16 @@ class LaneClient:
     """Submit, signal, cancel and inspect runs on one runtime database."""
 
     def __init__(
-        self, db: Database, store: Store, *, env: Mapping[str, str], max_attempts: int
+        self,
+        db: Database,
+        store: Store,
+        *,
+        env: Mapping[str, str],
+        max_attempts: int,
+        schemas_installed: bool = False,
     ) -> None:
+        """``schemas_installed``: the caller (the daemon, after boot) has migrated both."""
+        self._schemas_installed = schemas_installed
         self.db = db
         self.store = store
         self._env = env
@@ -230,7 +238,8 @@ class LaneClient:
 
     async def ensure_schemas(self) -> None:
         """Install or upgrade the engine schema and the store (once per process)."""
-        await self._memoized(None, self.migrate)
+        if not self._schemas_installed:
+            await self._memoized(None, self.migrate)
 
     async def migrate(self) -> tuple[str, MigrationReport]:
         """Install or upgrade the engine schema and the store; say what was done."""

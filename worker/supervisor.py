@@ -167,7 +167,10 @@ class Supervisor:
     async def _serve(self, db: Database) -> None:
         s = self.settings
         runtime = self._runtime(db)
-        lanes_view = LaneClient(db, self.store, env={}, max_attempts=s.tuning.max_attempts).lanes
+        # Boot migrated both schemas: a page view must never run a migration.
+        lanes_view = LaneClient(
+            db, self.store, env={}, max_attempts=s.tuning.max_attempts, schemas_installed=True
+        ).lanes
         health = HealthServer(s.tuning.health_port, self.metrics, self._readiness, lanes_view)
         port = await health.start()
         try:
