@@ -10,6 +10,7 @@ result, and retrying it would only repeat it.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -173,14 +174,17 @@ class Database:
     async def _with_retries(self, once: Callable[[], Awaitable[T]]) -> T:
         # The first try goes without tenacity: building its retry state for every
         # unit of work cost about 20 us, several times per run, on the hot path.
+        started = time.monotonic()
         try:
             return await once()
         except Exception as exc:
-            if not is_transient(exc):
+            left_s = self.options.retry_for_s - (time.monotonic() - started)
+            if not is_transient(exc) or left_s <= 0:
                 raise
             _log_failed_try(1, exc)
-        # A fresh connection is tried at once, then with backoff.
-        return await self._retrying(self.options.retry_for_s, _log_later_retry)(once)
+        # The budget counts the first try. A fresh connection is tried at once, then
+        # with backoff.
+        return await self._retrying(left_s, _log_later_retry)(once)
 
     async def execute(self, sql: str, *args: Any) -> str:
         """Execute one statement with retries."""
