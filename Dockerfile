@@ -11,7 +11,7 @@ FROM python:3.11-slim
 # The variable worker.lanes reads for this machine's release lane (RELEASE_ID_ENV).
 ARG DEEPLINE_RUNTIME_DEPLOY_VERSION
 # Without it the image would serve the dev lane (queue `runs`) shared by every such image.
-RUN test -n "$DEEPLINE_RUNTIME_DEPLOY_VERSION" || { echo "build with --build-arg DEEPLINE_RUNTIME_DEPLOY_VERSION=<release id>, e.g. \$(git rev-parse HEAD)" >&2; exit 1; }
+RUN test -n "$(printf %s "$DEEPLINE_RUNTIME_DEPLOY_VERSION" | tr -d '[:space:]')" || { echo "build with --build-arg DEEPLINE_RUNTIME_DEPLOY_VERSION=<release id>, e.g. \$(git rev-parse HEAD)" >&2; exit 1; }
 ENV DEEPLINE_RUNTIME_DEPLOY_VERSION=${DEEPLINE_RUNTIME_DEPLOY_VERSION} \
     PATH=/app/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -353,7 +353,9 @@ def test_release_id_variable_is_baked_in_under_the_name_the_code_reads(
     assert set(fly["build"]["args"]) == {name}, f"fly [build.args] {sorted(fly['build']['args'])}"
 
 
-@pytest.mark.parametrize(("value", "builds"), [("", False), ("3f9c2e1d7a5b", True)])
+@pytest.mark.parametrize(
+    ("value", "builds"), [("", False), (" \t ", False), ("3f9c2e1d7a5b", True)]
+)
 def test_image_build_refuses_an_empty_release_id(image: Stage, value: str, builds: bool) -> None:
     """The final stage's guard fails the build without a release id (run as Docker runs it)."""
     name = lanes.RELEASE_ID_ENV
