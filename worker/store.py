@@ -186,8 +186,7 @@ class Store:
         Returns False (and writes nothing) when the fence does not match or the
         run is already terminal: whoever settled it first wrote the fact.
         """
-        settled = await self.fetchval(conn, "settle_run", run_id, attempt_id, status, output, error)
-        if settled is None:
-            return False
-        await self.fetchval(conn, "append_terminal_fact", run_id, fact["type"], fact)
-        return True
+        settled = await self.fetchval(
+            conn, "settle_run", run_id, attempt_id, status, output, error, fact["type"], fact
+        )
+        return settled is not None

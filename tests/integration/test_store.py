@@ -134,7 +134,11 @@ async def test_terminal_fact_is_written_once(conn: asyncpg.Connection[asyncpg.Re
     facts = await store.fetch(conn, "run_facts", run_id)
     assert [f["type"] for f in facts] == ["run.completed"]
     # Even a direct second insert is refused by the index.
-    assert await store.fetchval(conn, "append_terminal_fact", run_id, "run.failed", failed) is None
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(
+            f"insert into {store.schema_sql}.ledger (run_id, type, fact) values ($1, $2, $3)",
+            run_id, "run.failed", failed,
+        )  # fmt: skip
 
 
 async def test_idempotency_key_is_unique(conn: asyncpg.Connection[asyncpg.Record]) -> None:

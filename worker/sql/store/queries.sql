@@ -86,20 +86,22 @@ returning run_id;
 
 -- name: settle_run
 -- Terminal state for a run, fenced by attempt unless $2 is null (reconciler,
--- cancel), and never over another terminal state.
-update {schema}.runs
-   set status = $3, output = $4, error = $5, current_wait = null,
-       finished_at = now(), updated_at = now()
- where run_id = $1
-   and ($2::bigint is null or current_attempt_id = $2)
-   and status not in ('completed', 'failed', 'cancelled')
-returning run_id;
-
--- name: append_terminal_fact
-insert into {schema}.ledger (run_id, type, fact)
-values ($1, $2, $3)
-on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
-returning fact_id;
+-- cancel), and never over another terminal state; the terminal fact ($6, $7)
+-- is appended in the same statement, only when the run was settled here.
+with settled as (
+  update {schema}.runs
+     set status = $3, output = $4, error = $5, current_wait = null,
+         finished_at = now(), updated_at = now()
+   where run_id = $1
+     and ($2::bigint is null or current_attempt_id = $2)
+     and status not in ('completed', 'failed', 'cancelled')
+  returning run_id
+), fact as (
+  insert into {schema}.ledger (run_id, type, fact)
+  select run_id, $6, $7 from settled
+  on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
+)
+select run_id from settled;
 
 -- name: run_facts
 select type, fact, created_at from {schema}.ledger where run_id = $1 order by fact_id;
