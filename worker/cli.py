@@ -109,9 +109,7 @@ def _columns(rows: list[tuple[str, str]]) -> list[str]:
 def _scrub(text: str, url: str) -> str:
     """Remove the database URL and its password from ``text`` (driver messages may echo them)."""
     text = text.replace(url, config.redact_url(url)) if url else text
-    for secret in config.url_secrets(url):
-        text = text.replace(secret, "***")
-    return text
+    return config.mask_secrets(text, config.url_secrets(url))
 
 
 def _failure_for(exc: Exception, url: str) -> Failure:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -85,6 +85,13 @@ def url_secrets(url: str) -> tuple[str, ...]:
     found += [unquote(s) for s in found]
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted({s for s in found if s}, key=len, reverse=True))
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """Return ``text`` with every occurrence of each of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 @dataclass(frozen=True)
@@ -222,7 +229,8 @@ class _Problems:
         self.errors.append(LaneConfigError(sentence, variable=variable))
 
 
-def _blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
+def blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
+    """Return the stripped value of ``name``, or None when it is unset or blank."""
     # `NAME=` in an env file means "not set", not "set to nothing".
     value = (env.get(name) or "").strip()
     return value or None
@@ -238,7 +246,7 @@ def _number(
     meaning: str,
 ) -> _Number:
     minimum, maximum = bounds
-    raw = _blank_as_unset(env, name)
+    raw = blank_as_unset(env, name)
     if raw is None:
         return default
     try:
@@ -261,12 +269,12 @@ _FALSE = ("0", "false", "no", "off")
 
 def pgbouncer_mode(env: Mapping[str, str]) -> bool:
     """Tell whether ``LANE_WORKER_PGBOUNCER`` asks for PgBouncer mode (invalid values: no)."""
-    return (env.get(PGBOUNCER_ENV) or "").strip().lower() in _TRUE
+    return (blank_as_unset(env, PGBOUNCER_ENV) or "").lower() in _TRUE
 
 
 def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
     defaults = Tuning()
-    log_format = (_blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
+    log_format = (blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
     if log_format not in ("json", "console", "auto"):
         problems.refuse(
             LOG_FORMAT_ENV,
@@ -275,7 +283,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         )
         log_format = defaults.log_format
 
-    pgbouncer_raw = (_blank_as_unset(env, PGBOUNCER_ENV) or "false").lower()
+    pgbouncer_raw = (blank_as_unset(env, PGBOUNCER_ENV) or "false").lower()
     if pgbouncer_raw not in _TRUE + _FALSE:
         problems.refuse(
             PGBOUNCER_ENV,
@@ -323,7 +331,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
 
 
 def _database_url(env: Mapping[str, str], problems: _Problems) -> str | None:
-    url = _blank_as_unset(env, DATABASE_URL_ENV)
+    url = blank_as_unset(env, DATABASE_URL_ENV)
     if url is None:
         problems.refuse(
             DATABASE_URL_ENV,
@@ -347,7 +355,7 @@ def _database_url(env: Mapping[str, str], problems: _Problems) -> str | None:
 
 
 def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
-    schema = _blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
+    schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
     too_long = len(schema.encode("utf-8")) > _PG_IDENTIFIER_MAX_BYTES
     if too_long or not _SCHEMA_NAME.fullmatch(schema):
         problems.refuse(
@@ -383,9 +391,9 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     warnings = _unknown_variables(env)
     schema = _scheduler_schema(env, problems)
     isolated = lanes.is_isolated_schema(schema)
-    raw_suffix = _blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV)
+    raw_suffix = blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV)
     suffix = lanes.queue_suffix_from_env(env)
-    deploy_version = _blank_as_unset(env, lanes.RELEASE_ID_ENV)
+    deploy_version = blank_as_unset(env, lanes.RELEASE_ID_ENV)
 
     if raw_suffix is not None and not suffix:
         # Falling back to the shared queue would drain another topology's runs.
@@ -462,7 +470,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         queue_suffix=suffix,
         suffix_source=source,
         database_url_redacted=database,
-        serverless=_blank_as_unset(env, SERVERLESS_ENV) is not None,
+        serverless=blank_as_unset(env, SERVERLESS_ENV) is not None,
         tuning=tuning,
         errors=tuple(problems.errors),
         warnings=tuple(warnings),

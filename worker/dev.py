@@ -19,6 +19,7 @@ from worker.config import (
     HEALTH_PORT_ENV,
     LOG_FORMAT_ENV,
     Settings,
+    blank_as_unset,
     url_secrets,
 )
 from worker.embedded import embedded_postgres
@@ -33,9 +34,9 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     """Run embedded Postgres (unless a URL is set), a worker and the demo; return the exit code."""
     values = dict(env)
     # A second worktree's dev worker must not collide on the health port.
-    # Blank counts as unset here too (as in worker.config), so it gets dev's default.
+    # Blank counts as unset, as everywhere, so it gets dev's default.
     for name, default in ((HEALTH_PORT_ENV, "0"), (LOG_FORMAT_ENV, "console")):
-        if not (values.get(name) or "").strip():
+        if blank_as_unset(values, name) is None:
             values[name] = default
     with contextlib.ExitStack() as stack:
         try:

@@ -9,18 +9,12 @@ from typing import Any, Literal
 
 import structlog
 
-_MASK = "***"
-
-
-def _mask(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, _MASK)
-    return text
+from worker.config import mask_secrets
 
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
     if isinstance(value, str):
-        return _mask(value, secrets)
+        return mask_secrets(value, secrets)
     if isinstance(value, dict):
         return {k: _scrub(v, secrets) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
@@ -29,7 +23,7 @@ def _scrub(value: Any, secrets: Sequence[str]) -> Any:
         return value
     # Anything else (an exception, bytes, a UUID) is rendered as text anyway.
     text = str(value)
-    masked = _mask(text, secrets)
+    masked = mask_secrets(text, secrets)
     return value if masked == text else masked
 
 
@@ -45,15 +39,15 @@ class _ScrubFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # bad %-args: show them raw rather than fail the caller
             message = f"{record.msg!r} % {record.args!r}"
-        record.msg, record.args = _mask(message, self._secrets), None
+        record.msg, record.args = mask_secrets(message, self._secrets), None
         if record.exc_info:
             # Rendered here, so the handler prints the masked text instead.
             text = logging.Formatter().formatException(record.exc_info)
-            record.exc_text, record.exc_info = _mask(text, self._secrets), None
+            record.exc_text, record.exc_info = mask_secrets(text, self._secrets), None
         elif record.exc_text:
-            record.exc_text = _mask(record.exc_text, self._secrets)
+            record.exc_text = mask_secrets(record.exc_text, self._secrets)
         if record.stack_info:
-            record.stack_info = _mask(record.stack_info, self._secrets)
+            record.stack_info = mask_secrets(record.stack_info, self._secrets)
         return True
 
 
