@@ -15,14 +15,16 @@ import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio.to_thread
 import structlog
 
 from worker import checkpoint, engine
 from worker.db import Connection, Database
 from worker.errors import FatalRunError, LeaseLostError
+from worker.jsonvalue import require_json
 from worker.store import Store
 
 _log = structlog.get_logger("lane_worker.runtime")
@@ -37,8 +39,43 @@ class Suspended(BaseException):
     """
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+# Step-key mappings (runs.step_keys). None: the first one, where a name with a
+# '#' could meet a repeated name's key; kept for runs whose steps it wrote.
+STEP_KEYS_LEGACY = None
+STEP_KEYS_ESCAPED = 2
+STEP_KEYS_CURRENT = STEP_KEYS_ESCAPED
+
+
+def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
+    """Return the engine checkpoint of the ``occurrence``-th use (from 1) of step ``name``.
+
+    One-to-one: every '#' in the name is doubled, and a lone '#' starts the
+    occurrence number, so ``a#2`` (once) and ``a`` (twice) cannot meet. Names
+    without '#' keep the keys they always had.
+    """
+    key = name if step_keys is STEP_KEYS_LEGACY else name.replace("#", "##")
+    return f"step:{key}" if occurrence == 1 else f"step:{key}#{occurrence}"
+
+
+@dataclass(frozen=True)
+class DbClock:
+    """The database's clock, read at the claim and advanced by this process's monotonic clock.
+
+    The engine wakes runs by the database's clock; measuring a sleep or a
+    timeout on the worker's wall clock would wake a skewed worker early or late.
+    """
+
+    db_ms: int
+    monotonic_s: float = field(default_factory=time.monotonic)
+
+    def now_ms(self) -> int:
+        """Return the database's time now, in Unix milliseconds."""
+        return self.db_ms + round((time.monotonic() - self.monotonic_s) * 1000)
+
+
+def local_clock() -> DbClock:
+    """Return a clock on this process's wall time (tests and tools without a claim)."""
+    return DbClock(int(time.time() * 1000))
 
 
 @dataclass
@@ -52,6 +89,8 @@ class RunHandle:
     attempt: int
     attempt_id: int
     lease_s: int
+    clock: DbClock = field(default_factory=local_clock)
+    step_keys: int | None = STEP_KEYS_CURRENT
 
 
 class TaskContext:
@@ -85,16 +124,26 @@ class TaskContext:
         return self._envelope
 
     async def step(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` once for this run; on replay return its committed result instead."""
+        """Run ``fn`` once for this run; on replay return its committed result instead.
+
+        An async callable runs on the event loop; a sync one in a worker thread,
+        so a slow sync step blocks neither lease extension nor other runs.
+        """
         uses = self._step_uses.get(name, 0) + 1
         self._step_uses[name] = uses
         # A name used twice in one run names two steps, in order.
-        key = f"step:{name}" if uses == 1 else f"step:{name}#{uses}"
+        key = step_checkpoint_name(name, uses, self._h.step_keys)
         if key in self._checkpoints:
             return self._checkpoints[key]
-        result = fn()
-        if inspect.isawaitable(result):
-            result = await result
+        if inspect.iscoroutinefunction(fn):
+            result = await fn()
+        else:
+            # Abandoned on cancel: a drain hands the run back without waiting for
+            # the thread; the step never committed, so it runs again elsewhere.
+            result = await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+            if inspect.isawaitable(result):  # a lambda returning a coroutine
+                result = await result
+        require_json(result, f"the result of step {name!r}")
         h = self._h
         await self._db.run(
             lambda conn: engine.set_checkpoint(
@@ -110,10 +159,13 @@ class TaskContext:
             return
         delay_ms = max(0, round(seconds * 1000))
         armed = self._armed(boundary_id, checkpoint.SLEEP_BOUNDARY)
+        now_ms = self._now_ms()
         if armed is None:
-            armed = {"kind": "sleep", "wakeAtMs": _now_ms() + delay_ms, "armedAtMs": _now_ms()}
-        if _now_ms() >= armed["wakeAtMs"]:
-            resolved = checkpoint.checkpoint_with_sleep(self._envelope, boundary_id, delay_ms)
+            armed = {"kind": "sleep", "wakeAtMs": now_ms + delay_ms, "armedAtMs": now_ms}
+        if now_ms >= armed["wakeAtMs"]:
+            resolved = checkpoint.checkpoint_with_sleep(
+                self._envelope, boundary_id, delay_ms, now_ms=now_ms
+            )
             await self._save(self._disarm(resolved, boundary_id))
             return
         envelope = self._arm(boundary_id, armed)
@@ -145,12 +197,13 @@ class TaskContext:
         self._check_key_unused(boundary_id, event_key)
         armed = self._armed(boundary_id, checkpoint.INTEGRATION_EVENT_BOUNDARY)
         if armed is None:
-            deadline = None if timeout is None else _now_ms() + max(0, round(timeout * 1000))
+            now_ms = self._now_ms()
+            deadline = None if timeout is None else now_ms + max(0, round(timeout * 1000))
             armed = {
                 "kind": "integration_event",
                 "eventKey": event_key,
                 "deadlineMs": deadline,
-                "armedAtMs": _now_ms(),
+                "armedAtMs": now_ms,
             }
         timeout_ms = 0 if armed["deadlineMs"] is None else armed["deadlineMs"] - armed["armedAtMs"]
         engine_payload: Any = None
@@ -161,7 +214,7 @@ class TaskContext:
             if output is not None:
                 return output
             deadline_ms = armed["deadlineMs"]
-            if deadline_ms is not None and _now_ms() >= deadline_ms:
+            if deadline_ms is not None and self._now_ms() >= deadline_ms:
                 return await self._resolve_timeout(boundary_id, event_key, timeout_ms)
             # Not parked. Either the event exists already (its signal row committed
             # with it: the next turn reads the authoritative payload from the
@@ -174,6 +227,9 @@ class TaskContext:
         )
 
     # -- envelope bookkeeping -------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return self._h.clock.now_ms()
 
     def _armed(self, boundary_id: str, kind: str) -> dict[str, Any] | None:
         table = self._envelope.get(ARMED_WAITS)
@@ -292,6 +348,7 @@ class TaskContext:
                     event_key=event_key,
                     timeout_ms=timeout_ms,
                     output=output,
+                    now_ms=self._now_ms(),
                 ),
                 boundary_id,
             )
@@ -313,6 +370,7 @@ class TaskContext:
             event_key=event_key,
             timeout_ms=timeout_ms,
             output=output,
+            now_ms=self._now_ms(),
         )
         await self._save(self._disarm(envelope, boundary_id))
         return output
@@ -328,7 +386,9 @@ class TaskContext:
         # The engine's timeout is whole seconds from now: round up, never below 1,
         # so the run is not woken before the armed deadline.
         remaining_s = (
-            None if deadline_ms is None else max(1, math.ceil((deadline_ms - _now_ms()) / 1000))
+            None
+            if deadline_ms is None
+            else max(1, math.ceil((deadline_ms - self._now_ms()) / 1000))
         )
         envelope = self._arm(boundary_id, armed)
         wait = {

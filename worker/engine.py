@@ -21,6 +21,7 @@ import asyncpg
 from worker.db import Connection
 from worker.errors import EngineSchemaError, RunCancelledError, RunNotRunningError
 from worker.lanes import CONTINUATION_WORKER_SUFFIX
+from worker.store import quote_ident
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
 QUEUE_CLEANUP_TTL = "6 hours"
@@ -168,17 +169,30 @@ class ClaimBatch:
 
 
 async def claim(
-    conn: Connection, queue: str, worker_id: str, *, lease_s: int, qty: int
+    conn: Connection,
+    queue: str,
+    worker_id: str,
+    *,
+    lease_s: int,
+    qty: int,
+    store_schema: str | None = None,
+    own_queue: str | None = None,
 ) -> ClaimBatch:
-    """Claim up to ``qty`` runs; a ``:continuations`` worker id uses the continuation fence."""
+    """Claim up to ``qty`` runs; a ``:continuations`` worker id uses the continuation fence.
+
+    A continuation claim also needs the run-state store's schema and the
+    claimer's own lane queue: it skips runs adopted by another lane that claims.
+    """
     columns = "run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload"
     if worker_id.endswith(CONTINUATION_WORKER_SUFFIX):
         rows = await conn.fetch(
-            f"select {columns}, swept from lane_worker.claim_continuations($1, $2, $3, $4)",
+            f"select {columns}, swept from lane_worker.claim_continuations($1, $2, $3, $4, $5, $6)",
             queue,
             worker_id,
             lease_s,
             qty,
+            store_schema,
+            own_queue,
         )
     else:
         rows = await conn.fetch(
@@ -251,6 +265,30 @@ async def schedule(conn: Connection, queue: str, run_id: uuid.UUID, wake_at: dat
     await _lease_call(
         conn, "select absurd.schedule_run($1, $2, $3)", run_id, queue, run_id, wake_at
     )
+
+
+async def schedule_in(conn: Connection, queue: str, run_id: uuid.UUID, delay_s: float) -> None:
+    """Put a running run back to sleep for ``delay_s`` seconds of the database's clock."""
+    await _lease_call(
+        conn,
+        "select absurd.schedule_run($1, $2,"
+        " absurd.current_time() + make_interval(secs => $3::double precision))",
+        run_id,
+        queue,
+        run_id,
+        delay_s,
+    )
+
+
+async def lock_if_held(conn: Connection, queue: str, run_id: uuid.UUID, worker_id: str) -> bool:
+    """Lock engine run ``run_id`` and tell whether it is still running under ``worker_id``."""
+    held = await conn.fetchval(
+        f"select true from absurd.{quote_ident('r_' + queue)}"
+        " where run_id = $1 and state = 'running' and claimed_by = $2 for update",
+        run_id,
+        worker_id,
+    )
+    return bool(held)
 
 
 async def extend_claim(conn: Connection, queue: str, run_id: uuid.UUID, by_s: int) -> None:

@@ -84,3 +84,7 @@ class RunNotFoundError(LaneWorkerError):
 
 class HealthPortError(LaneWorkerError):
     """The health, readiness and metrics port cannot be bound."""
+
+
+class NotJsonError(LaneWorkerError, TypeError):
+    """A step result, play output or payload cannot be stored as JSON."""

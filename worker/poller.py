@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 import anyio
 import structlog
@@ -129,6 +128,7 @@ class Poller:
         """Claim until stopped."""
         failures = 0
         backlog = False
+        empty = 0  # claims in a row that found nothing
         try:
             while not self.stopped.is_set():
                 slots = await self._reserve(backlog)
@@ -148,12 +148,13 @@ class Poller:
                     await self._idle(delay, precise=False)
                     continue
                 failures = 0
+                empty = 0 if batch.runs else empty + 1
                 backlog = len(batch.runs) == slots
                 self.capacity.release(slots - len(batch.runs))
                 for claimed in batch.runs:
                     self.runs.start_soon(self._handle, claimed)
                 if len(batch.runs) < slots:
-                    await self._idle(self.poll_interval_s, precise=True)
+                    await self._idle(self.poll_interval_s, precise=True, empty_claims=empty)
         finally:
             self.finished.set()
 
@@ -180,13 +181,16 @@ class Poller:
         self.capacity.release(slots)
         return 0
 
-    async def _idle(self, cap_s: float, *, precise: bool) -> None:
+    async def _idle(self, cap_s: float, *, precise: bool, empty_claims: int = 0) -> None:
         """Wait for a NOTIFY, the next due run (when ``precise``), ``cap_s``, or stop."""
         wait_s = cap_s
         if precise:
             due_in = await self._next_due_in_s()
             if due_in is not None:
-                wait_s = min(wait_s, max(due_in, 0.005))
+                # A run already due that claims keep not returning (another worker
+                # holds its row lock, say) must not turn into a busy loop.
+                floor_s = 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5)
+                wait_s = min(wait_s, max(due_in, floor_s))
         with anyio.move_on_after(wait_s):
             wake = asyncio.ensure_future(self.wakeup.wait())
             stop = asyncio.ensure_future(self.stopped.wait())
@@ -199,19 +203,30 @@ class Poller:
     async def _next_due_in_s(self) -> float | None:
         """Return seconds until the next run on this queue becomes claimable, if any."""
         runs = quote_ident(f"r_{self.queue}")
-        # A continuation loop only ever gets due sleepers (event-woken runs are
-        # due at once and come with a NOTIFY).
-        state = "'sleeping'" if self.kind == "continuation" else "'pending', 'sleeping'"
+        if self.kind == "continuation":
+            # Only due sleepers (event-woken runs are due at once and come with a
+            # NOTIFY), and not those the continuation claim skips: runs adopted by
+            # another lane that still claims.
+            store = quote_ident(self.runtime.store.schema)
+            where = (
+                "r.state = 'sleeping' and not exists ("
+                f" select 1 from {store}.runs s"
+                f" join {store}.releases l on l.queue = s.adopted_queue"
+                " where s.task_id = r.task_id and s.adopted_queue <> $1 and l.status = 'claiming')"
+            )
+        else:
+            where = "r.state in ('pending', 'sleeping') and $1::text is not null"
         try:
-            due: datetime | None = await self.runtime.db.fetchval(
-                f"select min(available_at) from absurd.{runs} where state in ({state})"
+            # Both times on the database's clock: the engine wakes runs by it.
+            due_in: float | None = await self.runtime.db.fetchval(
+                "select extract(epoch from min(r.available_at) - absurd.current_time())::float8"
+                f" from absurd.{runs} r where {where}",
+                self.runtime.queue,
             )
         except Exception as exc:
             self.log.warning("loop.next_due_failed", error=repr(exc))
             return None
-        if due is None:
-            return None
-        return (due - datetime.now(UTC)).total_seconds()
+        return due_in
 
     async def _handle(self, claimed: engine.ClaimedRun) -> None:
         started = time.monotonic()

@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import anyio
@@ -24,7 +23,7 @@ import structlog
 
 from worker import checkpoint, engine, lanes
 from worker.app import App
-from worker.context import RunHandle, Suspended, TaskContext
+from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
 from worker.db import Connection, Database
 from worker.errors import (
     FatalRunError,
@@ -34,6 +33,7 @@ from worker.errors import (
     UnknownBoundaryError,
     UnknownPlayError,
 )
+from worker.jsonvalue import require_json
 from worker.metrics import Metrics
 from worker.reconcile import cancelled_fact, reconcile_queue
 from worker.store import Store
@@ -63,8 +63,38 @@ async def notify(conn: Connection, queue: str, run_id: uuid.UUID | str) -> None:
     await conn.execute("select pg_notify($1, $2)", notify_channel(queue), str(run_id))
 
 
+# A stored error message is for people; a multi-megabyte one only bloats rows.
+MAX_ERROR_MESSAGE_CHARS = 8000
+
+
 def _reason(exc: BaseException) -> dict[str, Any]:
-    return {"name": type(exc).__name__, "message": str(exc)}
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not stop the failure being recorded
+        message = f"<{type(exc).__name__} whose message could not be read>"
+    # jsonb refuses NUL characters.
+    message = message.replace("\x00", "\\u0000")[:MAX_ERROR_MESSAGE_CHARS]
+    return {"name": type(exc).__name__, "message": message}
+
+
+@dataclass
+class _Claim:
+    """What is known so far of one claim being handled; decides its give-back."""
+
+    run_id: uuid.UUID | None = None
+    attempt_id: int | None = None
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class _Begun:
+    """What ``begin_attempt`` returned."""
+
+    attempt_id: int
+    checkpoint: dict[str, Any] | None
+    current_wait: dict[str, Any] | None
+    step_keys: int | None
+    clock: DbClock
 
 
 @dataclass(frozen=True)
@@ -108,7 +138,15 @@ class Runtime:
         """Claim up to ``qty`` runs from ``queue``; settle what an expired-lease sweep ended."""
         worker_id = self.worker_id_for(queue)
         batch = await self.db.run(
-            lambda conn: engine.claim(conn, queue, worker_id, lease_s=self.lease_s, qty=qty)
+            lambda conn: engine.claim(
+                conn,
+                queue,
+                worker_id,
+                lease_s=self.lease_s,
+                qty=qty,
+                store_schema=self.store.schema,
+                own_queue=self.queue,
+            )
         )
         if batch.swept:
             # One batch inline, so the claimed runs start promptly; maintenance settles
@@ -126,11 +164,27 @@ class Runtime:
     ) -> Handled:
         """Decide what to do with one claimed run and do it; return the disposition and outcome.
 
+        Whatever ends this call early (a drain's cancel at any await, a database
+        that stays away, a bug) the claim is given back without spending an
+        attempt, unless it already ended (settled, parked or put back).
+
         Raises ``LaneMismatchError`` after handing the run back when this worker's
         own loop claimed a run of another lane (misconfiguration: stop that loop).
         ``on_refuse`` runs as soon as a refusal is decided, before the run is
         handed back, so the loop stops before it could claim the run again.
         """
+        claim = _Claim()
+        try:
+            handled = await self._handle(claimed, claim, on_refuse)
+        except BaseException as exc:
+            if not claim.ended:
+                await self._give_back_after(claimed, claim, exc)
+            raise
+        return handled
+
+    async def _handle(
+        self, claimed: engine.ClaimedRun, claim: _Claim, on_refuse: Callable[[], None] | None
+    ) -> Handled:
         row = await self.db.run(lambda c: self.store.fetchrow(c, "lane_state", claimed.task_id))
         bound = log.bind(
             queue=claimed.queue, release_id=self.release_id, task_id=str(claimed.task_id)
@@ -138,10 +192,13 @@ class Runtime:
         if row is None:
             # An engine task without a launch row cannot be executed by anyone.
             await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
+            claim.ended = True
             bound.error("run.orphan_cancelled", task_name=claimed.task_name)
             return Handled("own", "cancelled")
         run_id: uuid.UUID = row["run_id"]
-        effective = row["adopted_release_id"] or row["release_id"]
+        claim.run_id = run_id
+        adopter: str | None = row["adopted_release_id"]
+        effective = adopter or row["release_id"]
         bound = bound.bind(run_id=str(run_id), worker_id=self.worker_id_for(claimed.queue))
         own_loop = claimed.queue == self.queue
         disposition: lanes.LaneDisposition
@@ -151,22 +208,32 @@ class Runtime:
                 lanes.assert_release_lane_matches(str(run_id), row["release_id"], self.release_id)
                 disposition = lanes.Own()
             except LaneMismatchError:
-                await self._put_back(claimed, run_id, "refuse", "refused", delay_s=0)
+                await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
                 bound.error("lane.guard_failed", run_release_id=row["release_id"])
                 raise
+        elif adopter is not None and row["adopted_queue"] != self.queue and row["adopter_claiming"]:
+            # Its adopter's lane claims: the adopter finishes it. The claim statement
+            # skips such runs, so this is a race; give it back at once, quietly.
+            bound.info("run.left_to_adopter", adopter_release_id=adopter)
+            outcome = await self._put_back(
+                claimed, claim, "defer", "deferred", delay_s=0,
+                note={"reason": f"adopted by {adopter}, whose lane still claims"},
+            )  # fmt: skip
+            return Handled("defer", outcome)
         else:
             disposition = lanes.resolve_lane_disposition(
                 run_id=str(run_id),
                 run_release_id=effective,
                 worker_release_id=self.release_id,
-                lane_claiming=row["lane_claiming"],
+                # The effective release's lane: an adopted run belongs to its adopter.
+                lane_claiming=row["adopter_claiming"] if adopter else row["lane_claiming"],
                 parked_in_adoptable_wait=row["status"] == "waiting"
                 and (row["current_wait"] or {}).get("kind") in checkpoint.KNOWN_BOUNDARY_KINDS,
             )
         if isinstance(disposition, lanes.Defer):
             bound.info("run.deferred", delay_s=disposition.delay_seconds)
             outcome = await self._put_back(
-                claimed, run_id, "defer", "deferred", delay_s=disposition.delay_seconds,
+                claimed, claim, "defer", "deferred", delay_s=disposition.delay_seconds,
                 note={"reason": disposition.reason},
             )  # fmt: skip
             return Handled("defer", outcome)
@@ -179,12 +246,10 @@ class Runtime:
                 remedy=f"this lane still claims; let a worker of {effective!r} take it, or run "
                 f"`lane-worker lanes retire {effective}` if that release is gone",
             )
-            return Handled(
-                "refuse", await self._put_back(claimed, run_id, "refuse", "refused", delay_s=0)
-            )
+            outcome = await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
+            return Handled("refuse", outcome)
         adopted = disposition.adopted_release_id if isinstance(disposition, lanes.Adopt) else None
-        begun = await self._begin(claimed, run_id, disposition.kind, self.release_id)
-        attempt_id: int = begun["attempt_id"]
+        begun = await self._begin(claimed, claim, run_id, disposition.kind)
         if adopted is not None:
             bound.info("run.adopted", from_release_id=adopted)
         handle = RunHandle(
@@ -193,19 +258,25 @@ class Runtime:
             task_id=claimed.task_id,
             engine_run_id=claimed.run_id,
             attempt=claimed.attempt,
-            attempt_id=attempt_id,
+            attempt_id=begun.attempt_id,
             lease_s=self.lease_s,
+            clock=begun.clock,
+            step_keys=begun.step_keys,
         )
-        if begun["checkpoint"] is None:
+        if begun.checkpoint is None:
             # Cancelled between the claim and the fence move: nothing left to run.
-            return Handled(disposition.kind, await self._observe_cancel(handle, bound))
-        return Handled(disposition.kind, await self._execute(handle, claimed, row, begun, bound))
+            outcome = await self._observe_cancel(handle, bound)
+        else:
+            outcome = await self._execute(handle, claimed, row, begun, bound)
+        claim.ended = True
+        return Handled(disposition.kind, outcome)
 
     async def _begin(
-        self, claimed: engine.ClaimedRun, run_id: uuid.UUID, kind: str, adopter: str | None
-    ) -> asyncpg.Record:
+        self, claimed: engine.ClaimedRun, claim: _Claim, run_id: uuid.UUID, kind: str
+    ) -> _Begun:
         """Record the claim; for own/adopt also move the fence and return the envelope."""
-        begun: asyncpg.Record | None = await self.db.run(
+        before_s = time.monotonic()
+        row: asyncpg.Record | None = await self.db.run(
             lambda c: self.store.fetchrow(
                 c,
                 "begin_attempt",
@@ -215,16 +286,27 @@ class Runtime:
                 self.worker_id_for(claimed.queue),
                 self.release_id,
                 kind,
-                adopter,
+                self.release_id if kind == "adopt" else None,
+                self.queue if kind == "adopt" else None,
+                STEP_KEYS_CURRENT,
             )
         )
-        assert begun is not None  # the insert always returns its row
-        return begun
+        assert row is not None  # the insert always returns its row
+        claim.attempt_id = row["attempt_id"]
+        return _Begun(
+            attempt_id=row["attempt_id"],
+            checkpoint=row["checkpoint"],
+            current_wait=row["current_wait"],
+            step_keys=row["step_keys"],
+            # Taken before the query was sent: the database read its clock later,
+            # so this clock runs a round trip ahead at most, never behind.
+            clock=DbClock(row["db_now_ms"], before_s),
+        )
 
     async def _put_back(
         self,
         claimed: engine.ClaimedRun,
-        run_id: uuid.UUID,
+        claim: _Claim,
         kind: str,
         outcome: str,
         *,
@@ -232,35 +314,75 @@ class Runtime:
         note: dict[str, Any] | None = None,
     ) -> str:
         """Record the claim and reschedule the engine run; no attempt is spent."""
-        attempt_id = (await self._begin(claimed, run_id, kind, None))["attempt_id"]
-        wake_at = datetime.now(UTC) + timedelta(seconds=delay_s)
+        assert claim.run_id is not None
+        run_id = claim.run_id
+        attempt_id = (await self._begin(claimed, claim, run_id, kind)).attempt_id
 
         async def put_back(conn: Connection) -> None:
-            await engine.schedule(conn, claimed.queue, claimed.run_id, wake_at)
+            await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)
             await self.store.execute(conn, "finish_attempt", attempt_id, outcome, note)
-            if delay_s <= 0:  # due now: wake the lane's own workers
+            if delay_s <= 0:  # due now: wake the lane's workers
                 await notify(conn, claimed.queue, run_id)
 
         await self.db.transaction(put_back)
+        claim.ended = True
         return outcome
 
-    async def hand_back(self, handle: RunHandle) -> None:
-        """Give an unfinished run back at once (shutdown): no attempt spent, fenced."""
+    async def give_back(self, claimed: engine.ClaimedRun, attempt_id: int | None) -> bool:
+        """Give an unfinished claim back at once: no attempt spent; return whether it was.
 
-        async def give_back(conn: Connection) -> None:
-            await engine.schedule(conn, handle.queue, handle.engine_run_id, datetime.now(UTC))
-            await self.store.fetchval(conn, "release_run", handle.run_id, handle.attempt_id)
-            await self.store.execute(conn, "finish_attempt", handle.attempt_id, "handed_back", None)
-            await notify(conn, handle.queue, handle.run_id)
+        Fenced by the claim's attempt row: when the attempt already ended (the
+        run parked, completed, failed or was put back, and the caller did not
+        hear of it), nothing changes. A claim with no attempt row yet (it ended
+        before recording one) is given back by its engine lease alone.
+        """
+        worker_id = self.worker_id_for(claimed.queue)
 
-        await self.db.transaction(give_back)
+        async def give(conn: Connection) -> bool:
+            # The engine row first: the same lock order as every other final write.
+            held = await engine.lock_if_held(conn, claimed.queue, claimed.run_id, worker_id)
+            closed = await self.store.fetch(
+                conn, "hand_back_claim", claimed.task_id, claimed.run_id, worker_id,
+                "handed_back" if held else "lease_lost",
+            )  # fmt: skip
+            if attempt_id is not None and attempt_id not in {r["attempt_id"] for r in closed}:
+                return False
+            if held:
+                await engine.schedule_in(conn, claimed.queue, claimed.run_id, 0)
+                await notify(conn, claimed.queue, claimed.task_id)
+            return held
+
+        given: bool = await self.db.transaction(give)
+        return given
+
+    async def _give_back_after(
+        self, claimed: engine.ClaimedRun, claim: _Claim, exc: BaseException
+    ) -> None:
+        """Give the claim back after ``exc`` cut its handling short (shielded, bounded)."""
+        bound = log.bind(
+            queue=claimed.queue,
+            release_id=self.release_id,
+            task_id=str(claimed.task_id),
+            run_id=str(claim.run_id) if claim.run_id else None,
+            worker_id=self.worker_id_for(claimed.queue),
+        )
+        with anyio.move_on_after(HAND_BACK_TIMEOUT_S, shield=True) as scope:
+            try:
+                given = await self.give_back(claimed, claim.attempt_id)
+            except Exception as failure:
+                bound.warning("run.hand_back_failed", error=repr(failure), lease_s=self.lease_s)
+                return
+        if scope.cancelled_caught:  # the database is away: the lease expiry takes over
+            bound.warning("run.hand_back_timed_out", lease_s=self.lease_s)
+        elif given:
+            bound.info("run.handed_back", attempt=claimed.attempt, cause=type(exc).__name__)
 
     async def _execute(
         self,
         h: RunHandle,
         claimed: engine.ClaimedRun,
         run: asyncpg.Record,
-        begun: asyncpg.Record,
+        begun: _Begun,
         bound: structlog.typing.FilteringBoundLogger,
     ) -> str:
         """Run the play of ``run`` (``lane_state``) from the envelope ``begun`` returned."""
@@ -272,7 +394,7 @@ class Runtime:
                     f"play {run['play']!r} is not registered in release {self.release_id} "
                     f"(it has: {known}); the run cannot be executed here."
                 )
-            wait_kind = (begun["current_wait"] or {}).get("kind")
+            wait_kind = (begun.current_wait or {}).get("kind")
             if wait_kind is not None and wait_kind not in checkpoint.KNOWN_BOUNDARY_KINDS:
                 raise FatalRunError(
                     f"run {h.run_id} is parked in a {wait_kind!r} wait, which release "
@@ -286,25 +408,19 @@ class Runtime:
                 store=self.store,
                 handle=h,
                 release_id=self.release_id,
-                envelope=begun["checkpoint"],
+                envelope=begun.checkpoint or {},
                 checkpoints=checkpoints,
                 log=bound,
             )
             bound.info("run.started", attempt=h.attempt, play=run["play"])
             started = time.monotonic()
             output = await self._with_lease(h, play(ctx, run["input"]), bound)
+            require_json(output, f"the output of play {run['play']!r}")
         except Suspended:
             bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
             return "parked"
         except anyio.get_cancelled_exc_class():
-            # Shutdown: the play is unwound; give the run back for another worker,
-            # shielded so the hand-back itself is not cancelled.
-            with anyio.move_on_after(HAND_BACK_TIMEOUT_S, shield=True) as scope:
-                await self.hand_back(h)
-                bound.info("run.handed_back", attempt=h.attempt)
-            if scope.cancelled_caught:  # the database is away: the lease expiry takes over
-                bound.warning("run.hand_back_timed_out", lease_s=h.lease_s)
-            raise
+            raise  # shutdown: `handle` gives the run back
         except RunCancelledError:
             return await self._observe_cancel(h, bound)
         except LeaseLostError as exc:
@@ -313,12 +429,10 @@ class Runtime:
             return "lease_lost"
         except (FatalRunError, UnknownBoundaryError) as exc:
             return await self._fail_for_good(h, exc, bound)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the play's, not ours
             return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
         try:
             await self._complete(h, output)
-        except TypeError as exc:  # the output is not JSON
-            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
         except LeaseLostError as exc:
             bound.warning("run.lease_lost", detail=str(exc))
             return "lease_lost"
@@ -388,7 +502,7 @@ class Runtime:
         self,
         h: RunHandle,
         max_attempts: int | None,
-        exc: Exception,
+        exc: BaseException,
         bound: structlog.typing.FilteringBoundLogger,
     ) -> str:
         reason = _reason(exc)
@@ -429,13 +543,23 @@ class Runtime:
         assert fact is not None
 
         async def fail(conn: Connection) -> None:
-            await engine.cancel(conn, h.queue, h.task_id)
-            await self.store.settle(
+            # The fenced store write first: a stale attempt must not cancel the
+            # task that a newer claim now owns.
+            if not await self.store.settle(
                 conn, h.run_id, status="failed", fact=fact, attempt_id=h.attempt_id, error=reason
-            )
+            ):
+                raise LeaseLostError(
+                    "run settled or taken by a newer claim", engine_run_id=h.engine_run_id
+                )
+            await engine.cancel(conn, h.queue, h.task_id)
             await self.store.execute(conn, "finish_attempt", h.attempt_id, "failed", reason)
 
-        await self.db.transaction(fail)
+        try:
+            await self.db.transaction(fail)
+        except LeaseLostError as lost:
+            bound.warning("run.lease_lost", detail=str(lost))
+            await self._finish(h, "lease_lost", _reason(lost))
+            return "lease_lost"
         bound.error("run.failed_for_good", error=reason)
         return "failed"
 

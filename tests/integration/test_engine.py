@@ -14,11 +14,14 @@ from runtime_harness import connect
 from worker import engine
 from worker.db import Connection
 from worker.errors import EngineSchemaError, RunNotRunningError
+from worker.store import Store
 
 QUEUE = "runs_engine_test"
 RETRY = {"kind": "fixed", "base_seconds": 1}
 OWN = "w1"
 CONT = f"w2:{QUEUE}:continuations"
+SCHEMA = "runtime_scheduler"
+CONT_OWN_QUEUE = "runs_engine_test_newer"  # the lane of the release CONT works for
 
 
 @pytest.fixture
@@ -26,6 +29,7 @@ async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     """A connection to a fresh database with the engine installed and a test queue."""
     conn = await connect(database_url)
     await engine.ensure_engine_schema(conn)
+    await Store(SCHEMA).migrate(conn)  # the continuation claim reads the store's adopters
     await engine.ensure_queue(conn, QUEUE)
     yield conn  # type: ignore[misc]
     await conn.close()
@@ -121,7 +125,9 @@ async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
     await engine.fail(
         eng, QUEUE, claimed[0].run_id, {"message": "boom"}, retry_at=datetime.now(UTC)
     )
-    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=10)
+    batch = await engine.claim(
+        eng, QUEUE, CONT, lease_s=30, qty=10, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+    )
     assert batch.runs == ()
     assert batch.swept == 0
 
@@ -140,7 +146,9 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     assert suspended
     await engine.emit_event(eng, QUEUE, "evt:x:approval", {"ok": True})
 
-    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=10)
+    batch = await engine.claim(
+        eng, QUEUE, CONT, lease_s=30, qty=10, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+    )
     got = {r.task_id: r for r in batch.runs}
     assert set(got) == {sleeper.task_id, waiter.task_id}
     assert got[waiter.task_id].event_payload == {"ok": True}
@@ -152,7 +160,12 @@ async def test_continuation_claim_refuses_other_worker_ids(
 ) -> None:
     """The continuation claim function serves only worker ids ending in :continuations."""
     with pytest.raises(asyncpg.PostgresError, match="continuations"):
-        await eng.fetch("select * from lane_worker.claim_continuations($1, 'w1', 30, 1)", QUEUE)
+        await eng.fetch(
+            "select * from lane_worker.claim_continuations($1, 'w1', 30, 1, $2, $3)",
+            QUEUE,
+            SCHEMA,
+            CONT_OWN_QUEUE,
+        )
 
 
 async def test_continuation_claim_sweeps_expired_leases(
@@ -166,7 +179,9 @@ async def test_continuation_claim_sweeps_expired_leases(
         "where run_id = $1",
         claimed.run_id,
     )
-    batch = await engine.claim(eng, QUEUE, CONT, lease_s=30, qty=5)
+    batch = await engine.claim(
+        eng, QUEUE, CONT, lease_s=30, qty=5, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+    )
     assert batch.swept == 1
     assert batch.runs == ()  # the retry sleeps for its backoff first
     assert await run_state(eng, claimed.run_id) == "failed"

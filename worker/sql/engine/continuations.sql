@@ -8,13 +8,20 @@
 -- defers), or a `pending` run that an event woke (non-null event_payload).
 -- Fresh submits and immediate retries are `pending` with no payload: never
 -- handed out here, they belong to the lane's own workers.
+--
+-- Nor does it hand out a run that another release adopted while that
+-- release's lane still claims: the adopter finishes it (its own continuation
+-- loop on this queue claims it, p_own_queue being its lane). The run-state
+-- store (schema p_store_schema) records each run's adopter lane.
 create schema if not exists lane_worker;
 
 create or replace function lane_worker.claim_continuations (
   p_queue_name text,
   p_worker_id text,
   p_claim_timeout integer,
-  p_qty integer
+  p_qty integer,
+  p_store_schema text,
+  p_own_queue text
 )
   returns table (
     run_id uuid,
@@ -41,6 +48,10 @@ declare
 begin
   if p_worker_id is null or right(p_worker_id, length(':continuations')) <> ':continuations' then
     raise exception 'lane_worker.claim_continuations serves only worker ids ending in :continuations, got "%"', p_worker_id
+      using errcode = '22023';
+  end if;
+  if p_store_schema is null or p_own_queue is null then
+    raise exception 'lane_worker.claim_continuations needs the store schema and the claimer''s own queue'
       using errcode = '22023';
   end if;
   perform absurd.validate_queue_name(p_queue_name);
@@ -99,6 +110,13 @@ begin
            and r.available_at <= $1
            and (r.state = ''sleeping''
                 or (r.state = ''pending'' and r.event_payload is not null))
+           and not exists (
+                 select 1
+                   from %4$I.runs s
+                   join %4$I.releases l on l.queue = s.adopted_queue
+                  where s.task_id = r.task_id
+                    and s.adopted_queue <> $6
+                    and l.status = ''claiming'')
          order by r.available_at, r.run_id
          limit $2
          for update of r skip locked
@@ -132,8 +150,8 @@ begin
        from leased l
        join absurd.%2$I t on t.task_id = l.task_id
       order by l.run_id',
-    'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name)
-  using v_now, v_qty, p_worker_id, v_lease_until, v_swept;
+    'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name, p_store_schema)
+  using v_now, v_qty, p_worker_id, v_lease_until, v_swept, p_own_queue;
 
   -- Nothing to hand out but leases were swept: still tell the caller, whose
   -- reconciler must settle runs the sweep may have failed for good.

@@ -29,10 +29,16 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
 
 -- name: begin_attempt
 -- Own and adopt take the run over (status running, fence moves to this
--- attempt); defer and refuse only record that the claim happened. Returns the
--- envelope and wait as of the fence move: an older attempt may still write
--- them until then, never after.
-with attempt as (
+-- attempt, the wait it was parked in is over); defer and refuse only record
+-- that the claim happened. Returns the envelope and the wait as of the fence
+-- move (an older attempt may still write them until then, never after), the
+-- run's step-key mapping (stamped by its first execution: $9), and the
+-- database's clock, which every duration of the attempt is measured on.
+with prev as (
+  -- The statement's snapshot: only a park or a settle changes the wait, and
+  -- neither can commit for a run whose engine run this claim now holds.
+  select r.current_wait from {schema}.runs r where r.run_id = $1
+), attempt as (
   insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
   values ($1, $2, $3, $4, $5, $6)
   returning attempt_id
@@ -40,15 +46,20 @@ with attempt as (
   update {schema}.runs r
      set status = 'running',
          current_attempt_id = (select attempt_id from attempt),
+         current_wait = null,
          attempts = greatest(r.attempts, $3),
          adopted_release_id = case when $6 = 'adopt' then $7 else r.adopted_release_id end,
+         adopted_queue = case when $6 = 'adopt' then $8 else r.adopted_queue end,
+         step_keys = case when r.current_attempt_id is null then $9::smallint else r.step_keys end,
          updated_at = now()
    where r.run_id = $1
      and $6 in ('own', 'adopt')
      and r.status not in ('completed', 'failed', 'cancelled')
-  returning r.checkpoint, r.current_wait
+  returning r.checkpoint, r.step_keys
 )
-select a.attempt_id, t.checkpoint, t.current_wait
+select a.attempt_id, t.checkpoint, t.step_keys,
+       case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
+       (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
   from attempt a left join taken t on true;
 
 -- name: finish_attempt
@@ -69,14 +80,31 @@ update {schema}.runs
  where run_id = $1 and current_attempt_id = $2
 returning run_id;
 
--- name: release_run
--- A run put back without spending an attempt (defer, hand-back): it waits
--- again if it was parked, else it is queued for its own lane.
-update {schema}.runs
-   set status = case when current_wait is not null then 'waiting' else 'queued' end,
-       updated_at = now()
- where run_id = $1 and current_attempt_id = $2 and status = 'running'
-returning run_id;
+-- name: hand_back_claim
+-- A claim given back (shutdown, or an error before the claim ended): end this
+-- worker's open attempts on this engine run ($4: 'handed_back', or 'lease_lost'
+-- when the engine run is no longer held) and return the run to its lane. The
+-- attempt row is the fence: a claim whose attempt already ended (park,
+-- completion, failure, put-back) is not touched.
+with closed as (
+  update {schema}.attempts a
+     set outcome = $4, finished_at = now()
+    from {schema}.runs r
+   where r.task_id = $1
+     and a.run_id = r.run_id
+     and a.engine_run_id = $2
+     and a.worker_id = $3
+     and a.outcome is null
+  returning a.attempt_id, a.run_id
+), released as (
+  update {schema}.runs r
+     set status = case when r.current_wait is not null then 'waiting' else 'queued' end,
+         updated_at = now()
+    from closed c
+   where r.run_id = c.run_id and r.current_attempt_id = c.attempt_id and r.status = 'running'
+  returning r.run_id
+)
+select c.attempt_id, c.run_id, exists (select 1 from released) as released from closed c;
 
 -- name: retrying_run
 update {schema}.runs
@@ -124,11 +152,14 @@ returning payload;
 -- name: lane_state
 -- What a loop needs to decide on a claimed run, plus the play and input to run
 -- it (never changed after submit); the envelope comes from begin_attempt.
-select r.run_id, r.release_id, r.adopted_release_id, r.status, r.current_wait,
-       r.play, r.input,
-       coalesce(l.status = 'claiming', false) as lane_claiming
+-- lane_claiming is the stamped lane's; adopter_claiming the adopter's lane.
+select r.run_id, r.release_id, r.adopted_release_id, r.adopted_queue, r.status,
+       r.current_wait, r.play, r.input,
+       coalesce(l.status = 'claiming', false) as lane_claiming,
+       coalesce(al.status = 'claiming', false) as adopter_claiming
   from {schema}.runs r
   left join {schema}.releases l on l.queue = r.queue
+  left join {schema}.releases al on al.queue = r.adopted_queue
  where r.task_id = $1;
 
 -- name: open_runs_on_queue

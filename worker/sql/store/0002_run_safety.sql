@@ -1,0 +1,24 @@
+-- Run safety. Additive: builds before this one ignore the new columns.
+--
+-- adopted_queue: the lane queue of the release that adopted the run. The
+-- continuation claim skips a run whose adopter's lane still claims (unless the
+-- claimer is that adopter), so an adopted run is never taken by a third release.
+alter table {schema}.runs add column adopted_queue text;
+
+-- step_keys: how this run's step names map to engine checkpoints. NULL is the
+-- first mapping (a name containing '#' could collide with a repeated name); 2
+-- escapes '#'. Stamped by the first attempt that executes the run, so a run
+-- keeps the mapping its committed steps were written with.
+alter table {schema}.runs add column step_keys smallint;
+
+-- Adopters registered their lane before adopting, under the spelling they stamped.
+update {schema}.runs r
+   set adopted_queue = l.queue
+  from {schema}.releases l
+ where r.adopted_release_id is not null
+   and r.adopted_release_id = any(l.release_ids);
+
+-- current_wait now names the wait a run is parked in right now, or nothing.
+update {schema}.runs
+   set current_wait = null
+ where current_wait is not null and status <> 'waiting';
