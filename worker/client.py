@@ -102,7 +102,8 @@ class LaneView:
 
     release_id: str
     queue: str
-    status: str  # claiming | retired | drained (retired, nothing left to finish)
+    # claiming; draining (retired, with runs only its release may run); drained
+    status: str
     live_workers: int
     queued: int
     running: int
@@ -402,6 +403,9 @@ class LaneClient:
         await self.ensure_schemas()
 
         async def set_status(conn: Connection) -> None:
+            # A lane row without its engine queue would break every maintenance pass
+            # that reconciles it, so the registry only ever names queues that exist.
+            await engine.ensure_queue(conn, queue)
             await self.store.fetchval(conn, "set_release_status", queue, status, release_id.strip())
             # Running workers re-read the lane registry at once.
             await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
@@ -416,12 +420,13 @@ class LaneClient:
         views = []
         for r in rows:
             retired = r["status"] == "retired"
-            open_runs = r["queued"] + r["running"] + r["waiting"]
             views.append(
                 LaneView(
                     release_id=r["release_ids"][0] if r["release_ids"] else r["queue"],
                     queue=r["queue"],
-                    status="drained" if retired and open_runs == 0 else r["status"],
+                    status=("draining" if r["draining_work"] else "drained")
+                    if retired
+                    else r["status"],
                     live_workers=r["live_workers"],
                     queued=r["queued"],
                     running=r["running"],

@@ -3,7 +3,7 @@
 The engine schema is not written here: it is ``absurdctl.BUNDLED_SCHEMA_SQL``
 (and absurdctl's bundled migrations to upgrade an older one). The only
 addition is this project's continuation claim, in its own schema
-(``sql/engine/continuations.sql``). Every function takes the connection to
+(``sql/engine/claim_lane.sql``). Every function takes the connection to
 run on, so callers decide what commits together.
 """
 
@@ -20,7 +20,6 @@ import asyncpg
 
 from worker.db import Connection
 from worker.errors import EngineSchemaError, RunCancelledError, RunNotRunningError
-from worker.lanes import CONTINUATION_WORKER_SUFFIX
 from worker.store import quote_ident
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
@@ -93,7 +92,7 @@ async def ensure_engine_schema(conn: Connection) -> str:
             outcome = f"upgraded {version} -> {ENGINE_SCHEMA_VERSION}"
         else:
             outcome = "current"
-        await conn.execute(_sql("engine/continuations.sql"))
+        await conn.execute(_sql("engine/claim_lane.sql"))
     return outcome
 
 
@@ -168,6 +167,10 @@ class ClaimBatch:
     swept: int
 
 
+CLAIM_ADOPT = "adopt"
+CLAIM_DRAIN = "drain"
+
+
 async def claim(
     conn: Connection,
     queue: str,
@@ -175,24 +178,29 @@ async def claim(
     *,
     lease_s: int,
     qty: int,
+    mode: str | None = None,
     store_schema: str | None = None,
     own_queue: str | None = None,
 ) -> ClaimBatch:
-    """Claim up to ``qty`` runs; a ``:continuations`` worker id uses the continuation fence.
+    """Claim up to ``qty`` runs from ``queue``.
 
-    A continuation claim also needs the run-state store's schema and the
-    claimer's own lane queue: it skips runs adopted by another lane that claims.
+    Without ``mode``, the engine's own claim (a claiming release on its own
+    queue). With ``mode`` (``CLAIM_ADOPT``: a ``:continuations`` loop of a
+    claiming release; ``CLAIM_DRAIN``: any loop of a retired one),
+    ``lane_worker.claim_lane``, which needs the run-state store's schema and the
+    claimer's own lane queue.
     """
     columns = "run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload"
-    if worker_id.endswith(CONTINUATION_WORKER_SUFFIX):
+    if mode is not None:
         rows = await conn.fetch(
-            f"select {columns}, swept from lane_worker.claim_continuations($1, $2, $3, $4, $5, $6)",
+            f"select {columns}, swept from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7)",
             queue,
             worker_id,
             lease_s,
             qty,
             store_schema,
             own_queue,
+            mode,
         )
     else:
         rows = await conn.fetch(

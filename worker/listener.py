@@ -68,7 +68,10 @@ class Listener:
             self._wakeups.poke(channel[len(prefix) :])
 
     async def run(self) -> None:
-        """Listen until cancelled; on a dropped connection, wake everyone and reconnect."""
+        """Listen until cancelled; on a dropped connection, wake everyone and reconnect.
+
+        Only an error that is not a connection problem (``is_transient``) comes out.
+        """
         failures = 0
         while True:
             conn: asyncpg.Connection[asyncpg.Record] | None = None
@@ -100,7 +103,8 @@ class Listener:
                 raise ConnectionResetError("LISTEN connection closed")
             except Exception as exc:
                 if not is_transient(exc):
-                    log.error("listener.failed", error=repr(exc))
+                    # Reconnecting cannot fix it: the supervisor stops the worker.
+                    raise
                 self.connected = False
                 failures += 1
                 # Whatever was notified while we were away is found by polling now.

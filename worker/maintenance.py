@@ -1,11 +1,20 @@
-"""Maintenance: a bounded engine cleanup pass and the reconciler, one worker at a time."""
+"""Maintenance: a bounded engine cleanup pass and the reconciler, one worker at a time.
+
+Every queue is maintained on its own: a queue that fails is logged
+(``maintenance.queue_failed``) and counted (``lane_worker_maintenance_errors_total``),
+and the pass goes on with the next one. A database outage ends the pass (it
+raises), since every other queue would fail the same way.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import structlog
 
 from worker import engine
-from worker.db import Connection, Database
+from worker.db import Connection, Database, is_transient
+from worker.metrics import Metrics
 from worker.reconcile import reconcile_queue
 from worker.store import Store
 
@@ -16,24 +25,74 @@ log = structlog.get_logger("lane_worker.maintenance")
 _MAINTENANCE_LOCK_KEY = 0x6C77_6D61_696E_7400
 
 
-async def maintain(db: Database, store: Store, *, worker_id: str) -> bool:
+async def maintain(
+    db: Database, store: Store, *, worker_id: str, metrics: Metrics | None = None
+) -> bool:
     """Run one pass if no other worker is running one; return whether this one ran."""
 
-    async def cleanup(conn: Connection) -> list[str] | None:
+    async def cleanup(conn: Connection) -> tuple[list[tuple[str, str]], list[Any]] | None:
         if not await conn.fetchval("select pg_try_advisory_xact_lock($1)", _MAINTENANCE_LOCK_KEY):
             return None
-        # cleanup_all_queues deletes at most each queue's cleanup_limit per call.
-        for queue, tasks, events in await engine.cleanup(conn):
-            if tasks or events:
-                log.info("maintenance.cleaned", queue=queue, tasks=tasks, events=events)
-        queues: list[str] = [
-            r["queue"] for r in await conn.fetch(f"select queue from {store.schema_sql}.releases")
-        ]
-        return queues
+        failed: list[tuple[str, str]] = []
+        for queue in await conn.fetch("select queue_name from absurd.queues order by queue_name"):
+            try:
+                # A savepoint per queue: a broken queue's error leaves the others' cleanup.
+                async with conn.transaction():
+                    # Deletes at most the queue's cleanup_limit per call.
+                    for name, tasks, events in await engine.cleanup(conn, queue["queue_name"]):
+                        if tasks or events:
+                            log.info("maintenance.cleaned", queue=name, tasks=tasks, events=events)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                failed.append((queue["queue_name"], repr(exc)))
+        registry = await conn.fetch(
+            f"""select l.queue, l.status, l.release_ids,
+                       exists (select 1 from absurd.queues q
+                                where q.queue_name = l.queue) as engine_queue
+                  from {store.schema_sql}.releases l
+                 order by l.queue"""
+        )
+        return failed, registry
 
-    queues = await db.transaction(cleanup)
-    if queues is None:
+    outcome = await db.transaction(cleanup)
+    if outcome is None:
         return False
-    for queue in queues:
-        await reconcile_queue(db, store, queue, worker_id=worker_id)
+    failed_cleanups, registry = outcome
+    # Logged once the transaction committed: a retried transaction must not count twice.
+    for queue, error in failed_cleanups:
+        _queue_failed(metrics, queue, worker_id, "cleanup", error)
+    for lane in registry:
+        queue = lane["queue"]
+        if not lane["engine_queue"]:
+            # Left by a `lanes retire` of an older build (usually a mistyped release
+            # id): there are no engine tables, so nothing can end there.
+            command = "retire" if lane["status"] == "retired" else "activate"
+            release_id = (lane["release_ids"] or [queue])[0]
+            _queue_failed(
+                metrics, queue, worker_id, "reconcile", "the lane has no engine queue",
+                remedy=f"`lane-worker lanes {command} {release_id}` creates it",
+            )  # fmt: skip
+            continue
+        try:
+            await reconcile_queue(db, store, queue, worker_id=worker_id)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
     return True
+
+
+def _queue_failed(
+    metrics: Metrics | None, queue: str, worker_id: str, step: str, error: str, **extra: str
+) -> None:
+    if metrics is not None:
+        metrics.maintenance_errors.labels(queue=queue).inc()
+    log.error(
+        "maintenance.queue_failed",
+        queue=queue,
+        worker_id=worker_id,
+        step=step,
+        error=error,
+        **extra,
+    )

@@ -42,6 +42,12 @@ class Metrics:
             ["loop"],
             registry=self.registry,
         )
+        self.maintenance_errors = Counter(
+            "lane_worker_maintenance_errors",
+            "Queues a maintenance pass could not clean up or reconcile, by queue.",
+            ["queue"],
+            registry=self.registry,
+        )
         self.adoptable_queues = Gauge(
             "lane_worker_adoptable_queues_attached",
             "Continuation loops attached to retired lanes.",

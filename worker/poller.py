@@ -202,27 +202,21 @@ class Poller:
 
     async def _next_due_in_s(self) -> float | None:
         """Return seconds until the next run on this queue becomes claimable, if any."""
-        runs = quote_ident(f"r_{self.queue}")
-        if self.kind == "continuation":
-            # Only due sleepers (event-woken runs are due at once and come with a
-            # NOTIFY), and not those the continuation claim skips: runs adopted by
-            # another lane that still claims.
-            store = quote_ident(self.runtime.store.schema)
-            where = (
-                "r.state = 'sleeping' and not exists ("
-                f" select 1 from {store}.runs s"
-                f" join {store}.releases l on l.queue = s.adopted_queue"
-                " where s.task_id = r.task_id and s.adopted_queue <> $1 and l.status = 'claiming')"
+        mode = self.runtime.claim_mode(self.queue)
+        if mode is None:
+            runs = quote_ident(f"r_{self.queue}")
+            sql = (
+                "select extract(epoch from min(available_at) - absurd.current_time())::float8"
+                f" from absurd.{runs} where state in ('pending', 'sleeping')"
             )
+            args: tuple[str, ...] = ()
         else:
-            where = "r.state in ('pending', 'sleeping') and $1::text is not null"
+            # The same filter as the claim: only runs this loop would be handed.
+            sql = "select lane_worker.next_due_in($1, $2, $3, $4)"
+            args = (self.queue, self.runtime.store.schema, self.runtime.queue, mode)
         try:
             # Both times on the database's clock: the engine wakes runs by it.
-            due_in: float | None = await self.runtime.db.fetchval(
-                "select extract(epoch from min(r.available_at) - absurd.current_time())::float8"
-                f" from absurd.{runs} r where {where}",
-                self.runtime.queue,
-            )
+            due_in: float | None = await self.runtime.db.fetchval(sql, *args)
         except Exception as exc:
             self.log.warning("loop.next_due_failed", error=repr(exc))
             return None

@@ -36,7 +36,7 @@ from worker.errors import (
 from worker.jsonvalue import require_json
 from worker.metrics import Metrics
 from worker.reconcile import cancelled_fact, reconcile_queue
-from worker.store import Store
+from worker.store import Store, quote_ident
 
 log = structlog.get_logger("lane_worker.runtime")
 
@@ -127,6 +127,8 @@ class Runtime:
         self.release_id = release_id
         self.queue = lanes.queue_name_for_release(release_id)
         self.lease_s = lease_s
+        # Set while this release's lane is retired but not drained (deploy day).
+        self.draining = False
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
@@ -134,9 +136,21 @@ class Runtime:
             return self.worker_base
         return lanes.continuation_worker_id(self.worker_base, queue)
 
+    def claim_mode(self, queue: str) -> str | None:
+        """Return how this worker claims ``queue`` now (None: the engine's own claim).
+
+        A claiming release drains its own queue with the engine's claim and
+        adopts from retired queues; a retired (draining) one claims, on every
+        queue, only what no other release may run.
+        """
+        if self.draining:
+            return engine.CLAIM_DRAIN
+        return None if queue == self.queue else engine.CLAIM_ADOPT
+
     async def claim(self, queue: str, qty: int) -> engine.ClaimBatch:
         """Claim up to ``qty`` runs from ``queue``; settle what an expired-lease sweep ended."""
         worker_id = self.worker_id_for(queue)
+        mode = self.claim_mode(queue)
         batch = await self.db.run(
             lambda conn: engine.claim(
                 conn,
@@ -144,6 +158,7 @@ class Runtime:
                 worker_id,
                 lease_s=self.lease_s,
                 qty=qty,
+                mode=mode,
                 store_schema=self.store.schema,
                 own_queue=self.queue,
             )
@@ -275,10 +290,14 @@ class Runtime:
         self, claimed: engine.ClaimedRun, claim: _Claim, run_id: uuid.UUID, kind: str
     ) -> _Begun:
         """Record the claim; for own/adopt also move the fence and return the envelope."""
-        before_s = time.monotonic()
-        row: asyncpg.Record | None = await self.db.run(
-            lambda c: self.store.fetchrow(
-                c,
+
+        async def begin(conn: Connection) -> tuple[asyncpg.Record | None, float]:
+            # Read just before the statement is sent (a retry reads it again): the
+            # database reads its clock later, so this clock runs at most a round
+            # trip ahead, never behind.
+            sent_s = time.monotonic()
+            row = await self.store.fetchrow(
+                conn,
                 "begin_attempt",
                 run_id,
                 claimed.run_id,
@@ -290,7 +309,9 @@ class Runtime:
                 self.queue if kind == "adopt" else None,
                 STEP_KEYS_CURRENT,
             )
-        )
+            return row, sent_s
+
+        row, sent_s = await self.db.run(begin)
         assert row is not None  # the insert always returns its row
         claim.attempt_id = row["attempt_id"]
         return _Begun(
@@ -298,9 +319,7 @@ class Runtime:
             checkpoint=row["checkpoint"],
             current_wait=row["current_wait"],
             step_keys=row["step_keys"],
-            # Taken before the query was sent: the database read its clock later,
-            # so this clock runs a round trip ahead at most, never behind.
-            clock=DbClock(row["db_now_ms"], before_s),
+            clock=DbClock(row["db_now_ms"], sent_s),
         )
 
     async def _put_back(
@@ -353,6 +372,46 @@ class Runtime:
             return held
 
         given: bool = await self.db.transaction(give)
+        return given
+
+    async def give_back_leftovers(self, queues: list[str]) -> int:
+        """Give back every engine run this worker still holds on ``queues``; return how many.
+
+        Called once claiming and handling have stopped: a claim that committed
+        while its loop was being cancelled never reached a handler, and would
+        otherwise wait for its lease to expire (spending an attempt).
+        """
+        given = 0
+        for queue in queues:
+            worker_id = self.worker_id_for(queue)
+            rows = await self.db.fetch(
+                f"select run_id, task_id, attempt from absurd.{quote_ident('r_' + queue)}"
+                " where state = 'running' and claimed_by = $1",
+                worker_id,
+            )
+            for row in rows:
+                claimed = engine.ClaimedRun(
+                    queue=queue,
+                    run_id=row["run_id"],
+                    task_id=row["task_id"],
+                    attempt=row["attempt"],
+                    task_name=PLAY_RUN_TASK,
+                    params=None,
+                    max_attempts=None,
+                    wake_event=None,
+                    event_payload=None,
+                )
+                if await self.give_back(claimed, None):
+                    given += 1
+                    log.warning(
+                        "run.handed_back",
+                        queue=queue,
+                        release_id=self.release_id,
+                        task_id=str(row["task_id"]),
+                        worker_id=worker_id,
+                        attempt=row["attempt"],
+                        cause="left over at shutdown",
+                    )
         return given
 
     async def _give_back_after(

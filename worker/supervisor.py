@@ -2,10 +2,14 @@
 
 Boot resolves the lane (refusing a topology that needs a suffix it lacks,
 before any connection), connects with retry, installs the schemas, registers
-the lane as claiming (never un-retiring it) and starts, in one task group: the
+the lane as claiming (never un-retiring it; a retired lane boots draining
+while runs only this release may run remain, and refuses once drained) and
+starts, in one task group: the
 own claim loop, one ``:continuations`` loop per retired lane that still has
 open runs (kept current), the LISTEN connection, heartbeats, maintenance and
 the HTTP endpoints. The first SIGTERM / SIGINT drains; a second exits at once.
+A side loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
+outage with readiness false; any other error in one drains and exits 1.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -45,6 +49,15 @@ BOOT_RETRY_S = 60.0
 HEARTBEAT_S = 10.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
+# After a pass that failed on an outage, so readiness turns true soon after the database is back.
+MAINTENANCE_RETRY_S = 10.0
+# The event a side loop logs when the database is away (stable names, see docs/DESIGN.md).
+SIDE_LOOP_OUTAGE_EVENTS = {
+    "heartbeat": "worker.heartbeat_failed",
+    "maintenance": "maintenance.failed",
+    "lane_refresh": "adoption.refresh_failed",
+    "listener": "listener.failed",
+}
 POLLER_STOP_GRACE_S = 5.0
 STOP_MARK_TIMEOUT_S = 5.0
 
@@ -91,8 +104,13 @@ class Supervisor:
         self.capacity = Capacity(settings.tuning.concurrency)
         self.store = Store(settings.scheduler_schema)
         self.pollers: dict[str, Poller] = {}
+        self.polled_queues: set[str] = set()  # every queue a loop claimed from
         self.guard_error: str | None = None
-        self.own_lane_retired = False
+        # Side loops whose last pass failed on a database outage: loop -> error type.
+        self.side_loop_outages: dict[str, str] = {}
+        self.exit_code = 0
+        # claiming, or retired: draining (runs only this release may run remain) / drained.
+        self.lane_state = "claiming"
         self.stop_requested = anyio.Event()
         self.ready = anyio.Event()
         self.db: Database | None = None
@@ -127,7 +145,7 @@ class Supervisor:
             if code is not None:
                 return code
             await self._serve(self.db)
-            return 0
+            return self.exit_code
         finally:
             await self.db.close()
 
@@ -144,12 +162,17 @@ class Supervisor:
             lambda c: self.store.fetchval(c, "register_release", s.queue, s.release_id)
         )
         if status == "retired":
-            _say(
-                f"release lane {s.queue} ({s.release_id}) is retired, so this worker will not "
-                f"claim from it; run `lane-worker lanes activate {s.launch_release_id}` first if "
-                "this release must take work again."
-            )
-            return EXIT_CONFIG
+            # Draining: its workers may boot (an orchestrator restarts a crashed
+            # machine mid-drain) and finish what only they may run. Drained: no.
+            if not await db.run(lambda c: self.store.fetchval(c, "lane_draining_work", s.queue)):
+                _say(
+                    f"release lane {s.queue} ({s.release_id}) is retired and drained (nothing on "
+                    "it that only this release may run), so this worker will not start; run "
+                    f"`lane-worker lanes activate {s.launch_release_id}` first if this release "
+                    "must take work again."
+                )
+                return EXIT_CONFIG
+            self.lane_state = "draining"
         await self._heartbeat_once(db)
         return None
 
@@ -167,6 +190,7 @@ class Supervisor:
     async def _serve(self, db: Database) -> None:
         s = self.settings
         runtime = self._runtime(db)
+        runtime.draining = self.lane_state != "claiming"
         # Boot migrated both schemas: a page view must never run a migration.
         lanes_view = LaneClient(
             db, self.store, env={}, max_attempts=s.tuning.max_attempts, schemas_installed=True
@@ -178,7 +202,8 @@ class Supervisor:
                 side.start_soon(self._signals)
                 if not s.tuning.pgbouncer:
                     self.listener = Listener(s.database_url, self.wakeups, self._queues)
-                    side.start_soon(self.listener.run)
+                    # It reconnects through outages by itself; only a crash comes out.
+                    side.start_soon(self._side_pass, "listener", self.listener.run)
                 side.start_soon(self._heartbeats, db)
                 side.start_soon(self._maintenance, db)
                 async with anyio.create_task_group() as runs:
@@ -190,7 +215,14 @@ class Supervisor:
                         concurrency=s.tuning.concurrency,
                         health_port=port,
                         listen=not s.tuning.pgbouncer,
+                        lane=self.lane_state,
                     )
+                    if self.lane_state == "draining":
+                        self.log.warning(
+                            "lane.draining",
+                            detail="booted on a retired lane: finishing the runs only this "
+                            "release may run; parked runs are left to newer releases",
+                        )
                     self.ready.set()
                     await self.stop_requested.wait()
                     await self._drain(runs)
@@ -198,8 +230,10 @@ class Supervisor:
         finally:
             with anyio.CancelScope(shield=True):
                 await health.stop()
-                # Display only: a database that is away must not hold up the exit.
+                # A database that is away must not hold up the exit: leftovers then
+                # wait for their lease, and the stop mark is display only.
                 with anyio.move_on_after(STOP_MARK_TIMEOUT_S):
+                    await self._give_back_leftovers(runtime)
                     await db.run(lambda c: self.store.execute(c, "worker_stopped", self.worker_id))
                 self.log.info(
                     "worker.stopped",
@@ -207,9 +241,40 @@ class Supervisor:
                     outcomes=_by_label(self.metrics.runs),
                 )
 
+    async def _give_back_leftovers(self, runtime: Runtime) -> None:
+        """Hand back claims that committed while their loop was being cancelled."""
+        try:
+            await runtime.give_back_leftovers(sorted(self.polled_queues))
+        except Exception as exc:
+            self.log.warning("worker.leftover_hand_back_failed", error=repr(exc))
+
     def request_stop(self) -> None:
         """Start the drain, as a first SIGTERM does."""
         self.stop_requested.set()
+
+    async def _side_pass(self, loop: str, work: Callable[[], Awaitable[object]]) -> bool:
+        """Run one pass of side loop ``loop``; return False when the loop must end.
+
+        A database outage (a transient error, also once the pool's retry budget
+        is spent on one) is logged and left to the loop's next pass, with
+        readiness false until a pass succeeds. Anything else is a bug or a
+        broken schema that no retry fixes: the worker drains as on SIGTERM and
+        exits 1, so the orchestrator restarts it and the crash is visible.
+        """
+        try:
+            await work()
+        except Exception as exc:
+            if is_transient(exc):
+                self.side_loop_outages[loop] = type(exc).__name__
+                self.log.warning(SIDE_LOOP_OUTAGE_EVENTS[loop], error=repr(exc))
+                return True
+            self.side_loop_outages.pop(loop, None)
+            self.log.error("worker.side_loop_crashed", loop=loop, error=repr(exc), exc_info=exc)
+            self.exit_code = EXIT_FAILURE
+            self.request_stop()
+            return False
+        self.side_loop_outages.pop(loop, None)
+        return True
 
     async def _drain(self, runs: TaskGroup) -> None:
         """Stop claiming, let in-flight runs finish within the window, hand back the rest."""
@@ -251,6 +316,7 @@ class Supervisor:
             on_guard_failure=self._guard_failed,
         )
         self.pollers[queue] = poller
+        self.polled_queues.add(queue)
         side.start_soon(self._run_poller, poller)
         if poller.kind == "continuation":
             self.metrics.adoptable_queues.set(len(self._continuations()))
@@ -283,47 +349,68 @@ class Supervisor:
         loop until the loop claims one of its runs: that refusal is the loud
         signal that two releases claim one lane, and it detaches the loop.
         """
-        s = self.settings
         while True:
             self.wakeups.lanes_changed.clear()
-            try:
-                registry = {r["queue"]: r for r in await db.run(self._lane_registry)}
-                adoptable = [
-                    r for r in registry.values() if r["status"] == "retired" and r["has_open"]
-                ]
-                wanted = set(
-                    lanes.adoption_queues(
-                        s.release_id, [i for r in adoptable for i in r["release_ids"]]
-                    )
-                )
-                for queue in sorted(wanted - set(self._continuations())):
-                    if not self.stop_requested.is_set():
-                        await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
-                        self._attach(runtime, queue, runs, side)
-                for queue in self._continuations():
-                    lane = registry.get(queue)
-                    if lane is None or (lane["status"] == "retired" and not lane["has_open"]):
-                        self.pollers[queue].stop("lane drained")
-                own = registry.get(s.queue)
-                if own is not None and own["status"] == "retired" and not self.own_lane_retired:
-                    self._own_lane_was_retired()
-            except Exception as exc:
-                self.log.warning("adoption.refresh_failed", error=repr(exc))
+            if not await self._side_pass(
+                "lane_refresh", lambda: self._refresh_lanes(db, runtime, runs, side)
+            ):
+                return
             with anyio.move_on_after(ADOPTION_REFRESH_S):
                 await self.wakeups.lanes_changed.wait()
+
+    async def _refresh_lanes(
+        self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
+    ) -> None:
+        s = self.settings
+        registry = {r["queue"]: r for r in await db.run(self._lane_registry)}
+        adoptable = [r for r in registry.values() if r["status"] == "retired" and r["has_open"]]
+        wanted = set(
+            lanes.adoption_queues(s.release_id, [i for r in adoptable for i in r["release_ids"]])
+        )
+        for queue in sorted(wanted - set(self._continuations())):
+            if not self.stop_requested.is_set():
+                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
+                self._attach(runtime, queue, runs, side)
+        for queue in self._continuations():
+            lane = registry.get(queue)
+            if lane is None or (lane["status"] == "retired" and not lane["has_open"]):
+                self.pollers[queue].stop("lane drained")
+        own = registry.get(s.queue)
+        if own is not None:
+            retired = own["status"] == "retired"
+            state = "claiming" if not retired else "draining" if own["draining_work"] else "drained"
+            self._set_lane_state(runtime, state)
 
     async def _lane_registry(self, conn: Connection) -> list[Any]:
         return await self.store.fetch(conn, "lane_registry")
 
-    def _own_lane_was_retired(self) -> None:
-        self.own_lane_retired = True
-        own = self.pollers.get(self.settings.queue)
-        if own is not None:
-            own.stop("own lane retired")
-        self.log.warning(
-            "lane.retired",
-            detail="own loop stopped claiming; in-flight runs finish; waiting for SIGTERM",
-        )
+    @property
+    def own_lane_retired(self) -> bool:
+        """Tell whether this release's lane is retired (draining or drained)."""
+        return self.lane_state != "claiming"
+
+    def _set_lane_state(self, runtime: Runtime, state: str) -> None:
+        """Follow this release's lane: claiming, draining or drained."""
+        if state == self.lane_state:
+            return
+        self.lane_state = state
+        # A retired lane's loops claim only what no other release may run: its
+        # parked runs are left to the claiming releases, which adopt them.
+        runtime.draining = state != "claiming"
+        if state == "draining":
+            self.log.warning(
+                "lane.draining",
+                detail="retired: finishing the runs only this release may run; "
+                "parked runs are left to newer releases",
+            )
+        elif state == "drained":
+            self.log.info(
+                "lane.drained",
+                detail="retired and drained: nothing here only this release may run; "
+                "its machines are safe to stop",
+            )
+        else:
+            self.log.info("lane.activated")
 
     async def _heartbeat_once(self, db: Database) -> None:
         s = self.settings
@@ -343,18 +430,18 @@ class Supervisor:
     async def _heartbeats(self, db: Database) -> None:
         while True:
             await anyio.sleep(HEARTBEAT_S)
-            try:
-                await self._heartbeat_once(db)
-            except Exception as exc:
-                self.log.warning("worker.heartbeat_failed", error=repr(exc))
+            if not await self._side_pass("heartbeat", lambda: self._heartbeat_once(db)):
+                return
 
     async def _maintenance(self, db: Database) -> None:
         while True:
-            try:
-                await maintain(db, self.store, worker_id=self.worker_id)
-            except Exception as exc:
-                self.log.warning("maintenance.failed", error=repr(exc))
-            await anyio.sleep(MAINTENANCE_S)
+            if not await self._side_pass(
+                "maintenance",
+                lambda: maintain(db, self.store, worker_id=self.worker_id, metrics=self.metrics),
+            ):
+                return
+            failed = "maintenance" in self.side_loop_outages
+            await anyio.sleep(MAINTENANCE_RETRY_S if failed else MAINTENANCE_S)
 
     async def _readiness(self) -> dict[str, Any]:
         database = True
@@ -366,20 +453,22 @@ class Supervisor:
             database = False
         own = self.pollers.get(self.settings.queue)
         own_running = own is not None and not own.stopped.is_set()
-        loops_ok = own_running or self.own_lane_retired
+        loops_ok = own_running
         ready = (
-            database and loops_ok and self.guard_error is None and not self.stop_requested.is_set()
+            database
+            and loops_ok
+            and self.guard_error is None
+            and not self.side_loop_outages
+            and not self.stop_requested.is_set()
         )
         return {
             "ready": ready,
             "database": database,
-            "ownLoop": "running"
-            if own_running
-            else "retired"
-            if self.own_lane_retired
-            else "stopped",
+            "ownLoop": "running" if own_running else "stopped",
+            "lane": self.lane_state,
             "continuationLoops": sorted(self._continuations()),
             "laneGuardError": self.guard_error,
+            "sideLoopOutages": dict(sorted(self.side_loop_outages.items())),
             "listening": bool(self.listener and self.listener.connected),
             "inFlight": self.capacity.in_use,
             "releaseId": self.settings.release_id,

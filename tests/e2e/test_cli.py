@@ -264,7 +264,7 @@ def lane(env: dict[str, str], queue: str) -> dict[str, Any]:
 
 
 def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
-    """retire marks a lane with a queued run retired; activate makes it claiming again."""
+    """retire makes a lane with a queued run draining; activate makes it claiming again."""
     ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p")
     assert ok_json(env, "lanes") == {"lanes": []}
     retired = ok(env, "lanes", "retire", RELEASE)
@@ -274,7 +274,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     assert row == {
         "releaseId": RELEASE,
         "queue": RELEASE_QUEUE,
-        "status": "retired",
+        "status": "draining",  # retired, with a run only its release may run
         "liveWorkers": 0,
         "queued": 1,
         "running": 0,

@@ -126,7 +126,14 @@ async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
         eng, QUEUE, claimed[0].run_id, {"message": "boom"}, retry_at=datetime.now(UTC)
     )
     batch = await engine.claim(
-        eng, QUEUE, CONT, lease_s=30, qty=10, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+        eng,
+        QUEUE,
+        CONT,
+        lease_s=30,
+        qty=10,
+        mode=engine.CLAIM_ADOPT,
+        store_schema=SCHEMA,
+        own_queue=CONT_OWN_QUEUE,
     )
     assert batch.runs == ()
     assert batch.swept == 0
@@ -147,7 +154,14 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     await engine.emit_event(eng, QUEUE, "evt:x:approval", {"ok": True})
 
     batch = await engine.claim(
-        eng, QUEUE, CONT, lease_s=30, qty=10, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+        eng,
+        QUEUE,
+        CONT,
+        lease_s=30,
+        qty=10,
+        mode=engine.CLAIM_ADOPT,
+        store_schema=SCHEMA,
+        own_queue=CONT_OWN_QUEUE,
     )
     got = {r.task_id: r for r in batch.runs}
     assert set(got) == {sleeper.task_id, waiter.task_id}
@@ -161,7 +175,7 @@ async def test_continuation_claim_refuses_other_worker_ids(
     """The continuation claim function serves only worker ids ending in :continuations."""
     with pytest.raises(asyncpg.PostgresError, match="continuations"):
         await eng.fetch(
-            "select * from lane_worker.claim_continuations($1, 'w1', 30, 1, $2, $3)",
+            "select * from lane_worker.claim_lane($1, 'w1', 30, 1, $2, $3, 'adopt')",
             QUEUE,
             SCHEMA,
             CONT_OWN_QUEUE,
@@ -180,7 +194,14 @@ async def test_continuation_claim_sweeps_expired_leases(
         claimed.run_id,
     )
     batch = await engine.claim(
-        eng, QUEUE, CONT, lease_s=30, qty=5, store_schema=SCHEMA, own_queue=CONT_OWN_QUEUE
+        eng,
+        QUEUE,
+        CONT,
+        lease_s=30,
+        qty=5,
+        mode=engine.CLAIM_ADOPT,
+        store_schema=SCHEMA,
+        own_queue=CONT_OWN_QUEUE,
     )
     assert batch.swept == 1
     assert batch.runs == ()  # the retry sleeps for its backoff first

@@ -22,3 +22,9 @@ update {schema}.runs r
 update {schema}.runs
    set current_wait = null
  where current_wait is not null and status <> 'waiting';
+
+-- A retired lane drains while it holds an open run that only its release may
+-- run: its effective lane (the adopter's, else the run's queue) and not parked.
+create index runs_effective_lane_open_idx
+  on {schema}.runs ((coalesce(adopted_queue, queue)), status)
+  where status not in ('completed', 'failed', 'cancelled');

@@ -104,7 +104,7 @@ with closed as (
    where r.run_id = c.run_id and r.current_attempt_id = c.attempt_id and r.status = 'running'
   returning r.run_id
 )
-select c.attempt_id, c.run_id, exists (select 1 from released) as released from closed c;
+select c.attempt_id, c.run_id, (select count(*) from released) as released from closed c;
 
 -- name: retrying_run
 update {schema}.runs
@@ -194,14 +194,27 @@ select exists (select 1 from {schema}.releases where queue = $1)
     or exists (select 1 from absurd.queues where queue_name = $1);
 
 -- name: lane_registry
--- Every lane with its status and whether it still holds non-terminal runs:
--- continuation loops attach to retired lanes with open runs (not only parked
--- ones, so expired leases there are swept) and detach when they drain.
+-- Every lane with its status, whether it still holds non-terminal runs
+-- (continuation loops attach to retired lanes with open runs, not only parked
+-- ones, so expired leases there are swept, and detach when none is left), and
+-- whether it holds work only its own release may run (a retired lane with
+-- such work is draining; without, drained).
 select l.queue, l.status, l.release_ids,
        exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled')) as has_open
+                  and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
+       exists (select 1 from {schema}.runs r
+                where coalesce(r.adopted_queue, r.queue) = l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled', 'waiting'))
+         as draining_work
   from {schema}.releases l;
+
+-- name: lane_draining_work
+-- Whether lane $1 holds an open run that only its own release may run: its
+-- effective lane and not parked in a wait.
+select exists (select 1 from {schema}.runs r
+                where coalesce(r.adopted_queue, r.queue) = $1
+                  and r.status not in ('completed', 'failed', 'cancelled', 'waiting'));
 
 -- name: lanes
 select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
@@ -212,7 +225,11 @@ select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
                           and r.current_wait->>'kind' in ('sleep', 'integration_event')) as parked,
        (select count(*) from {schema}.workers w
          where w.queue = l.queue and w.stopped_at is null
-           and w.heartbeat_at > now() - interval '60 seconds') as live_workers
+           and w.heartbeat_at > now() - interval '60 seconds') as live_workers,
+       exists (select 1 from {schema}.runs e
+                where coalesce(e.adopted_queue, e.queue) = l.queue
+                  and e.status not in ('completed', 'failed', 'cancelled', 'waiting'))
+         as draining_work
   from {schema}.releases l
   left join {schema}.runs r on r.queue = l.queue
  group by l.queue

@@ -1,0 +1,237 @@
+-- lane-worker's own claims, beside absurd.claim_task, for the loops whose
+-- claim the engine cannot express. Lives in its own schema; the engine's own
+-- functions are untouched and called where they define the semantics
+-- (fail_run for expired leases, cancel_task for cancellation policies). Both
+-- filters read the run-state store (schema p_store_schema), which records each
+-- run's status, current wait and adopter lane.
+--
+-- Mode 'adopt': a claiming release's `:continuations` loop on a retired lane's
+-- queue. Hands out only runs whose durable wait is over: a `sleeping` run that
+-- is due (a sleep or timed wait, or a backoff retry, which the disposition
+-- check then defers), or a `pending` run that an event woke (non-null
+-- event_payload). Fresh submits and immediate retries are `pending` with no
+-- payload: never handed out here, they belong to the lane's own workers. Nor a
+-- run that another release adopted while that release's lane still claims:
+-- the adopter finishes it (p_own_queue is the claimer's own lane).
+--
+-- Mode 'drain': every loop of a retired (draining) release, on its own queue
+-- or another. Hands out only what no other release may run: runs whose
+-- effective lane (the adopter's, else the queue's) is p_own_queue and that
+-- are not parked in a wait (fresh, retrying, handed back). Parked runs are
+-- left to the claiming releases, which adopt them.
+create schema if not exists lane_worker;
+
+create or replace function lane_worker.lane_filter (
+  p_mode text,
+  p_store_schema text,
+  p_queue_name text,
+  p_own_param text
+)
+  returns text
+  language plpgsql
+  immutable
+as $$
+begin
+  -- A predicate on the engine run `r` of queue p_queue_name; p_own_param is the
+  -- placeholder ($n) bound to the claimer's own queue.
+  if p_mode = 'adopt' then
+    return format(
+      '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
+       and not exists (
+             select 1
+               from %1$I.runs s
+               join %1$I.releases l on l.queue = s.adopted_queue
+              where s.task_id = r.task_id
+                and s.adopted_queue <> %2$s
+                and l.status = ''claiming'')',
+      p_store_schema, p_own_param);
+  elsif p_mode = 'drain' then
+    return format(
+      'r.state in (''pending'', ''sleeping'')
+       and (exists (
+              select 1
+                from %1$I.runs s
+               where s.task_id = r.task_id
+                 and coalesce(s.adopted_queue, %3$L) = %2$s
+                 and s.status <> ''waiting'')
+            or (%3$L = %2$s
+                and not exists (select 1 from %1$I.runs s where s.task_id = r.task_id)))',
+      p_store_schema, p_own_param, p_queue_name);
+  end if;
+  raise exception 'lane_worker: unknown claim mode "%" (adopt or drain)', p_mode
+    using errcode = '22023';
+end;
+$$;
+
+create or replace function lane_worker.next_due_in (
+  p_queue_name text,
+  p_store_schema text,
+  p_own_queue text,
+  p_mode text
+)
+  returns double precision
+  language plpgsql
+  stable
+as $$
+declare
+  v_due double precision;
+begin
+  -- Seconds until the next run lane_worker.claim_lane would hand out (negative:
+  -- already due), or null when there is none.
+  execute format(
+      'select extract(epoch from min(r.available_at) - absurd.current_time())::float8
+         from absurd.%I r where ',
+      'r_' || p_queue_name)
+    || lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1')
+    into v_due
+    using p_own_queue;
+  return v_due;
+end;
+$$;
+
+create or replace function lane_worker.claim_lane (
+  p_queue_name text,
+  p_worker_id text,
+  p_claim_timeout integer,
+  p_qty integer,
+  p_store_schema text,
+  p_own_queue text,
+  p_mode text
+)
+  returns table (
+    run_id uuid,
+    task_id uuid,
+    attempt integer,
+    task_name text,
+    params jsonb,
+    retry_strategy jsonb,
+    max_attempts integer,
+    headers jsonb,
+    wake_event text,
+    event_payload jsonb,
+    swept integer
+  )
+  language plpgsql
+as $$
+declare
+  v_now timestamptz := absurd.current_time();
+  v_qty integer := greatest(coalesce(p_qty, 1), 1);
+  v_lease_until timestamptz;
+  v_row record;
+  v_swept integer := 0;
+  v_claimed integer;
+begin
+  if p_store_schema is null or p_own_queue is null then
+    raise exception 'lane_worker.claim_lane needs the store schema and the claimer''s own queue'
+      using errcode = '22023';
+  end if;
+  if p_queue_name <> p_own_queue
+     and (p_worker_id is null or right(p_worker_id, length(':continuations')) <> ':continuations') then
+    raise exception 'lane_worker.claim_lane serves another lane''s queue only to worker ids ending in :continuations, got "%"', p_worker_id
+      using errcode = '22023';
+  end if;
+  if p_mode = 'adopt' and p_queue_name = p_own_queue then
+    raise exception 'lane_worker.claim_lane does not adopt from the claimer''s own queue'
+      using errcode = '22023';
+  end if;
+  perform absurd.validate_queue_name(p_queue_name);
+  if coalesce(p_claim_timeout, 0) > 0 then
+    v_lease_until := v_now + make_interval(secs => p_claim_timeout);
+  end if;
+
+  -- A retired lane may have no own loop left to keep its queue healthy, so do
+  -- the engine's claim-time upkeep here, bounded by the batch size.
+  for v_row in execute format(
+      'select task_id from absurd.%I
+        where state in (''pending'', ''sleeping'', ''running'')
+          and cancellation is not null
+          and ((cancellation->>''max_delay'')::bigint is not null
+               and first_started_at is null
+               and extract(epoch from ($1 - enqueue_at)) >= (cancellation->>''max_delay'')::bigint
+            or (cancellation->>''max_duration'')::bigint is not null
+               and first_started_at is not null
+               and extract(epoch from ($1 - first_started_at)) >= (cancellation->>''max_duration'')::bigint)
+        order by task_id
+        limit $2',
+      't_' || p_queue_name)
+    using v_now, v_qty
+  loop
+    perform absurd.cancel_task(p_queue_name, v_row.task_id);
+  end loop;
+
+  for v_row in execute format(
+      'select run_id, claimed_by, claim_expires_at, attempt from absurd.%I
+        where state = ''running'' and claim_expires_at is not null and claim_expires_at <= $1
+        order by claim_expires_at, run_id
+        limit $2
+        for update skip locked',
+      'r_' || p_queue_name)
+    using v_now, v_qty
+  loop
+    perform absurd.fail_run(
+      p_queue_name,
+      v_row.run_id,
+      jsonb_strip_nulls(jsonb_build_object(
+        'name', '$ClaimTimeout',
+        'message', 'lease expired before the worker finished (swept by lane_worker.claim_lane)',
+        'workerId', v_row.claimed_by,
+        'claimExpiredAt', v_row.claim_expires_at,
+        'attempt', v_row.attempt)),
+      null);
+    v_swept := v_swept + 1;
+  end loop;
+
+  return query execute format(
+    'with picked as (
+        select r.run_id
+          from absurd.%1$I r
+          join absurd.%2$I t on t.task_id = r.task_id
+         where t.state in (''pending'', ''sleeping'', ''running'')
+           and r.available_at <= $1
+           and %4$s
+         order by r.available_at, r.run_id
+         limit $2
+         for update of r skip locked
+     ),
+     leased as (
+        update absurd.%1$I r
+           set state = ''running'', claimed_by = $3, claim_expires_at = $4,
+               started_at = $1, available_at = $1
+          from picked p
+         where r.run_id = p.run_id
+        returning r.run_id, r.task_id, r.attempt, r.available_at, r.wake_event, r.event_payload
+     ),
+     task_marked as (
+        update absurd.%2$I t
+           set state = ''running'',
+               attempts = greatest(t.attempts, l.attempt),
+               first_started_at = coalesce(t.first_started_at, $1),
+               last_attempt_run = l.run_id
+          from leased l
+         where t.task_id = l.task_id
+        returning t.task_id
+     ),
+     timed_out_waits as (
+        delete from absurd.%3$I w
+         using leased l
+         where w.run_id = l.run_id and w.timeout_at is not null and w.timeout_at <= $1
+        returning w.run_id
+     )
+     select l.run_id, l.task_id, l.attempt, t.task_name, t.params, t.retry_strategy,
+            t.max_attempts, t.headers, l.wake_event, l.event_payload, $5::integer
+       from leased l
+       join absurd.%2$I t on t.task_id = l.task_id
+      order by l.run_id',
+    'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name,
+    lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$6'))
+  using v_now, v_qty, p_worker_id, v_lease_until, v_swept, p_own_queue;
+
+  -- Nothing to hand out but leases were swept: still tell the caller, whose
+  -- reconciler must settle runs the sweep may have failed for good.
+  get diagnostics v_claimed = row_count;
+  if v_claimed = 0 and v_swept > 0 then
+    return query select null::uuid, null::uuid, null::integer, null::text, null::jsonb,
+                        null::jsonb, null::integer, null::jsonb, null::text, null::jsonb, v_swept;
+  end if;
+end;
+$$;
