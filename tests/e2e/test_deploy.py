@@ -205,3 +205,49 @@ async def test_continuation_loop_refuses_a_lane_that_claims_again(database_url: 
             assert await daemon.wait_exit(timeout_s=15) == 0
         for daemon in (a, b, a2):
             assert daemon.malformed_lines() == []
+
+
+async def test_a_retired_lane_drains_on_its_own_workers_then_refuses_boot(
+    database_url: str, tmp_path: Any
+) -> None:
+    """Retired A finishes its own runs, B adopts A's sleeper, and a drained A will not boot."""
+    async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
+        a = pool.start(A, name="A")
+        b = pool.start(B, name="B")
+        await a.ready()
+        await b.ready()
+        sleeper = await client.submit("sleeper", {"seconds": 2})
+        await a.wait_for("run.parked", run_id=sleeper.run_id)
+        slow = await client.submit("slow", {"dir": str(tmp_path), "seconds": 3})
+        await a.wait_for("run.started", run_id=slow.run_id)
+        await client.retire_release(A)
+        await a.wait_for("lane.draining")
+        # An orchestrator restarts a crashed A machine mid-drain: it boots.
+        a2 = pool.start(A, name="A2")
+        assert (await a2.ready())["lane"] == "draining"
+        fresh = await client.submit("plain", {"fresh": True})  # new work on a draining lane
+
+        async def a_finished() -> bool:
+            statuses = [(await client.status(r.run_id)).status for r in (slow, fresh)]
+            return statuses == ["completed", "completed"]
+
+        await eventually(a_finished, timeout_s=30, what="A's workers to finish slow and fresh")
+        adopted = await b.wait_for("run.adopted", run_id=sleeper.run_id)
+        assert adopted["queue"] == QUEUE_A
+        await b.wait_for("run.completed", run_id=sleeper.run_id)
+        await a.wait_for("lane.drained", timeout_s=15)
+        by_queue = {lane.queue: lane for lane in await client.lanes()}
+        assert by_queue[QUEUE_A].status == "drained"
+        for run, release in ((slow, A_ID), (fresh, A_ID)):
+            status = await client.status(run.run_id)
+            assert {x.release_id for x in status.attempts} == {release}
+        assert (await client.status(sleeper.run_id)).output == {"before": A_ID, "after": B_ID}
+
+        a3 = pool.start(A, name="A3")
+        assert await a3.wait_exit(timeout_s=60) == 78
+        assert "drained" in a3.stderr
+        assert "lanes activate" in a3.stderr
+        for daemon in (a, a2, b):
+            daemon.terminate()
+        for daemon in (a, a2, b):
+            assert await daemon.wait_exit(timeout_s=15) == 0
