@@ -54,6 +54,11 @@ def is_transient(exc: BaseException) -> bool:
     """Tell whether retrying the same unit of work on a fresh connection can succeed."""
     if isinstance(exc, _TRANSIENT_POSTGRES):
         return True
+    if isinstance(exc, asyncpg.InternalClientError):
+        # asyncpg loses track of its protocol state when the server ends a backend
+        # mid-transaction ("cannot switch to state ..."): that connection is gone,
+        # a fresh one works (asyncpg issue 1069).
+        return True
     if isinstance(exc, asyncpg.InterfaceError):
         # The pool hands out a connection the server has since closed.
         return "connection is closed" in str(exc) or "connection was closed" in str(exc)

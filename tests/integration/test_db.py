@@ -15,6 +15,7 @@ def test_transient_errors_are_classified() -> None:
     assert is_transient(asyncpg.ConnectionDoesNotExistError("x"))
     assert is_transient(asyncpg.CannotConnectNowError("x"))
     assert is_transient(ConnectionRefusedError())
+    assert is_transient(asyncpg.InternalClientError("cannot switch to state 12"))
     assert not is_transient(asyncpg.UniqueViolationError("x"))
     assert not is_transient(asyncpg.RaiseError("x"))
     assert not is_transient(asyncpg.QueryCanceledError("x"))

@@ -1,0 +1,167 @@
+"""Drain: SIGTERM with 20 runs mid-step; each finishes or is handed back, no attempt spent."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from daemon import Daemons, queue_of
+from fault_apps import executions
+from runtime_harness import connect, eventually, open_client
+
+from worker.supervisor import longest_stop_s
+
+RELEASE = "drain-rel"
+ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
+QUEUE = queue_of(RELEASE)
+APP = "fault_apps:app"
+DRAIN_S = 3
+RUNS = 20
+SHORT_S = 0.5  # after the gate opens (at SIGTERM): ends inside the drain window
+LONG_S = 30  # cannot: handed back
+
+
+async def engine_view(conn: asyncpg.Connection[Any], run_ids: list[str]) -> dict[str, Any]:
+    """Return, per run id, the store row, the engine task and its latest engine run."""
+    rows = await conn.fetch(
+        f"""
+        select r.run_id::text, r.status, t.state as task_state, t.attempts as task_attempts,
+               e.state as run_state, e.attempt as run_attempt
+          from runtime_scheduler.runs r
+          join absurd."t_{QUEUE}" t on t.task_id = r.task_id
+          join absurd."r_{QUEUE}" e on e.run_id = t.last_attempt_run
+         where r.run_id = any($1::uuid[])
+        """,
+        run_ids,
+    )
+    return {row["run_id"]: dict(row) for row in rows}
+
+
+@pytest.mark.timeout(90)
+async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_attempt_1(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM mid-step: short runs complete, long ones are handed back on attempt 1, exit 0."""
+    directory = str(tmp_path)
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        first = pool.start(
+            RELEASE,
+            name="draining",
+            app=APP,
+            LANE_WORKER_CONCURRENCY="24",
+            LANE_WORKER_DRAIN_SECONDS=str(DRAIN_S),
+        )
+        await first.ready()
+        short: list[str] = []
+        long: list[str] = []
+        keys: dict[str, str] = {}
+        # The short runs' step holds until the gate opens, so all 20 are surely mid-step
+        # when SIGTERM lands, however slowly the machine started them.
+        gate = tmp_path / "gate"
+        for i in range(RUNS):
+            params: dict[str, Any] = {"dir": directory, "key": f"r{i}", "rerun_seconds": 0.2}
+            if i % 2 == 0:
+                params.update(seconds=SHORT_S, gate=str(gate))
+            else:
+                params.update(seconds=LONG_S)
+            run = await client.submit("stepper", params)
+            (short if i % 2 == 0 else long).append(run.run_id)
+            keys[run.run_id] = f"r{i}"
+
+        async def all_mid_step() -> bool:
+            """Tell whether every run's long step has started (once)."""
+            return all(executions(directory, key, "long") == 1 for key in keys.values())
+
+        await eventually(all_mid_step, timeout_s=20, what="all 20 long steps to start")
+        assert not first.events("run.completed"), "a run finished before SIGTERM"
+        signalled = time.monotonic()
+        first.terminate()
+        gate.touch()
+        code = await first.wait_exit(timeout_s=longest_stop_s(DRAIN_S) + 10)
+        took = time.monotonic() - signalled
+        print(f"SIGTERM with {RUNS} in flight, drain {DRAIN_S} s: exit {code} after {took:.1f} s")
+        assert code == 0, first.tail()
+        assert took <= longest_stop_s(DRAIN_S), f"stop took {took:.1f} s"
+        (stopping,) = first.events("worker.stopping")
+        assert stopping["in_flight"] >= RUNS, f"{stopping['in_flight']} runs in flight at SIGTERM"
+        assert first.events("worker.stopped")
+
+        conn = await connect(database_url)
+        try:
+            view = await engine_view(conn, short + long)
+        finally:
+            await conn.close()
+        problems = []
+        for run_id in short:
+            status = await client.status(run_id)
+            attempts = [(a.attempt, a.outcome) for a in status.attempts]
+            if status.status != "completed" or attempts != [(1, "completed")]:
+                problems.append(f"short {run_id}: {status.status} {attempts}")
+            if status.facts != ("run.completed",):
+                problems.append(f"short {run_id}: facts {status.facts}")
+        for run_id in long:
+            status = await client.status(run_id)
+            attempts = [(a.attempt, a.disposition, a.outcome) for a in status.attempts]
+            row = view[run_id]
+            if (
+                status.status != "queued"
+                or attempts != [(1, "own", "handed_back")]
+                or row["run_state"] not in ("sleeping", "pending")
+                or (row["run_attempt"], row["task_attempts"]) != (1, 1)
+                or status.facts
+            ):
+                problems.append(f"long {run_id}: {status.status} {attempts} {row} {status.facts}")
+            if not first.events("run.handed_back", run_id=run_id):
+                problems.append(f"long {run_id}: no run.handed_back logged")
+        assert not problems, "after the drain:\n" + "\n".join(problems)
+
+        second = pool.start(RELEASE, name="resuming", app=APP, LANE_WORKER_CONCURRENCY="24")
+        await second.ready()
+
+        async def all_completed() -> bool:
+            """Tell whether every handed-back run has completed."""
+            statuses = [await client.status(run_id) for run_id in long]
+            return all(s.status == "completed" for s in statuses)
+
+        await eventually(all_completed, timeout_s=30, what="the handed-back runs to complete")
+        conn = await connect(database_url)
+        try:
+            view = await engine_view(conn, short + long)
+        finally:
+            await conn.close()
+        problems = []
+        for run_id in short + long:
+            key = keys[run_id]
+            status = await client.status(run_id)
+            interrupted = 1 if run_id in long else 0
+            counts = {step: executions(directory, key, step) for step in ("a", "long", "b")}
+            expected = {"a": 1, "long": interrupted + 1, "b": 1}
+            engine_attempts = [a.attempt for a in status.attempts]
+            row = view[run_id]
+            if (
+                counts != expected
+                or status.status != "completed"
+                or set(engine_attempts) != {1}
+                or (row["run_attempt"], row["task_attempts"], row["task_state"])
+                != (1, 1, "completed")
+                or status.facts != ("run.completed",)
+            ):
+                problems.append(
+                    f"{key} {run_id}: executions {counts} (expected {expected}), "
+                    f"{status.status}, attempts {engine_attempts}, engine {row}, "
+                    f"facts {status.facts}"
+                )
+        assert not problems, "after the resume:\n" + "\n".join(problems)
+        for run_id in long:
+            status = await client.status(run_id)
+            assert [(a.worker_id, a.outcome) for a in status.attempts] == [
+                (first.worker_id, "handed_back"),
+                (second.worker_id, "completed"),
+            ]
+        second.terminate()
+        assert await second.wait_exit(timeout_s=longest_stop_s(DRAIN_S)) == 0
+        assert first.malformed_lines() == []
+        assert second.malformed_lines() == []
