@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -25,6 +26,21 @@ async def submit_many(client: LaneClient, play: str, count: int, params: Any) ->
     return [await client.submit(play, params) for _ in range(count)]
 
 
+async def retry_due(database_url: str, run_id: str) -> bool:
+    """Tell whether a run's pending engine retry is due."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        due: bool = await conn.fetchval(
+            f'select bool_or(r.available_at <= now()) from absurd."r_{QUEUE_A}" r'
+            " join runtime_scheduler.runs s on s.task_id = r.task_id"
+            " where s.run_id = $1 and r.state = 'sleeping'",
+            run_id,
+        )
+    finally:
+        await conn.close()
+    return bool(due)
+
+
 async def engine_runs_of(database_url: str, queue: str, run_id: str) -> list[int]:
     """Return the engine attempt numbers of a run's engine runs (one per spent attempt)."""
     conn = await asyncpg.connect(database_url)
@@ -40,10 +56,10 @@ async def engine_runs_of(database_url: str, queue: str, run_id: str) -> list[int
     return [r["attempt"] for r in rows]
 
 
-async def test_rolling_deploy_b_adopts_parked_runs_defers_retries_and_leaves_fresh_runs(
+async def test_rolling_deploy_b_adopts_parked_runs_and_leaves_a_s_own_work_alone(
     database_url: str,
 ) -> None:
-    """B adopts A's parked sleepers and waiters, defers A's retry, never runs A's fresh runs."""
+    """B adopts A's parked sleepers and waiters, never claims A's retry or A's fresh runs."""
     async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
         a = pool.start(A, name="A")
         await a.ready()
@@ -82,8 +98,11 @@ async def test_rolling_deploy_b_adopts_parked_runs_defers_retries_and_leaves_fre
             assert not (await client.signal(run.run_id, "go", {"by": "deploy-test"})).duplicate
         for run in waiters:
             await b.wait_for("run.completed", run_id=run.run_id)
-        deferred = await b.wait_for("run.deferred", run_id=flaky.run_id, timeout_s=30)
-        assert deferred["queue"] == QUEUE_A
+        # A's retry comes due while B runs: B's continuation claim never hands it out.
+        await eventually(
+            lambda: retry_due(database_url, flaky.run_id), timeout_s=40, what="the retry due"
+        )
+        await asyncio.sleep(3 * 0.5)  # a few of B's polls (0.5 s): what B must not do
 
         continuation_worker = f"{b.worker_id}:{QUEUE_A}:continuations"
         for run in sleepers:
@@ -122,23 +141,18 @@ async def test_rolling_deploy_b_adopts_parked_runs_defers_retries_and_leaves_fre
             assert status.attempts == ()
             assert not b.events(run_id=run.run_id)
 
-        # The flaky run: deferred by B, no attempt spent on the defer.
+        # The flaky run: only A may run its retry; B never claimed it (no defer).
         status = await client.status(flaky.run_id)
         assert status.status == "retrying"
-        own = [x for x in status.attempts if x.disposition == "own"]
-        defers = [x for x in status.attempts if x.disposition == "defer"]
-        assert own
-        assert all(x.release_id == A_ID and x.outcome == "retrying" for x in own)
-        assert defers
+        assert status.attempts
         assert all(
-            (x.release_id, x.outcome, x.worker_id) == (B_ID, "deferred", continuation_worker)
-            for x in defers
+            (x.release_id, x.disposition, x.outcome) == (A_ID, "own", "retrying")
+            for x in status.attempts
         )
-        assert {x.disposition for x in status.attempts} == {"own", "defer"}
-        last_own = max(x.attempt for x in own)
-        assert {x.attempt for x in defers} == {last_own + 1}
+        assert not b.events(run_id=flaky.run_id)
+        last_own = max(x.attempt for x in status.attempts)
         engine_runs = await engine_runs_of(database_url, QUEUE_A, flaky.run_id)
-        assert engine_runs == list(range(1, last_own + 2)), "a defer created an engine run"
+        assert engine_runs == list(range(1, last_own + 2))
 
         by_queue = {lane.queue: lane for lane in await client.lanes()}
         lane_a, lane_b = by_queue[QUEUE_A], by_queue[QUEUE_B]

@@ -139,12 +139,34 @@ async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
     assert batch.swept == 0
 
 
+async def store_row(
+    conn: Connection,
+    task_id: uuid.UUID,
+    status: str,
+    *,
+    adopted_queue: str | None = None,
+) -> None:
+    """Give an engine task the run-state store row the continuation claim reads."""
+    await conn.execute(
+        f"insert into {SCHEMA}.runs (run_id, play, input, launch, release_id, queue, task_id,"
+        " status, max_attempts, adopted_queue, adopted_release_id)"
+        " values ($1, 'p', '{}', '{}', 'rel', $2, $3, $4, 5, $5, $5)",
+        uuid.uuid4(),
+        QUEUE,
+        task_id,
+        status,
+        adopted_queue,
+    )
+
+
 async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     eng: asyncpg.Connection[asyncpg.Record],
 ) -> None:
-    """A due sleeper and an event-woken run are handed out to a continuation loop."""
+    """A due sleeper and an event-woken run, parked in the store, are handed out."""
     sleeper = await spawn(eng, "sleeper")
     waiter = await spawn(eng, "waiter")
+    for task in (sleeper, waiter):
+        await store_row(eng, task.task_id, "waiting")
     runs = {r.task_name: r for r in (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=2)).runs}
     await engine.schedule(eng, QUEUE, runs["sleeper"].run_id, datetime.now(UTC))
     suspended, _ = await engine.await_event(
@@ -167,6 +189,59 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     assert set(got) == {sleeper.task_id, waiter.task_id}
     assert got[waiter.task_id].event_payload == {"ok": True}
     assert got[sleeper.task_id].attempt == 1
+
+
+async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """Due sleepers: parked ones and its own adopted ones, not retries or another's adoptees."""
+    other = "runs_engine_test_other"
+    await eng.execute(
+        f"insert into {SCHEMA}.releases (queue, status) values ($1, 'claiming'), ($2, 'claiming')",
+        other,
+        CONT_OWN_QUEUE,
+    )
+    cases = {
+        "parked": ("waiting", None),
+        "retrying": ("retrying", None),  # only the retired lane's own workers may run it
+        "handed-back": ("queued", None),
+        "mine-retrying": ("retrying", CONT_OWN_QUEUE),  # adopted by the claimer: its own work
+        "other-parked": ("waiting", other),  # adopted by another claiming lane
+    }
+    tasks = {}
+    for name, (status, adopter) in cases.items():
+        tasks[name] = await spawn(eng, name)
+        await store_row(eng, tasks[name].task_id, status, adopted_queue=adopter)
+    for run in (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=10)).runs:
+        await engine.schedule(eng, QUEUE, run.run_id, datetime.now(UTC))
+
+    async def claimed_names() -> set[str]:
+        batch = await engine.claim(
+            eng,
+            QUEUE,
+            CONT,
+            lease_s=30,
+            qty=10,
+            mode=engine.CLAIM_ADOPT,
+            store_schema=SCHEMA,
+            own_queue=CONT_OWN_QUEUE,
+        )
+        return {r.task_name for r in batch.runs}
+
+    due_in = await eng.fetchval(
+        "select lane_worker.next_due_in($1, $2, $3, 'adopt')", QUEUE, SCHEMA, CONT_OWN_QUEUE
+    )
+    assert due_in is not None
+    assert due_in <= 0
+    assert await claimed_names() == {"parked", "mine-retrying"}
+    # The other adopter's lane is retired: its parked run is adoptable again.
+    await eng.execute(f"update {SCHEMA}.releases set status = 'retired' where queue = $1", other)
+    for name in ("parked", "mine-retrying"):
+        run_id = await eng.fetchval(
+            f"select run_id from absurd.r_{QUEUE} where task_id = $1", tasks[name].task_id
+        )
+        await engine.schedule(eng, QUEUE, run_id, datetime.now(UTC) + timedelta(hours=1))
+    assert await claimed_names() == {"other-parked"}
 
 
 async def test_continuation_claim_refuses_other_worker_ids(

@@ -169,7 +169,7 @@ def gated_app(gate: asyncio.Event, entered: asyncio.Event) -> App:
 async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
     database_url: str,
 ) -> None:
-    """Resumed from a sleep and handed back mid-step: queued, no wait recorded, B defers it."""
+    """Resumed from a sleep and handed back mid-step: queued, no wait recorded, B never takes it."""
     gate, entered = asyncio.Event(), asyncio.Event()
     app = gated_app(gate, entered)
     async with (
@@ -200,13 +200,12 @@ async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
         status = await client.status(run.run_id)
         lanes = {lane.queue: lane for lane in await client.lanes()}
     assert dict(row) == {"status": "queued", "current_wait": None}
-    assert outcomes == ["deferred"]
+    assert outcomes == []  # not handed to B's continuation claim at all
     assert status.status == "queued"
     assert status.adopted_release_id is None
     assert [(a.disposition, a.outcome) for a in status.attempts] == [
         ("own", "parked"),
         ("own", "handed_back"),
-        ("defer", "deferred"),
     ]
     assert engine_attempts == 1
     assert (lanes[QA].queued, lanes[QA].waiting, lanes[QA].adoptable) == (1, 0, 0)
@@ -415,11 +414,12 @@ async def test_a_cancel_anywhere_in_a_claim_hands_it_back_without_spending_an_at
                 rt = rt_b
                 await client.activate_release(B)
                 await client.retire_release(A)
-                # A fresh run is pending; the continuation fence takes due sleepers (a
-                # retry in backoff, say), which B defers: make it one.
+                # A defer is a race now: the claim saw the run parked, and by the
+                # decision its wait was gone. Stage that: due, "waiting" with no wait.
                 await conn.execute(
                     f"update absurd.r_{QA} set state = 'sleeping', available_at = now()"
                 )
+                await conn.execute(f"update {SCHEMA}.runs set status = 'waiting'")
             claimed = (await rt.claim(QA, 1)).runs[0]
             await cancel_when_blocked(
                 rt,
@@ -439,7 +439,7 @@ async def test_a_cancel_anywhere_in_a_claim_hands_it_back_without_spending_an_at
         status = await client.status(run.run_id)
     assert dict(engine_run) == {"state": "sleeping", "attempt": 1, "due": True}
     assert engine_runs == 1  # no failed engine run: no attempt spent
-    assert status.status == "queued"
+    assert status.status == ("waiting" if point == "defer" else "queued")
     assert all(a.outcome is not None for a in status.attempts)
     if point in ("begin_attempt", "lane_state"):
         assert status.attempts == ()  # the attempt row never committed

@@ -6,13 +6,14 @@
 -- run's status, current wait and adopter lane.
 --
 -- Mode 'adopt': a claiming release's `:continuations` loop on a retired lane's
--- queue. Hands out only runs whose durable wait is over: a `sleeping` run that
--- is due (a sleep or timed wait, or a backoff retry, which the disposition
--- check then defers), or a `pending` run that an event woke (non-null
--- event_payload). Fresh submits and immediate retries are `pending` with no
--- payload: never handed out here, they belong to the lane's own workers. Nor a
--- run that another release adopted while that release's lane still claims:
--- the adopter finishes it (p_own_queue is the claimer's own lane).
+-- queue (p_own_queue is the claimer's own lane). Hands out runs whose durable
+-- wait is over (a due `sleeping` run, or a `pending` one an event woke) and
+-- that it may take: runs it adopted earlier (its own work, whatever their
+-- store status), and runs parked in a wait (store status `waiting`) that no
+-- other claiming lane adopted. Everything else (fresh runs, retries and
+-- hand-backs of the retired lane, which only that lane's draining workers may
+-- run, and runs another claiming release adopted) is never handed out, so a
+-- defer is a race, not the normal path.
 --
 -- Mode 'drain': every loop of a retired (draining) release, on its own queue
 -- or another. Hands out only what no other release may run: runs whose
@@ -37,13 +38,17 @@ begin
   if p_mode = 'adopt' then
     return format(
       '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
-       and not exists (
+       and exists (
              select 1
                from %1$I.runs s
-               join %1$I.releases l on l.queue = s.adopted_queue
               where s.task_id = r.task_id
-                and s.adopted_queue <> %2$s
-                and l.status = ''claiming'')',
+                and (s.adopted_queue = %2$s
+                     or (s.status = ''waiting''
+                         and (s.adopted_queue is null
+                              or not exists (
+                                   select 1 from %1$I.releases l
+                                    where l.queue = s.adopted_queue
+                                      and l.status = ''claiming'')))))',
       p_store_schema, p_own_param);
   elsif p_mode = 'drain' then
     return format(
