@@ -98,6 +98,18 @@ async def eventually(
         await asyncio.sleep(0.05)
 
 
+async def register_worker(runtime: Runtime, worker_id: str | None = None) -> None:
+    """Record a live worker of ``runtime``'s release with its plays (as a heartbeat does)."""
+    await runtime.db.execute(
+        f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid,"
+        " concurrency, plays) values ($1, $2, $3, 'test', 1, 8, $4)",
+        worker_id or runtime.worker_base,
+        runtime.release_id,
+        runtime.queue,
+        runtime.plays,
+    )
+
+
 def queue_of(release_id: str) -> str:
     """Return the lane queue of a release."""
     return lanes.queue_name_for_release(release_id)

@@ -10,15 +10,18 @@ and a timeout is measured from when the wait was armed, not from a reclaim.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import inspect
 import math
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio.to_thread
 import structlog
 
 from worker import checkpoint, engine
@@ -138,9 +141,7 @@ class TaskContext:
         if inspect.iscoroutinefunction(fn):
             result = await fn()
         else:
-            # Abandoned on cancel: a drain hands the run back without waiting for
-            # the thread; the step never committed, so it runs again elsewhere.
-            result = await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+            result = await run_in_daemon_thread(fn)
             if inspect.isawaitable(result):  # a lambda returning a coroutine
                 result = await result
         require_json(result, f"the result of step {name!r}")
@@ -412,6 +413,40 @@ class TaskContext:
         if suspended:
             raise Suspended
         return payload
+
+
+async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run sync ``fn`` in a daemon thread of its own and return its result.
+
+    Abandoned on cancel: a drain hands the run back without waiting for the
+    thread (its step never committed, so it runs again elsewhere), and being a
+    daemon thread it cannot hold the process past its stop bound, as the worker
+    threads of anyio or concurrent.futures would (both are joined at exit).
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():  # cancelled meanwhile: nobody waits for it
+            outcome()
+
+    def work() -> None:
+        try:
+            result = context.run(fn)
+        except BaseException as exc:  # handed to the awaiting coroutine, whatever it is
+            # A future refuses StopIteration (it would end a generator silently).
+            failure = (
+                RuntimeError(f"step raised {exc!r}") if isinstance(exc, StopIteration) else exc
+            )
+            report = lambda: settle(lambda: done.set_exception(failure))  # noqa: E731
+        else:
+            report = lambda: settle(lambda: done.set_result(result))  # noqa: E731
+        with contextlib.suppress(RuntimeError):  # the loop closed: the process is ending
+            loop.call_soon_threadsafe(report)
+
+    threading.Thread(target=work, name="lane-worker-step", daemon=True).start()
+    return await done
 
 
 PlayFn = Callable[[TaskContext, Any], Awaitable[Any]]

@@ -167,7 +167,10 @@ class ClaimBatch:
     swept: int
 
 
+# lane_worker.claim_lane's modes (sql/engine/claim_lane.sql says what each hands out).
+CLAIM_OWN = "own"
 CLAIM_ADOPT = "adopt"
+CLAIM_MINE = "mine"
 CLAIM_DRAIN = "drain"
 
 
@@ -181,19 +184,19 @@ async def claim(
     mode: str | None = None,
     store_schema: str | None = None,
     own_queue: str | None = None,
+    plays: list[str] | None = None,
 ) -> ClaimBatch:
     """Claim up to ``qty`` runs from ``queue``.
 
     Without ``mode``, the engine's own claim (a claiming release on its own
-    queue). With ``mode`` (``CLAIM_ADOPT``: a ``:continuations`` loop of a
-    claiming release; ``CLAIM_DRAIN``: any loop of a retired one),
-    ``lane_worker.claim_lane``, which needs the run-state store's schema and the
-    claimer's own lane queue.
+    queue). With a mode (``CLAIM_OWN``, ``CLAIM_ADOPT``, ``CLAIM_MINE``,
+    ``CLAIM_DRAIN``), ``lane_worker.claim_lane``, which needs the run-state
+    store's schema, the claimer's own lane queue and its app's plays.
     """
     columns = "run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload"
     if mode is not None:
         rows = await conn.fetch(
-            f"select {columns}, swept from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7)",
+            f"select {columns}, swept from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8)",
             queue,
             worker_id,
             lease_s,
@@ -201,6 +204,7 @@ async def claim(
             store_schema,
             own_queue,
             mode,
+            plays or [],
         )
     else:
         rows = await conn.fetch(

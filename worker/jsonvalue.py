@@ -23,6 +23,29 @@ def _path(parent: str, key: object) -> str:
     return f"{parent}.{text}" if text.isidentifier() else f"{parent}[{text!r}]"
 
 
+# Python refuses to write ints past sys.get_int_max_str_digits() decimal digits
+# (4300 by default); only ints this long need the (slower) check.
+_BIG_INT_BITS = 4000
+
+
+def _too_long(number: int) -> bool:
+    try:
+        str(number)
+    except ValueError:
+        return True
+    return False
+
+
+def _is_utf8(text: str) -> bool:
+    # PostgreSQL stores UTF-8; a lone surrogate (a name decoded with
+    # surrogateescape, say) has no UTF-8 form.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def json_problem(value: Any) -> str | None:
     """Return why ``value`` is not storable JSON (naming the type and where it sits), or None."""
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
@@ -30,7 +53,11 @@ def json_problem(value: Any) -> str | None:
         item, where, depth = stack.pop()
         if depth > MAX_DEPTH:
             return f"it nests deeper than {MAX_DEPTH} levels at {where}"
-        if item is None or isinstance(item, bool | int):
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > _BIG_INT_BITS and _too_long(item):
+                return f"an int too long to write as JSON ({item.bit_length()} bits) at {where}"
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -39,6 +66,8 @@ def json_problem(value: Any) -> str | None:
         if isinstance(item, str):
             if "\x00" in item:
                 return f"a string with a NUL character (\\u0000) at {where}"
+            if not _is_utf8(item):
+                return f"a string with a lone surrogate (not UTF-8) at {where}"
             continue
         if isinstance(item, list | tuple):
             stack.extend((v, _path(where, i), depth + 1) for i, v in enumerate(item))
@@ -49,6 +78,8 @@ def json_problem(value: Any) -> str | None:
                     return f"a {type(key).__name__} key ({key!r}) at {where}; keys must be strings"
                 if "\x00" in key:
                     return f"a key with a NUL character (\\u0000) at {where}"
+                if not _is_utf8(key):
+                    return f"a key with a lone surrogate (not UTF-8) at {where}"
                 stack.append((v, _path(where, key), depth + 1))
             continue
         return f"a {type(item).__module__}.{type(item).__qualname__} at {where}".replace(

@@ -48,6 +48,11 @@ class Metrics:
             ["queue"],
             registry=self.registry,
         )
+        self.incompatible_defers = Counter(
+            "lane_worker_incompatible_defers",
+            "Parked runs a continuation loop did not adopt: this app lacks their play.",
+            registry=self.registry,
+        )
         self.adoptable_queues = Gauge(
             "lane_worker_adoptable_queues_attached",
             "Continuation loops attached to retired lanes.",

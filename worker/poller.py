@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import structlog
@@ -209,11 +210,17 @@ class Poller:
                 "select extract(epoch from min(available_at) - absurd.current_time())::float8"
                 f" from absurd.{runs} where state in ('pending', 'sleeping')"
             )
-            args: tuple[str, ...] = ()
+            args: tuple[Any, ...] = ()
         else:
             # The same filter as the claim: only runs this loop would be handed.
-            sql = "select lane_worker.next_due_in($1, $2, $3, $4)"
-            args = (self.queue, self.runtime.store.schema, self.runtime.queue, mode)
+            sql = "select lane_worker.next_due_in($1, $2, $3, $4, $5)"
+            args = (
+                self.queue,
+                self.runtime.store.schema,
+                self.runtime.queue,
+                mode,
+                self.runtime.plays,
+            )
         try:
             # Both times on the database's clock: the engine wakes runs by it.
             due_in: float | None = await self.runtime.db.fetchval(sql, *args)
@@ -232,8 +239,19 @@ class Poller:
             self.stop("lane guard failed")
             self.on_guard_failure(str(exc))
             return
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # A stray CancelledError (not this task's cancellation) must not take
+            # the run group, and every other run with it, down.
+            self.metrics.loop_errors.labels(self.kind).inc()
+            self.log.error(
+                "run.handling_failed", run_task_id=str(claimed.task_id), error="CancelledError"
+            )
+            return
         except Exception as exc:
-            # The run stays claimed; its lease expires and it is retried elsewhere.
+            # The runtime gave the claim back (or its lease will return it).
             self.metrics.loop_errors.labels(self.kind).inc()
             self.log.error("run.handling_failed", run_task_id=str(claimed.task_id), error=repr(exc))
             return

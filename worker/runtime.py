@@ -24,7 +24,7 @@ import structlog
 from worker import checkpoint, engine, lanes
 from worker.app import App
 from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
-from worker.db import Connection, Database
+from worker.db import Connection, Database, is_transient
 from worker.errors import (
     FatalRunError,
     LaneMismatchError,
@@ -72,9 +72,22 @@ def _reason(exc: BaseException) -> dict[str, Any]:
         message = str(exc)
     except Exception:  # a broken __str__ must not stop the failure being recorded
         message = f"<{type(exc).__name__} whose message could not be read>"
-    # jsonb refuses NUL characters.
+    # jsonb refuses NUL characters, and UTF-8 lone surrogates (a file name decoded
+    # with surrogateescape, say): escape both, so the failure can be stored.
     message = message.replace("\x00", "\\u0000")[:MAX_ERROR_MESSAGE_CHARS]
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"name": type(exc).__name__, "message": message}
+
+
+def _really_cancelled() -> bool:
+    """Tell whether this task is being cancelled (a drain), not handed a stray CancelledError."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+# A claim given back after an unexpected error waits this long before it is due
+# again: an error that repeats must not become a busy loop of claims.
+ERROR_HAND_BACK_DELAY_S = 10.0
 
 
 @dataclass
@@ -127,8 +140,13 @@ class Runtime:
         self.release_id = release_id
         self.queue = lanes.queue_name_for_release(release_id)
         self.lease_s = lease_s
-        # Set while this release's lane is retired but not drained (deploy day).
+        # What the registry says, kept current by the supervisor: this release's
+        # lane is retired (draining); other lanes that claim; and whether runs on
+        # this lane's queue were adopted by another lane (the own loop skips them).
         self.draining = False
+        self.claiming_queues: frozenset[str] = frozenset()
+        self.foreign_adoptees = False
+        self.plays = sorted(app.plays)
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
@@ -139,13 +157,17 @@ class Runtime:
     def claim_mode(self, queue: str) -> str | None:
         """Return how this worker claims ``queue`` now (None: the engine's own claim).
 
-        A claiming release drains its own queue with the engine's claim and
-        adopts from retired queues; a retired (draining) one claims, on every
-        queue, only what no other release may run.
+        A claiming release drains its own queue with the engine's claim (or,
+        when another lane adopted runs there, one that skips those), adopts from
+        retired queues and, on a lane that claims too, takes only its own
+        adoptees; a retired (draining) one claims, on every queue, only what no
+        other release may run.
         """
         if self.draining:
             return engine.CLAIM_DRAIN
-        return None if queue == self.queue else engine.CLAIM_ADOPT
+        if queue == self.queue:
+            return engine.CLAIM_OWN if self.foreign_adoptees else None
+        return engine.CLAIM_MINE if queue in self.claiming_queues else engine.CLAIM_ADOPT
 
     async def claim(self, queue: str, qty: int) -> engine.ClaimBatch:
         """Claim up to ``qty`` runs from ``queue``; settle what an expired-lease sweep ended."""
@@ -161,6 +183,7 @@ class Runtime:
                 mode=mode,
                 store_schema=self.store.schema,
                 own_queue=self.queue,
+                plays=self.plays,
             )
         )
         if batch.swept:
@@ -226,6 +249,17 @@ class Runtime:
                 await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
                 bound.error("lane.guard_failed", run_release_id=row["release_id"])
                 raise
+            if adopter is not None and row["adopted_queue"] != self.queue:
+                # Another lane adopted it: newer code than ours ran it already. The
+                # own loop skips such runs from now on (the registry refresh would
+                # notice too, a few seconds later); give this one to its adopter.
+                self.foreign_adoptees = True
+                bound.info("run.left_to_adopter", adopter_release_id=adopter)
+                outcome = await self._put_back(
+                    claimed, claim, "defer", "deferred", delay_s=0,
+                    note={"reason": f"adopted by {adopter}"},
+                )  # fmt: skip
+                return Handled("defer", outcome)
         elif adopter is not None and row["adopted_queue"] != self.queue and row["adopter_claiming"]:
             # Its adopter's lane claims: the adopter finishes it. The claim statement
             # skips such runs, so this is a race; give it back at once, quietly.
@@ -245,8 +279,18 @@ class Runtime:
                 parked_in_adoptable_wait=row["status"] == "waiting"
                 and (row["current_wait"] or {}).get("kind") in checkpoint.KNOWN_BOUNDARY_KINDS,
             )
+        if isinstance(disposition, lanes.Adopt) and row["play"] not in self.app.plays:
+            # Adopting it would fail it for good here; its own release, or one that
+            # registers the play, can still run it. The claim skips such runs.
+            disposition = lanes.Defer(
+                reason=f"play {row['play']!r} of run {run_id} (release {effective}) is not "
+                f"registered in release {self.release_id}, which cannot adopt it",
+                delay_seconds=lanes.LANE_ADOPTION_DEFER_SECONDS,
+            )
+            if self.metrics is not None:
+                self.metrics.incompatible_defers.inc()
         if isinstance(disposition, lanes.Defer):
-            bound.info("run.deferred", delay_s=disposition.delay_seconds)
+            bound.info("run.deferred", delay_s=disposition.delay_seconds, reason=disposition.reason)
             outcome = await self._put_back(
                 claimed, claim, "defer", "deferred", delay_s=disposition.delay_seconds,
                 note={"reason": disposition.reason},
@@ -347,8 +391,10 @@ class Runtime:
         claim.ended = True
         return outcome
 
-    async def give_back(self, claimed: engine.ClaimedRun, attempt_id: int | None) -> bool:
-        """Give an unfinished claim back at once: no attempt spent; return whether it was.
+    async def give_back(
+        self, claimed: engine.ClaimedRun, attempt_id: int | None, *, delay_s: float = 0.0
+    ) -> bool:
+        """Give an unfinished claim back, due in ``delay_s``: no attempt spent; say if it was.
 
         Fenced by the claim's attempt row: when the attempt already ended (the
         run parked, completed, failed or was put back, and the caller did not
@@ -367,8 +413,9 @@ class Runtime:
             if attempt_id is not None and attempt_id not in {r["attempt_id"] for r in closed}:
                 return False
             if held:
-                await engine.schedule_in(conn, claimed.queue, claimed.run_id, 0)
-                await notify(conn, claimed.queue, claimed.task_id)
+                await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)
+                if delay_s <= 0:
+                    await notify(conn, claimed.queue, claimed.task_id)
             return held
 
         given: bool = await self.db.transaction(give)
@@ -425,16 +472,23 @@ class Runtime:
             run_id=str(claim.run_id) if claim.run_id else None,
             worker_id=self.worker_id_for(claimed.queue),
         )
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class()) and _really_cancelled()
+        delay_s = 0.0 if cancelled else ERROR_HAND_BACK_DELAY_S
         with anyio.move_on_after(HAND_BACK_TIMEOUT_S, shield=True) as scope:
             try:
-                given = await self.give_back(claimed, claim.attempt_id)
+                given = await self.give_back(claimed, claim.attempt_id, delay_s=delay_s)
             except Exception as failure:
                 bound.warning("run.hand_back_failed", error=repr(failure), lease_s=self.lease_s)
                 return
         if scope.cancelled_caught:  # the database is away: the lease expiry takes over
             bound.warning("run.hand_back_timed_out", lease_s=self.lease_s)
         elif given:
-            bound.info("run.handed_back", attempt=claimed.attempt, cause=type(exc).__name__)
+            bound.info(
+                "run.handed_back",
+                attempt=claimed.attempt,
+                cause=type(exc).__name__,
+                due_in_s=delay_s,
+            )
 
     async def _execute(
         self,
@@ -478,8 +532,20 @@ class Runtime:
         except Suspended:
             bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
             return "parked"
-        except anyio.get_cancelled_exc_class():
-            raise  # shutdown: `handle` gives the run back
+        except BaseExceptionGroup as group:
+            # A play that waits inside a task group: its park committed, whatever
+            # else the group carries (a sibling step cannot write after it).
+            if group.subgroup(Suspended) is not None:
+                bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
+                return "parked"
+            if _really_cancelled():
+                raise  # shutdown: `handle` gives the run back
+            return await self._fail_attempt(h, claimed.max_attempts, group, bound)
+        except anyio.get_cancelled_exc_class() as exc:
+            if _really_cancelled():
+                raise  # shutdown: `handle` gives the run back
+            # The play raised CancelledError itself (it awaited a task it cancelled).
+            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
         except RunCancelledError:
             return await self._observe_cancel(h, bound)
         except LeaseLostError as exc:
@@ -495,6 +561,10 @@ class Runtime:
         except LeaseLostError as exc:
             bound.warning("run.lease_lost", detail=str(exc))
             return "lease_lost"
+        except (asyncpg.PostgresError, ValueError) as exc:  # jsonb refused the output
+            if is_transient(exc):
+                raise
+            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
         bound.info("run.completed", duration_s=round(time.monotonic() - started, 3))
         return "completed"
 
@@ -574,6 +644,13 @@ class Runtime:
 
         async def fail(conn: Connection) -> None:
             await engine.fail(conn, h.queue, h.engine_run_id, reason)
+            if (
+                await self.store.fetchval(conn, "lock_running_attempt", h.run_id, h.attempt_id)
+                is None
+            ):
+                raise LeaseLostError(
+                    "the run parked or was taken by a newer claim", engine_run_id=h.engine_run_id
+                )
             if final:
                 await self.store.settle(
                     conn, h.run_id, status="failed", fact=fact, attempt_id=h.attempt_id,
@@ -584,9 +661,24 @@ class Runtime:
             await self.store.execute(conn, "finish_attempt", h.attempt_id, outcome, reason)
 
         try:
-            await self.db.transaction(fail)
+            try:
+                await self.db.transaction(fail)
+            except (asyncpg.PostgresError, ValueError) as unstorable:
+                if is_transient(unstorable):
+                    raise
+                # The error itself cannot be stored: record that instead, so the
+                # attempt still fails rather than coming back for ever.
+                reason = {
+                    "name": type(exc).__name__,
+                    "message": f"(the error's details could not be stored: {unstorable!r})"[
+                        :MAX_ERROR_MESSAGE_CHARS
+                    ],
+                }
+                fact["error"] = reason
+                await self.db.transaction(fail)
         except LeaseLostError as lost:
             bound.warning("run.lease_lost", detail=str(lost))
+            await self._finish(h, "lease_lost", _reason(lost))
             return "lease_lost"
         event = "run.failed" if final else "run.attempt_failed"
         bound.warning(event, attempt=h.attempt, max_attempts=max_attempts, error=reason)

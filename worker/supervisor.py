@@ -327,7 +327,8 @@ class Supervisor:
     async def _run_poller(self, poller: Poller) -> None:
         await poller.run()
         if poller.kind == "continuation" and poller.detach_reason != "shutdown":
-            self.pollers.pop(poller.queue, None)
+            if self.pollers.get(poller.queue) is poller:  # not a loop attached since
+                self.pollers.pop(poller.queue)
             self.metrics.adoptable_queues.set(len(self._continuations()))
             self.log.info("loop.detached", queue=poller.queue, reason=poller.detach_reason)
             if self.listener is not None:
@@ -363,26 +364,42 @@ class Supervisor:
     ) -> None:
         s = self.settings
         registry = {r["queue"]: r for r in await db.run(self._lane_registry)}
-        adoptable = [r for r in registry.values() if r["status"] == "retired" and r["has_open"]]
-        wanted = set(
-            lanes.adoption_queues(s.release_id, [i for r in adoptable for i in r["release_ids"]])
-        )
-        for queue in sorted(wanted - set(self._continuations())):
-            if not self.stop_requested.is_set():
-                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
-                self._attach(runtime, queue, runs, side)
-        for queue in self._continuations():
-            lane = registry.get(queue)
-            if lane is None or (lane["status"] == "retired" and not lane["has_open"]):
-                self.pollers[queue].stop("lane drained")
         own = registry.get(s.queue)
         if own is not None:
             retired = own["status"] == "retired"
             state = "claiming" if not retired else "draining" if own["draining_work"] else "drained"
             self._set_lane_state(runtime, state)
+            runtime.foreign_adoptees = bool(own["foreign_adopted"])
+        runtime.claiming_queues = frozenset(
+            q for q, lane in registry.items() if lane["status"] == "claiming" and q != s.queue
+        )
+        # A loop on every queue that holds runs this release adopted (its own work,
+        # whatever that lane's status), and, while this lane claims, on every
+        # retired lane with open runs (to adopt its parked runs as they come due).
+        wanted = {q for q, lane in registry.items() if lane["mine_open"] and q != s.queue}
+        if self.lane_state == "claiming":
+            adoptable = [r for r in registry.values() if r["status"] == "retired" and r["has_open"]]
+            wanted |= set(
+                lanes.adoption_queues(
+                    s.release_id, [i for r in adoptable for i in r["release_ids"]]
+                )
+            )
+        for queue in sorted(wanted - set(self._continuations())):
+            if not self.stop_requested.is_set():
+                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
+                self._attach(runtime, queue, runs, side)
+        for queue in self._continuations():
+            if queue not in wanted:
+                lane = registry.get(queue)
+                reason = (
+                    "lane gone" if lane is None
+                    else "lane drained" if lane["status"] == "retired"
+                    else "lane claims"
+                )  # fmt: skip
+                self.pollers[queue].stop(reason)
 
     async def _lane_registry(self, conn: Connection) -> list[Any]:
-        return await self.store.fetch(conn, "lane_registry")
+        return await self.store.fetch(conn, "lane_registry", self.settings.queue)
 
     @property
     def own_lane_retired(self) -> bool:
@@ -424,6 +441,7 @@ class Supervisor:
                 socket.gethostname(),
                 os.getpid(),
                 s.tuning.concurrency,
+                sorted(self.app.plays),
             )
         )
 

@@ -9,6 +9,7 @@ and processes.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +76,15 @@ async def stepper(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
         await ctx.sleep("nap", float(params["nap"]))
     committed["b"] = await ctx.step("b", b)
     return {"committed": committed, "release": ctx.release_id}
+
+
+@app.play("blocking")
+async def blocking(ctx: TaskContext, params: dict[str, Any]) -> int:
+    """One sync step that blocks its thread for ``seconds`` (a client without async)."""
+
+    def block() -> int:
+        before = record(params["dir"], f"{params['key']}.block", ctx)
+        time.sleep(float(params["seconds"]) if before == 0 else 0)
+        return before + 1
+
+    return int(await ctx.step("block", block))

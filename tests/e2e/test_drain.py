@@ -165,3 +165,43 @@ async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_att
         assert await second.wait_exit(timeout_s=longest_stop_s(DRAIN_S)) == 0
         assert first.malformed_lines() == []
         assert second.malformed_lines() == []
+
+
+@pytest.mark.timeout(90)
+async def test_a_blocking_sync_step_does_not_hold_the_process_past_its_stop_bound(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A sync step blocking for 60 s at SIGTERM: handed back, and the process exits in bound."""
+    directory = str(tmp_path)
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        first = pool.start(RELEASE, name="blocked", app=APP, LANE_WORKER_DRAIN_SECONDS="1")
+        await first.ready()
+        run = await client.submit("blocking", {"dir": directory, "key": "k", "seconds": 60})
+        await first.wait_for("run.started", run_id=run.run_id)
+        await eventually(
+            lambda: _async_true(executions(directory, "k", "block") == 1),
+            what="the sync step to start",
+        )
+        signalled = time.monotonic()
+        first.terminate()
+        code = await first.wait_exit(timeout_s=longest_stop_s(1) + 10)
+        took = time.monotonic() - signalled
+        assert code == 0, first.tail()
+        assert took <= longest_stop_s(1), f"stop took {took:.1f} s (the step's thread held it)"
+        assert first.events("run.handed_back", run_id=run.run_id)
+
+        second = pool.start(RELEASE, name="after", app=APP)
+        await second.wait_for("run.completed", run_id=run.run_id)
+        status = await client.status(run.run_id)
+        assert status.output == 2  # the second execution committed (the first never did)
+        assert [(a.attempt, a.outcome) for a in status.attempts] == [
+            (1, "handed_back"),
+            (1, "completed"),
+        ]
+        second.terminate()
+        assert await second.wait_exit(timeout_s=15) == 0
+
+
+async def _async_true(value: bool) -> bool:
+    """Return ``value`` (for eventually(), which awaits its check)."""
+    return value

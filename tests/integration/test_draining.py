@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime_harness import connect, eventually, open_client, open_runtime, queue_of, work_once
+from runtime_harness import (
+    connect,
+    eventually,
+    open_client,
+    open_runtime,
+    queue_of,
+    register_worker,
+    work_once,
+)
 
 from worker import App, TaskContext
 
@@ -51,6 +59,7 @@ async def test_a_draining_lane_finishes_its_own_work_and_leaves_parked_runs_to_b
         open_runtime(database_url, app, B) as rt_b,
     ):
         await client.activate_release(B)
+        await register_worker(rt_b)  # B is live and registers the plays: it adopts them
         napper = await client.submit("napper")
         flaky = await client.submit("flaky")
         assert sorted(await work_once(rt_a)) == ["parked", "retrying"]

@@ -134,6 +134,7 @@ async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
         mode=engine.CLAIM_ADOPT,
         store_schema=SCHEMA,
         own_queue=CONT_OWN_QUEUE,
+        plays=["p"],
     )
     assert batch.runs == ()
     assert batch.swept == 0
@@ -184,6 +185,7 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
         mode=engine.CLAIM_ADOPT,
         store_schema=SCHEMA,
         own_queue=CONT_OWN_QUEUE,
+        plays=["p"],
     )
     got = {r.task_id: r for r in batch.runs}
     assert set(got) == {sleeper.task_id, waiter.task_id}
@@ -225,11 +227,15 @@ async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
             mode=engine.CLAIM_ADOPT,
             store_schema=SCHEMA,
             own_queue=CONT_OWN_QUEUE,
+            plays=["p"],
         )
         return {r.task_name for r in batch.runs}
 
     due_in = await eng.fetchval(
-        "select lane_worker.next_due_in($1, $2, $3, 'adopt')", QUEUE, SCHEMA, CONT_OWN_QUEUE
+        "select lane_worker.next_due_in($1, $2, $3, 'adopt', '{p}')",
+        QUEUE,
+        SCHEMA,
+        CONT_OWN_QUEUE,
     )
     assert due_in is not None
     assert due_in <= 0
@@ -250,7 +256,7 @@ async def test_continuation_claim_refuses_other_worker_ids(
     """The continuation claim function serves only worker ids ending in :continuations."""
     with pytest.raises(asyncpg.PostgresError, match="continuations"):
         await eng.fetch(
-            "select * from lane_worker.claim_lane($1, 'w1', 30, 1, $2, $3, 'adopt')",
+            "select * from lane_worker.claim_lane($1, 'w1', 30, 1, $2, $3, 'adopt', '{}')",
             QUEUE,
             SCHEMA,
             CONT_OWN_QUEUE,
@@ -277,6 +283,7 @@ async def test_continuation_claim_sweeps_expired_leases(
         mode=engine.CLAIM_ADOPT,
         store_schema=SCHEMA,
         own_queue=CONT_OWN_QUEUE,
+        plays=["p"],
     )
     assert batch.swept == 1
     assert batch.runs == ()  # the retry sleeps for its backoff first

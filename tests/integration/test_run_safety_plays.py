@@ -241,6 +241,8 @@ def steps(value: Callable[[], Any]) -> App:
         (steps, lambda: {"counts": {1: "one"}}, ("int key", "$.counts")),
         (returns, lambda: {"text": "a\x00b"}, ("NUL", "$.text")),
         (steps, lambda: ["ok", "a\x00b"], ("NUL", "$[1]")),
+        (returns, lambda: {"name": "caf\ud800"}, ("surrogate", "$.name")),
+        (steps, lambda: {"n": 10**5000}, ("too long", "$.n")),
     ],
     ids=[
         "play-datetime",
@@ -251,6 +253,8 @@ def steps(value: Callable[[], Any]) -> App:
         "step-int-key",
         "play-nul-string",
         "step-nul-string",
+        "play-lone-surrogate",
+        "step-int-past-the-digit-limit",
     ],
 )
 async def test_value_that_is_not_json_fails_the_attempt_at_once_naming_type_and_place(

@@ -1,41 +1,60 @@
 -- lane-worker's own claims, beside absurd.claim_task, for the loops whose
 -- claim the engine cannot express. Lives in its own schema; the engine's own
 -- functions are untouched and called where they define the semantics
--- (fail_run for expired leases, cancel_task for cancellation policies). Both
--- filters read the run-state store (schema p_store_schema), which records each
--- run's status, current wait and adopter lane.
+-- (fail_run for expired leases, cancel_task for cancellation policies). The
+-- filters read the run-state store (schema p_store_schema): each run's status,
+-- play and adopter lane (p_own_queue is the claimer's own lane).
+--
+-- Mode 'own': a claiming release on its own queue, when runs there were
+-- adopted by another lane: everything due except those (they are their
+-- adopter's; this release is older than the code that already ran them).
 --
 -- Mode 'adopt': a claiming release's `:continuations` loop on a retired lane's
--- queue (p_own_queue is the claimer's own lane). Hands out runs whose durable
--- wait is over (a due `sleeping` run, or a `pending` one an event woke) and
--- that it may take: runs it adopted earlier (its own work, whatever their
--- store status), and runs parked in a wait (store status `waiting`) that no
+-- queue. Hands out runs whose durable wait is over (a due `sleeping` run, or a
+-- `pending` one an event woke) and that it may take: runs it adopted earlier
+-- (its own work, whatever their store status), and runs parked in a wait
+-- (store status `waiting`) whose play its app registers (p_plays) and that no
 -- other claiming lane adopted. Everything else (fresh runs, retries and
 -- hand-backs of the retired lane, which only that lane's draining workers may
 -- run, and runs another claiming release adopted) is never handed out, so a
 -- defer is a race, not the normal path.
 --
+-- Mode 'mine': a claiming release's loop on a lane that claims too (it was
+-- activated again after this release adopted runs there): only its adoptees.
+--
 -- Mode 'drain': every loop of a retired (draining) release, on its own queue
 -- or another. Hands out only what no other release may run: runs whose
 -- effective lane (the adopter's, else the queue's) is p_own_queue and that
--- are not parked in a wait (fresh, retrying, handed back). Parked runs are
--- left to the claiming releases, which adopt them.
+-- need it (the store's needs_own_lane: not parked, or parked in a play no
+-- claiming release registers). Other parked runs are left to the claiming
+-- releases, which adopt them.
 create schema if not exists lane_worker;
 
 create or replace function lane_worker.lane_filter (
   p_mode text,
   p_store_schema text,
   p_queue_name text,
-  p_own_param text
+  p_own_param text,
+  p_plays_param text
 )
   returns text
   language plpgsql
   immutable
 as $$
 begin
-  -- A predicate on the engine run `r` of queue p_queue_name; p_own_param is the
-  -- placeholder ($n) bound to the claimer's own queue.
-  if p_mode = 'adopt' then
+  -- A predicate on the engine run `r` of queue p_queue_name; p_own_param and
+  -- p_plays_param are the placeholders ($n) bound to the claimer's own queue
+  -- and its app's plays.
+  if p_mode = 'own' then
+    return format(
+      'r.state in (''pending'', ''sleeping'')
+       and not exists (
+             select 1 from %1$I.runs s
+              where s.task_id = r.task_id
+                and s.adopted_queue is not null
+                and s.adopted_queue <> %2$s)',
+      p_store_schema, p_own_param);
+  elsif p_mode = 'adopt' then
     return format(
       '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
        and exists (
@@ -44,11 +63,19 @@ begin
               where s.task_id = r.task_id
                 and (s.adopted_queue = %2$s
                      or (s.status = ''waiting''
+                         and s.play = any (%3$s)
                          and (s.adopted_queue is null
                               or not exists (
                                    select 1 from %1$I.releases l
                                     where l.queue = s.adopted_queue
                                       and l.status = ''claiming'')))))',
+      p_store_schema, p_own_param, p_plays_param);
+  elsif p_mode = 'mine' then
+    return format(
+      'r.state in (''pending'', ''sleeping'')
+       and exists (
+             select 1 from %1$I.runs s
+              where s.task_id = r.task_id and s.adopted_queue = %2$s)',
       p_store_schema, p_own_param);
   elsif p_mode = 'drain' then
     return format(
@@ -58,12 +85,12 @@ begin
                 from %1$I.runs s
                where s.task_id = r.task_id
                  and coalesce(s.adopted_queue, %3$L) = %2$s
-                 and s.status <> ''waiting'')
+                 and %1$I.needs_own_lane(s.status, s.play, %2$s))
             or (%3$L = %2$s
                 and not exists (select 1 from %1$I.runs s where s.task_id = r.task_id)))',
       p_store_schema, p_own_param, p_queue_name);
   end if;
-  raise exception 'lane_worker: unknown claim mode "%" (adopt or drain)', p_mode
+  raise exception 'lane_worker: unknown claim mode "%" (own, adopt, mine or drain)', p_mode
     using errcode = '22023';
 end;
 $$;
@@ -72,7 +99,8 @@ create or replace function lane_worker.next_due_in (
   p_queue_name text,
   p_store_schema text,
   p_own_queue text,
-  p_mode text
+  p_mode text,
+  p_plays text[]
 )
   returns double precision
   language plpgsql
@@ -87,9 +115,9 @@ begin
       'select extract(epoch from min(r.available_at) - absurd.current_time())::float8
          from absurd.%I r where ',
       'r_' || p_queue_name)
-    || lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1')
+    || lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1', '$2')
     into v_due
-    using p_own_queue;
+    using p_own_queue, p_plays;
   return v_due;
 end;
 $$;
@@ -101,7 +129,8 @@ create or replace function lane_worker.claim_lane (
   p_qty integer,
   p_store_schema text,
   p_own_queue text,
-  p_mode text
+  p_mode text,
+  p_plays text[]
 )
   returns table (
     run_id uuid,
@@ -135,8 +164,10 @@ begin
     raise exception 'lane_worker.claim_lane serves another lane''s queue only to worker ids ending in :continuations, got "%"', p_worker_id
       using errcode = '22023';
   end if;
-  if p_mode = 'adopt' and p_queue_name = p_own_queue then
-    raise exception 'lane_worker.claim_lane does not adopt from the claimer''s own queue'
+  if (p_mode in ('adopt', 'mine') and p_queue_name = p_own_queue)
+     or (p_mode = 'own' and p_queue_name <> p_own_queue) then
+    raise exception 'lane_worker.claim_lane mode % does not serve queue % for lane %',
+      p_mode, p_queue_name, p_own_queue
       using errcode = '22023';
   end if;
   perform absurd.validate_queue_name(p_queue_name);
@@ -228,8 +259,8 @@ begin
        join absurd.%2$I t on t.task_id = l.task_id
       order by l.run_id',
     'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name,
-    lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$6'))
-  using v_now, v_qty, p_worker_id, v_lease_until, v_swept, p_own_queue;
+    lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$6', '$7'))
+  using v_now, v_qty, p_worker_id, v_lease_until, v_swept, p_own_queue, p_plays;
 
   -- Nothing to hand out but leases were swept: still tell the caller, whose
   -- reconciler must settle runs the sweep may have failed for good.

@@ -28,3 +28,37 @@ update {schema}.runs
 create index runs_effective_lane_open_idx
   on {schema}.runs ((coalesce(adopted_queue, queue)), status)
   where status not in ('completed', 'failed', 'cancelled');
+
+-- The plays each worker's app registers (written with every heartbeat): a
+-- continuation loop adopts only runs whose play its own app registers, so a
+-- parked run that no claiming release can adopt stays its own lane's work.
+alter table {schema}.workers add column plays text[] not null default '{}';
+
+-- Whether a live worker of a claiming lane other than p_lane registers p_play.
+create function {schema}.play_adoptable(p_play text, p_lane text)
+  returns boolean
+  language sql
+  stable
+as $$
+  select exists (
+    select 1
+      from {schema}.workers w
+      join {schema}.releases l on l.queue = w.queue
+     where l.status = 'claiming'
+       and w.queue <> p_lane
+       and w.stopped_at is null
+       and w.heartbeat_at > now() - interval '60 seconds'
+       and p_play = any (w.plays))
+$$;
+
+-- Whether an open run must be run by its effective lane p_lane: anything not
+-- parked in a wait (fresh, running, retrying, handed back), and a parked run
+-- that no claiming release could adopt. A retired lane holding one is draining.
+create function {schema}.needs_own_lane(p_status text, p_play text, p_lane text)
+  returns boolean
+  language sql
+  stable
+as $$
+  select p_status not in ('completed', 'failed', 'cancelled')
+     and (p_status <> 'waiting' or not {schema}.play_adoptable(p_play, p_lane))
+$$;

@@ -106,6 +106,14 @@ with closed as (
 )
 select c.attempt_id, c.run_id, (select count(*) from released) as released from closed c;
 
+-- name: lock_running_attempt
+-- Fenced, and only while the attempt still runs the play: once it parked (a
+-- sleep in a task group, say), failing it would spend an attempt on a run
+-- that is safely waiting.
+select run_id from {schema}.runs
+ where run_id = $1 and current_attempt_id = $2 and status = 'running'
+   for update;
+
 -- name: retrying_run
 update {schema}.runs
    set status = 'retrying', error = $3, updated_at = now()
@@ -194,19 +202,31 @@ select exists (select 1 from {schema}.releases where queue = $1)
     or exists (select 1 from absurd.queues where queue_name = $1);
 
 -- name: lane_registry
--- Every lane with its status, whether it still holds non-terminal runs
+-- Every lane with its status; whether it still holds non-terminal runs
 -- (continuation loops attach to retired lanes with open runs, not only parked
--- ones, so expired leases there are swept, and detach when none is left), and
--- whether it holds work only its own release may run (a retired lane with
--- such work is draining; without, drained).
+-- ones, so expired leases there are swept, and detach when none is left);
+-- whether it holds open runs adopted by lane $1 (the caller's: its loop there
+-- finishes them, whatever the lane's status) or by any other lane than its
+-- own (its own loop must skip those); and whether it holds work only its own
+-- release may run (a retired lane with such work is draining; without, drained).
 select l.queue, l.status, l.release_ids,
        exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
                   and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
        exists (select 1 from {schema}.runs r
+                where coalesce(r.adopted_queue, r.queue) = $1
+                  and r.queue = l.queue
+                  and r.adopted_queue is not null
+                  and r.status not in ('completed', 'failed', 'cancelled')) as mine_open,
+       exists (select 1 from {schema}.runs r
+                where r.queue = l.queue
+                  and r.adopted_queue is not null
+                  and r.adopted_queue <> l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled')) as foreign_adopted,
+       exists (select 1 from {schema}.runs r
                 where coalesce(r.adopted_queue, r.queue) = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled', 'waiting'))
-         as draining_work
+                  and r.status not in ('completed', 'failed', 'cancelled')
+                  and {schema}.needs_own_lane(r.status, r.play, l.queue)) as draining_work
   from {schema}.releases l;
 
 -- name: lane_draining_work
@@ -214,7 +234,8 @@ select l.queue, l.status, l.release_ids,
 -- effective lane and not parked in a wait.
 select exists (select 1 from {schema}.runs r
                 where coalesce(r.adopted_queue, r.queue) = $1
-                  and r.status not in ('completed', 'failed', 'cancelled', 'waiting'));
+                  and r.status not in ('completed', 'failed', 'cancelled')
+                  and {schema}.needs_own_lane(r.status, r.play, $1));
 
 -- name: lanes
 select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
@@ -228,18 +249,18 @@ select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
            and w.heartbeat_at > now() - interval '60 seconds') as live_workers,
        exists (select 1 from {schema}.runs e
                 where coalesce(e.adopted_queue, e.queue) = l.queue
-                  and e.status not in ('completed', 'failed', 'cancelled', 'waiting'))
-         as draining_work
+                  and e.status not in ('completed', 'failed', 'cancelled')
+                  and {schema}.needs_own_lane(e.status, e.play, l.queue)) as draining_work
   from {schema}.releases l
   left join {schema}.runs r on r.queue = l.queue
  group by l.queue
  order by l.queue;
 
 -- name: heartbeat
-insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency)
-values ($1, $2, $3, $4, $5, $6)
+insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays)
+values ($1, $2, $3, $4, $5, $6, $7)
 on conflict (worker_id) do update
-   set heartbeat_at = now(), stopped_at = null;
+   set heartbeat_at = now(), stopped_at = null, plays = excluded.plays;
 
 -- name: worker_stopped
 update {schema}.workers set stopped_at = now() where worker_id = $1;
