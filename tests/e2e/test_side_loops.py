@@ -68,7 +68,8 @@ BREAKAGES = {
         f"alter table {SCHEMA}.releases rename column release_ids to renamed",
         "notify lane_worker_lanes, 'runs_rel_a'",  # refresh now rather than within 5 s
     ],
-    "heartbeat": [f"alter table {SCHEMA}.workers rename column heartbeat_at to renamed"],
+    # Only the heartbeat writes pid (the lane refresh reads heartbeat_at and plays).
+    "heartbeat": [f"alter table {SCHEMA}.workers rename column pid to renamed"],
 }
 
 
