@@ -26,7 +26,7 @@ update {schema}.runs
 -- A retired lane drains while it holds an open run that only its release may
 -- run: its effective lane (the adopter's, else the run's queue) and not parked.
 create index runs_effective_lane_open_idx
-  on {schema}.runs ((coalesce(adopted_queue, queue)), status)
+  on {schema}.runs ((coalesce(adopted_queue, queue)), status, play)
   where status not in ('completed', 'failed', 'cancelled');
 
 -- The plays each worker's app registers (written with every heartbeat): a
@@ -34,21 +34,30 @@ create index runs_effective_lane_open_idx
 -- parked run that no claiming release can adopt stays its own lane's work.
 alter table {schema}.workers add column plays text[] not null default '{}';
 
+-- The plays that live workers of claiming lanes other than p_lane register:
+-- what a newer release could adopt from lane p_lane.
+create function {schema}.adoptable_plays(p_lane text)
+  returns text[]
+  language sql
+  stable
+as $$
+  select coalesce(array_agg(distinct play), '{}')
+    from {schema}.workers w
+    join {schema}.releases l on l.queue = w.queue
+   cross join lateral unnest(w.plays) as play
+   where l.status = 'claiming'
+     and w.queue <> p_lane
+     and w.stopped_at is null
+     and w.heartbeat_at > now() - interval '60 seconds'
+$$;
+
 -- Whether a live worker of a claiming lane other than p_lane registers p_play.
 create function {schema}.play_adoptable(p_play text, p_lane text)
   returns boolean
   language sql
   stable
 as $$
-  select exists (
-    select 1
-      from {schema}.workers w
-      join {schema}.releases l on l.queue = w.queue
-     where l.status = 'claiming'
-       and w.queue <> p_lane
-       and w.stopped_at is null
-       and w.heartbeat_at > now() - interval '60 seconds'
-       and p_play = any (w.plays))
+  select p_play = any ({schema}.adoptable_plays(p_lane))
 $$;
 
 -- Whether an open run must be run by its effective lane p_lane: anything not
@@ -61,4 +70,23 @@ create function {schema}.needs_own_lane(p_status text, p_play text, p_lane text)
 as $$
   select p_status not in ('completed', 'failed', 'cancelled')
      and (p_status <> 'waiting' or not {schema}.play_adoptable(p_play, p_lane))
+$$;
+
+-- Whether lane p_lane holds an open run that only its release may run (set-based:
+-- the registry and `lanes` ask this of every lane, and a lane may hold many
+-- parked runs). A retired lane that does is draining; one that does not, drained.
+create function {schema}.lane_needs_own(p_lane text)
+  returns boolean
+  language sql
+  stable
+as $$
+  select exists (
+           select 1 from {schema}.runs r
+            where coalesce(r.adopted_queue, r.queue) = p_lane
+              and r.status in ('queued', 'running', 'retrying'))
+      or exists (
+           select 1 from {schema}.runs r
+            where coalesce(r.adopted_queue, r.queue) = p_lane
+              and r.status = 'waiting'
+              and r.play <> all ({schema}.adoptable_plays(p_lane)))
 $$;

@@ -223,19 +223,13 @@ select l.queue, l.status, l.release_ids,
                   and r.adopted_queue is not null
                   and r.adopted_queue <> l.queue
                   and r.status not in ('completed', 'failed', 'cancelled')) as foreign_adopted,
-       exists (select 1 from {schema}.runs r
-                where coalesce(r.adopted_queue, r.queue) = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled')
-                  and {schema}.needs_own_lane(r.status, r.play, l.queue)) as draining_work
+       {schema}.lane_needs_own(l.queue) as draining_work
   from {schema}.releases l;
 
 -- name: lane_draining_work
 -- Whether lane $1 holds an open run that only its own release may run: its
 -- effective lane and not parked in a wait.
-select exists (select 1 from {schema}.runs r
-                where coalesce(r.adopted_queue, r.queue) = $1
-                  and r.status not in ('completed', 'failed', 'cancelled')
-                  and {schema}.needs_own_lane(r.status, r.play, $1));
+select {schema}.lane_needs_own($1);
 
 -- name: lanes
 select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
@@ -247,10 +241,7 @@ select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
        (select count(*) from {schema}.workers w
          where w.queue = l.queue and w.stopped_at is null
            and w.heartbeat_at > now() - interval '60 seconds') as live_workers,
-       exists (select 1 from {schema}.runs e
-                where coalesce(e.adopted_queue, e.queue) = l.queue
-                  and e.status not in ('completed', 'failed', 'cancelled')
-                  and {schema}.needs_own_lane(e.status, e.play, l.queue)) as draining_work
+       {schema}.lane_needs_own(l.queue) as draining_work
   from {schema}.releases l
   left join {schema}.runs r on r.queue = l.queue
  group by l.queue
