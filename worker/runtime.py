@@ -23,6 +23,7 @@ import structlog
 
 from worker import checkpoint, engine, lanes
 from worker.app import App
+from worker.config import mask_secrets, url_secrets
 from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
 from worker.db import Connection, Database, is_transient
 from worker.errors import (
@@ -147,6 +148,9 @@ class Runtime:
         self.claiming_queues: frozenset[str] = frozenset()
         self.foreign_adoptees = False
         self.plays = sorted(app.plays)
+        # A play's error text may quote the database URL (a driver message):
+        # stored errors are shown by `status`, so mask its passwords first.
+        self.secrets = url_secrets(db.options.url)
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
@@ -279,12 +283,17 @@ class Runtime:
                 parked_in_adoptable_wait=row["status"] == "waiting"
                 and (row["current_wait"] or {}).get("kind") in checkpoint.KNOWN_BOUNDARY_KINDS,
             )
-        if isinstance(disposition, lanes.Adopt) and row["play"] not in self.app.plays:
-            # Adopting it would fail it for good here; its own release, or one that
-            # registers the play, can still run it. The claim skips such runs.
+        if (
+            not own_loop
+            and isinstance(disposition, lanes.Adopt | lanes.Own)
+            and row["play"] not in self.app.plays
+        ):
+            # Running it would fail it for good here (UnknownPlayError), though its
+            # own release, another machine of this one or a release that registers
+            # the play can still run it. The claim skips such runs: this is a race.
             disposition = lanes.Defer(
                 reason=f"play {row['play']!r} of run {run_id} (release {effective}) is not "
-                f"registered in release {self.release_id}, which cannot adopt it",
+                f"registered in this app of release {self.release_id}, which cannot run it",
                 delay_seconds=lanes.LANE_ADOPTION_DEFER_SECONDS,
             )
             if self.metrics is not None:
@@ -627,6 +636,11 @@ class Runtime:
 
         await self.db.transaction(complete)
 
+    def _reason(self, exc: BaseException) -> dict[str, Any]:
+        reason = _reason(exc)
+        reason["message"] = mask_secrets(reason["message"], self.secrets)
+        return reason
+
     async def _fail_attempt(
         self,
         h: RunHandle,
@@ -634,7 +648,7 @@ class Runtime:
         exc: BaseException,
         bound: structlog.typing.FilteringBoundLogger,
     ) -> str:
-        reason = _reason(exc)
+        reason = self._reason(exc)
         final = max_attempts is not None and h.attempt >= max_attempts
         outcome = "failed" if final else "retrying"
         fact = checkpoint.terminal_ledger_event(
@@ -687,7 +701,7 @@ class Runtime:
     async def _fail_for_good(
         self, h: RunHandle, exc: Exception, bound: structlog.typing.FilteringBoundLogger
     ) -> str:
-        reason = {**_reason(exc), "fatal": True}
+        reason = {**self._reason(exc), "fatal": True}
         fact = checkpoint.terminal_ledger_event(
             {"status": "failed", "runId": str(h.run_id), "output": None, "error": reason}
         )

@@ -15,6 +15,7 @@ outage with readiness false; any other error in one drains and exits 1.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -98,7 +99,11 @@ class Supervisor:
     def __init__(self, settings: Settings, app: App) -> None:
         self.settings = settings
         self.app = app
-        self.worker_id = f"{settings.release_id}@{socket.gethostname()}:{os.getpid()}"
+        # The token: containers often share a hostname and run as pid 1, and two
+        # workers with one id would hand back each other's runs at shutdown.
+        self.worker_id = (
+            f"{settings.release_id}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        )
         self.metrics = Metrics()
         self.wakeups = Wakeups()
         self.capacity = Capacity(settings.tuning.concurrency)
@@ -377,8 +382,15 @@ class Supervisor:
         # whatever that lane's status), and, while this lane claims, on every
         # retired lane with open runs (to adopt its parked runs as they come due).
         wanted = {q for q, lane in registry.items() if lane["mine_open"] and q != s.queue}
-        if self.lane_state == "claiming":
-            adoptable = [r for r in registry.values() if r["status"] == "retired" and r["has_open"]]
+        if self.lane_state == "claiming" and own is not None:
+            # Only from older lanes: releases roll forward, never back.
+            adoptable = [
+                r
+                for r in registry.values()
+                if r["status"] == "retired"
+                and r["has_open"]
+                and r["created_at"] < own["created_at"]
+            ]
             wanted |= set(
                 lanes.adoption_queues(
                     s.release_id, [i for r in adoptable for i in r["release_ids"]]

@@ -314,7 +314,7 @@ async def test_two_worktrees_share_a_database_on_separate_lanes(
         assert {a["release_id"] for a in on_queue} == {release}, on_queue
         assert all(a["worker_id"].startswith(f"{release}@") for a in on_queue), on_queue
         worker_pid = started[suffix].proc.pid
-        assert {a["worker_id"].rsplit(":", 1)[1] for a in on_queue} == {str(worker_pid)}
+        assert {a["worker_id"].split(":")[1] for a in on_queue} == {str(worker_pid)}
     assert {r["queue"] for r in runs} == set(worktrees.values()), "a run on another queue"
 
 

@@ -58,6 +58,7 @@ async def test_a_draining_lane_finishes_its_own_work_and_leaves_parked_runs_to_b
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         await register_worker(rt_b)  # B is live and registers the plays: it adopts them
         napper = await client.submit("napper")
@@ -115,6 +116,7 @@ async def test_a_draining_lane_never_takes_a_run_adopted_by_another(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         run = await client.submit("nap-then-flaky")
         assert await work_once(rt_a) == ["parked"]

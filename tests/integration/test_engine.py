@@ -31,6 +31,13 @@ async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     await engine.ensure_engine_schema(conn)
     await Store(SCHEMA).migrate(conn)  # the continuation claim reads the store's adopters
     await engine.ensure_queue(conn, QUEUE)
+    # QUEUE's lane is retired and older than the continuation worker's own lane.
+    await conn.execute(
+        f"insert into {SCHEMA}.releases (queue, status, created_at)"
+        " values ($1, 'retired', now() - interval '1 hour'), ($2, 'claiming', now())",
+        QUEUE,
+        CONT_OWN_QUEUE,
+    )
     yield conn  # type: ignore[misc]
     await conn.close()
 
@@ -198,10 +205,10 @@ async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
 ) -> None:
     """Due sleepers: parked ones and its own adopted ones, not retries or another's adoptees."""
     other = "runs_engine_test_other"
-    await eng.execute(
-        f"insert into {SCHEMA}.releases (queue, status) values ($1, 'claiming'), ($2, 'claiming')",
+    await eng.execute(  # an adopter lane older than the claimer's: adoptable from, once retired
+        f"insert into {SCHEMA}.releases (queue, status, created_at)"
+        " values ($1, 'claiming', now() - interval '30 minutes')",
         other,
-        CONT_OWN_QUEUE,
     )
     cases = {
         "parked": ("waiting", None),

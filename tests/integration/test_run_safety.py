@@ -78,8 +78,8 @@ async def test_a_third_release_never_takes_a_run_its_adopter_still_claims(
         open_runtime(database_url, app, B) as rt_b,
         open_runtime(database_url, app, C) as rt_c,
     ):
-        for release in (B, C):
-            await client.activate_release(release)  # both lanes claim
+        for release in (A, B, C):  # registered in release order, as their workers boot
+            await client.activate_release(release)
         run = await client.submit("naps")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
@@ -116,8 +116,9 @@ async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_
         open_runtime(database_url, app, B) as rt_b,
         open_runtime(database_url, app, C) as rt_c,
     ):
-        await client.activate_release(C)
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
+        await client.activate_release(C)
         run = await client.submit("naps")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
@@ -177,6 +178,7 @@ async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         run = await client.submit("gated")
         assert await work_once(rt_a) == ["parked"]
@@ -412,6 +414,7 @@ async def test_a_cancel_anywhere_in_a_claim_hands_it_back_without_spending_an_at
             rt = rt_a
             if loop == "continuation":
                 rt = rt_b
+                await client.activate_release(A)  # lanes register in release order
                 await client.activate_release(B)
                 await client.retire_release(A)
                 # A defer is a race now: the claim saw the run parked, and by the

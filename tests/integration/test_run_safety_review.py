@@ -108,15 +108,17 @@ async def nap_due(conn: Any) -> bool:
     return bool(late == 0)
 
 
-def napping_app(name: str) -> App:
-    """Play ``name``: a step, a 0.3 s nap, a step; each step returns the executing release."""
+def napping_app(name: str, naps: int = 1) -> App:
+    """Play ``name``: a step, then ``naps`` times a 0.3 s nap and a step; returns who ran each."""
     app = App()
 
     @app.play(name)
     async def nap(ctx: TaskContext, params: Any) -> list[str]:
-        first = await ctx.step("first", lambda: ctx.release_id)
-        await ctx.sleep("nap", 0.3)
-        return [first, await ctx.step("second", lambda: ctx.release_id)]
+        ran = [await ctx.step("first", lambda: ctx.release_id)]
+        for n in range(naps):
+            await ctx.sleep(f"nap-{n}", 0.3)
+            ran.append(await ctx.step(f"after-{n}", lambda: ctx.release_id))
+        return ran
 
     return app
 
@@ -130,6 +132,7 @@ async def test_a_parked_run_whose_play_the_newer_release_lacks_stays_with_its_ow
         open_runtime(database_url, napping_app("only-in-a"), A) as rt_a,
         open_runtime(database_url, napping_app("something-else"), B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         await register_worker(rt_b)  # B is live, and registers its plays
         run = await client.submit("only-in-a")
@@ -157,6 +160,7 @@ async def test_adopting_without_the_play_in_a_race_defers_and_counts(database_ur
         open_runtime(database_url, napping_app("only-in-a"), A) as rt_a,
         open_runtime(database_url, napping_app("something-else"), B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         run = await client.submit("only-in-a")
         assert await work_once(rt_a) == ["parked"]
@@ -196,6 +200,7 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
+        await client.activate_release(A)  # lanes register in release order
         await client.activate_release(B)
         run = await client.submit("two-naps")
         assert await work_once(rt_a) == ["parked"]
@@ -221,3 +226,141 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         status = await client.status(run.run_id)
     assert executed == [("one", A), ("two", B), ("three", B)]
     assert status.status == "completed"
+
+
+async def test_a_machine_of_the_adopter_without_the_play_never_fails_its_adoptee(
+    database_url: str,
+) -> None:
+    """B adopted the run; another B machine whose app lacks the play is never handed it."""
+    full, partial = napping_app("only-in-full", naps=2), napping_app("something-else")
+    async with (
+        open_client(database_url, ENV_A) as client,
+        open_runtime(database_url, full, A) as rt_a,
+        open_runtime(database_url, full, B, worker_base="b-full") as rt_b_full,
+        open_runtime(database_url, partial, B, worker_base="b-partial") as rt_b_partial,
+    ):
+        await client.activate_release(A)  # lanes register in release order
+        await client.activate_release(B)
+        await register_worker(rt_b_full)
+        run = await client.submit("only-in-full")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A)
+        await eventually(lambda: _adopted_and_parked(rt_b_full), what="B adopting the run")
+        assert (await client.status(run.run_id)).status == "waiting"  # parked at nap-1
+        conn = await connect(database_url)
+        try:
+            await eventually(lambda: nap_due(conn), what="the nap due")
+        finally:
+            await conn.close()
+        assert await work_once(rt_b_partial, QA) == []
+        # A race (the claim thought it had the play): deferred, never failed for good.
+        rt_b_partial.plays = ["only-in-full"]
+        assert await work_once(rt_b_partial, QA) == ["deferred"]
+        status = await client.status(run.run_id)
+    assert status.status == "waiting"
+    assert status.adopted_release_id == B
+
+
+async def _adopted_and_parked(rt: Any) -> bool:
+    """Claim on A's queue with ``rt``; tell whether a run parked (adopted at the nap)."""
+    outcomes = await work_once(rt, QA)
+    return "parked" in outcomes or "completed" in outcomes
+
+
+async def test_a_rollback_keeps_the_retired_adopter_draining_for_its_adoptee(
+    database_url: str,
+) -> None:
+    """B adopted A's run; `activate A`, `retire B`: B stays draining and finishes it itself."""
+    app = napping_app("loop", naps=2)
+    async with (
+        open_client(database_url, ENV_A) as client,
+        open_runtime(database_url, app, A) as rt_a,
+        open_runtime(database_url, app, B) as rt_b,
+    ):
+        await client.activate_release(A)  # lanes register in release order
+        await client.activate_release(B)
+        await register_worker(rt_a)
+        await register_worker(rt_b)
+        run = await client.submit("loop")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A)
+        await eventually(lambda: _adopted_and_parked(rt_b), what="B adopting the run")
+        await client.activate_release(A)
+        await client.retire_release(B)
+        lanes = {lane.queue: lane.status for lane in await client.lanes()}
+        rt_b.draining = True
+        rt_a.foreign_adoptees = True
+        assert await work_once(rt_a) == []  # A never takes back B's adoptee
+
+        async def b_finished() -> bool:
+            return "completed" in await work_once(rt_b, QA)
+
+        await eventually(b_finished, what="retired B to finish its adoptee")
+        status = await client.status(run.run_id)
+    assert lanes[queue_of(B)] == "draining"
+    assert status.output == [A, B, B]
+
+
+async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
+    database_url: str,
+) -> None:
+    """B's deploy is aborted (B retired while A claims): A is not handed B's parked run."""
+    app = napping_app("loop")
+    async with (
+        open_client(database_url, {**ENV_A, "DEEPLINE_RUNTIME_DEPLOY_VERSION": B}) as client,
+        open_runtime(database_url, app, A) as rt_a,
+        open_runtime(database_url, app, B) as rt_b,
+    ):
+        await client.activate_release(A)  # A's lane exists first: it is the older one
+        await client.activate_release(B)
+        await register_worker(rt_a)
+        run = await client.submit("loop")
+        assert await work_once(rt_b) == ["parked"]
+        await client.retire_release(B)
+        conn = await connect(database_url)
+        try:
+            await eventually(lambda: _due_on(conn, queue_of(B)), what="the nap due")
+        finally:
+            await conn.close()
+        assert await work_once(rt_a, queue_of(B)) == []
+        lanes = {lane.queue: lane.status for lane in await client.lanes()}
+        rt_b.draining = True
+        assert await work_once(rt_b) == ["completed"]
+        status = await client.status(run.run_id)
+    assert lanes[queue_of(B)] == "draining"  # nothing newer can adopt it
+    assert status.output == [B, B]
+
+
+async def _due_on(conn: Any, queue: str) -> bool:
+    """Tell whether no engine run on ``queue`` sleeps into the future."""
+    late = await conn.fetchval(
+        f"select count(*) from absurd.r_{queue}"
+        " where state = 'sleeping' and available_at > absurd.current_time()"
+    )
+    return bool(late == 0)
+
+
+async def test_a_database_password_in_a_play_error_is_masked_before_it_is_stored(
+    database_url: str,
+) -> None:
+    """A driver message quoting the URL's password is stored (and shown) with ``***``."""
+    with_password = database_url.replace("postgres@", "postgres:S3cret%2FPw@", 1)
+    assert with_password != database_url
+    app = App()
+
+    @app.play("leaky")
+    async def leaky(ctx: TaskContext, params: Any) -> None:
+        raise RuntimeError("could not connect with S3cret/Pw (S3cret%2FPw)")
+
+    async with (
+        open_client(database_url, ENV_A) as client,
+        open_runtime(with_password, app, A) as rt,
+    ):
+        run = await client.submit("leaky")
+        assert await work_once(rt) == ["retrying"]
+        status = await client.status(run.run_id)
+        stored = await rt.db.fetchval(
+            "select error::text from runtime_scheduler.attempts where run_id = $1::uuid", run.run_id
+        )
+    assert status.error["message"] == "could not connect with *** (***)"
+    assert "S3cret" not in stored

@@ -13,14 +13,17 @@
 -- queue. Hands out runs whose durable wait is over (a due `sleeping` run, or a
 -- `pending` one an event woke) and that it may take: runs it adopted earlier
 -- (its own work, whatever their store status), and runs parked in a wait
--- (store status `waiting`) whose play its app registers (p_plays) and that no
--- other claiming lane adopted. Everything else (fresh runs, retries and
+-- (store status `waiting`) whose play its app registers (p_plays), that no
+-- other claiming lane adopted and whose effective lane is older than its own
+-- (lanes ordered by first registration: a release never adopts from a newer). Everything else (fresh runs, retries and
 -- hand-backs of the retired lane, which only that lane's draining workers may
 -- run, and runs another claiming release adopted) is never handed out, so a
 -- defer is a race, not the normal path.
 --
 -- Mode 'mine': a claiming release's loop on a lane that claims too (it was
 -- activated again after this release adopted runs there): only its adoptees.
+-- On another lane's queue every mode hands out only runs whose play this app
+-- registers (a machine of the same release with another app must not fail them).
 --
 -- Mode 'drain': every loop of a retired (draining) release, on its own queue
 -- or another. Hands out only what no other release may run: runs whose
@@ -61,22 +64,29 @@ begin
              select 1
                from %1$I.runs s
               where s.task_id = r.task_id
+                and s.play = any (%3$s)
                 and (s.adopted_queue = %2$s
                      or (s.status = ''waiting''
-                         and s.play = any (%3$s)
                          and (s.adopted_queue is null
                               or not exists (
                                    select 1 from %1$I.releases l
                                     where l.queue = s.adopted_queue
-                                      and l.status = ''claiming'')))))',
-      p_store_schema, p_own_param, p_plays_param);
+                                      and l.status = ''claiming''))
+                         -- only from an older lane: releases roll forward
+                         and exists (
+                               select 1 from %1$I.releases them, %1$I.releases me
+                                where them.queue = coalesce(s.adopted_queue, %4$L)
+                                  and me.queue = %2$s
+                                  and them.created_at < me.created_at))))',
+      p_store_schema, p_own_param, p_plays_param, p_queue_name);
   elsif p_mode = 'mine' then
     return format(
       'r.state in (''pending'', ''sleeping'')
        and exists (
              select 1 from %1$I.runs s
-              where s.task_id = r.task_id and s.adopted_queue = %2$s)',
-      p_store_schema, p_own_param);
+              where s.task_id = r.task_id and s.adopted_queue = %2$s
+                and s.play = any (%3$s))',
+      p_store_schema, p_own_param, p_plays_param);
   elsif p_mode = 'drain' then
     return format(
       'r.state in (''pending'', ''sleeping'')
@@ -85,10 +95,12 @@ begin
                 from %1$I.runs s
                where s.task_id = r.task_id
                  and coalesce(s.adopted_queue, %3$L) = %2$s
-                 and %1$I.needs_own_lane(s.status, s.play, %2$s))
+                 -- on the queue of another lane, only what this app can run
+                 and (%3$L = %2$s or s.play = any (%4$s))
+                 and %1$I.needs_own_lane(s.status, s.play, %2$s, s.queue))
             or (%3$L = %2$s
                 and not exists (select 1 from %1$I.runs s where s.task_id = r.task_id)))',
-      p_store_schema, p_own_param, p_queue_name);
+      p_store_schema, p_own_param, p_queue_name, p_plays_param);
   end if;
   raise exception 'lane_worker: unknown claim mode "%" (own, adopt, mine or drain)', p_mode
     using errcode = '22023';

@@ -34,8 +34,10 @@ create index runs_effective_lane_open_idx
 -- parked run that no claiming release can adopt stays its own lane's work.
 alter table {schema}.workers add column plays text[] not null default '{}';
 
--- The plays that live workers of claiming lanes other than p_lane register:
--- what a newer release could adopt from lane p_lane.
+-- The plays that live workers of claiming lanes newer than p_lane register:
+-- what could adopt a parked run of lane p_lane. Lanes are ordered by their
+-- first registration (a release never adopts from a newer one), and liveness
+-- is a heartbeat within 60 s.
 create function {schema}.adoptable_plays(p_lane text)
   returns text[]
   language sql
@@ -46,7 +48,7 @@ as $$
     join {schema}.releases l on l.queue = w.queue
    cross join lateral unnest(w.plays) as play
    where l.status = 'claiming'
-     and w.queue <> p_lane
+     and l.created_at > (select o.created_at from {schema}.releases o where o.queue = p_lane)
      and w.stopped_at is null
      and w.heartbeat_at > now() - interval '60 seconds'
 $$;
@@ -60,16 +62,21 @@ as $$
   select p_play = any ({schema}.adoptable_plays(p_lane))
 $$;
 
--- Whether an open run must be run by its effective lane p_lane: anything not
--- parked in a wait (fresh, running, retrying, handed back), and a parked run
--- that no claiming release could adopt. A retired lane holding one is draining.
-create function {schema}.needs_own_lane(p_status text, p_play text, p_lane text)
+-- Whether an open run on queue p_queue must be run by its effective lane
+-- p_lane: anything not parked in a wait (fresh, running, retrying, handed
+-- back), and a parked run that nothing could adopt: continuation loops adopt
+-- only on a retired queue, and only a newer claiming release registering its
+-- play. A retired lane holding one is draining.
+create function {schema}.needs_own_lane(p_status text, p_play text, p_lane text, p_queue text)
   returns boolean
   language sql
   stable
 as $$
   select p_status not in ('completed', 'failed', 'cancelled')
-     and (p_status <> 'waiting' or not {schema}.play_adoptable(p_play, p_lane))
+     and (p_status <> 'waiting'
+          or not {schema}.play_adoptable(p_play, p_lane)
+          or not exists (select 1 from {schema}.releases q
+                          where q.queue = p_queue and q.status = 'retired'))
 $$;
 
 -- Whether lane p_lane holds an open run that only its release may run (set-based:
@@ -88,5 +95,7 @@ as $$
            select 1 from {schema}.runs r
             where coalesce(r.adopted_queue, r.queue) = p_lane
               and r.status = 'waiting'
-              and r.play <> all ({schema}.adoptable_plays(p_lane)))
+              and (r.play <> all ({schema}.adoptable_plays(p_lane))
+                   or not exists (select 1 from {schema}.releases q
+                                   where q.queue = r.queue and q.status = 'retired')))
 $$;

@@ -209,7 +209,7 @@ select exists (select 1 from {schema}.releases where queue = $1)
 -- finishes them, whatever the lane's status) or by any other lane than its
 -- own (its own loop must skip those); and whether it holds work only its own
 -- release may run (a retired lane with such work is draining; without, drained).
-select l.queue, l.status, l.release_ids,
+select l.queue, l.status, l.release_ids, l.created_at,
        exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
                   and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
