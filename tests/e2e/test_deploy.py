@@ -214,8 +214,8 @@ async def test_a_retired_lane_drains_on_its_own_workers_then_refuses_boot(
     """Retired A finishes its own runs, B adopts A's sleeper, and a drained A will not boot."""
     async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
         a = pool.start(A, name="A")
+        await a.ready()  # A's lane registers first: B is the newer release
         b = pool.start(B, name="B")
-        await a.ready()
         await b.ready()
         sleeper = await client.submit("sleeper", {"seconds": 2})
         await a.wait_for("run.parked", run_id=sleeper.run_id)
