@@ -110,6 +110,15 @@ async def register_worker(runtime: Runtime, worker_id: str | None = None) -> Non
     )
 
 
+async def sleepers_due(conn: asyncpg.Connection[asyncpg.Record], queue: str) -> bool:
+    """Tell whether no engine run on ``queue`` sleeps into the future (the database's clock)."""
+    late = await conn.fetchval(
+        f"select count(*) from absurd.r_{queue}"
+        " where state = 'sleeping' and available_at > absurd.current_time()"
+    )
+    return bool(late == 0)
+
+
 def queue_of(release_id: str) -> str:
     """Return the lane queue of a release."""
     return lanes.queue_name_for_release(release_id)

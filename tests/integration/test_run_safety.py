@@ -21,6 +21,7 @@ from runtime_harness import (
     open_client,
     open_runtime,
     queue_of,
+    sleepers_due,
     work_once,
     work_until,
 )
@@ -57,15 +58,6 @@ def naps_app(executed: list[tuple[str, str]]) -> App:
     return app
 
 
-async def due(conn: asyncpg.Connection[asyncpg.Record], queue: str) -> bool:
-    """Tell whether every sleeping engine run on ``queue`` is due."""
-    late = await conn.fetchval(
-        f"select count(*) from absurd.r_{queue}"
-        " where state = 'sleeping' and available_at > absurd.current_time()"
-    )
-    return bool(late == 0)
-
-
 async def test_a_third_release_never_takes_a_run_its_adopter_still_claims(
     database_url: str,
 ) -> None:
@@ -85,11 +77,11 @@ async def test_a_third_release_never_takes_a_run_its_adopter_still_claims(
         await client.retire_release(A)
         conn = await connect(database_url)
         try:
-            await eventually(lambda: due(conn, QA), what="nap-1 due")
+            await eventually(lambda: sleepers_due(conn, QA), what="nap-1 due")
             with structlog.testing.capture_logs() as logs:
                 # B adopts at nap-1 and parks at nap-2.
                 assert await work_until(rt_b, "parked", queue=QA) == ["parked"]
-                await eventually(lambda: due(conn, QA), what="nap-2 due")
+                await eventually(lambda: sleepers_due(conn, QA), what="nap-2 due")
                 assert await work_once(rt_c, QA) == []  # skipped by C's claim
                 assert await work_once(rt_b, QA) == ["completed"]
         finally:
@@ -126,7 +118,7 @@ async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_
         await client.retire_release(B)
         conn = await connect(database_url)
         try:
-            await eventually(lambda: due(conn, QA), what="nap-2 due")
+            await eventually(lambda: sleepers_due(conn, QA), what="nap-2 due")
             batch = await rt_c.claim(QA, 1)  # allowed: B's lane is retired now
             assert len(batch.runs) == 1
             await client.activate_release(B)
@@ -184,7 +176,7 @@ async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
         assert await work_once(rt_a) == ["parked"]
         conn = await connect(database_url)
         try:
-            await eventually(lambda: due(conn, QA), what="the nap due")
+            await eventually(lambda: sleepers_due(conn, QA), what="the nap due")
             batch = await rt_a.claim(QA, 1)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(rt_a.handle, batch.runs[0])

@@ -14,6 +14,7 @@ from runtime_harness import (
     open_runtime,
     queue_of,
     register_worker,
+    sleepers_due,
     work_once,
     work_until,
 )
@@ -99,15 +100,6 @@ async def test_a_sleep_inside_a_task_group_parks_without_spending_an_attempt(
     assert [(a.attempt, a.outcome) for a in status.attempts] == [(1, "parked"), (1, "completed")]
 
 
-async def nap_due(conn: Any) -> bool:
-    """Tell whether no engine run on A's queue sleeps into the future."""
-    late = await conn.fetchval(
-        f"select count(*) from absurd.r_{QA}"
-        " where state = 'sleeping' and available_at > absurd.current_time()"
-    )
-    return bool(late == 0)
-
-
 def napping_app(name: str, naps: int = 1) -> App:
     """Play ``name``: a step, then ``naps`` times a 0.3 s nap and a step; returns who ran each."""
     app = App()
@@ -142,7 +134,7 @@ async def test_a_parked_run_whose_play_the_newer_release_lacks_stays_with_its_ow
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         conn = await connect(database_url)
         try:
-            await eventually(lambda: nap_due(conn), what="the nap due")
+            await eventually(lambda: sleepers_due(conn, QA), what="the nap due")
         finally:
             await conn.close()
         assert await work_once(rt_b, QA) == []  # not handed to B at all
@@ -168,7 +160,7 @@ async def test_adopting_without_the_play_in_a_race_defers_and_counts(database_ur
         rt_b.plays = ["only-in-a"]  # the claim believes B has it: the race
         conn = await connect(database_url)
         try:
-            await eventually(lambda: nap_due(conn), what="the nap due")
+            await eventually(lambda: sleepers_due(conn, QA), what="the nap due")
         finally:
             await conn.close()
         with structlog.testing.capture_logs() as logs:
@@ -210,7 +202,7 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         rt_b.claiming_queues = frozenset({QA})  # as B's registry refresh sees it
         conn = await connect(database_url)
         try:
-            await eventually(lambda: nap_due(conn), what="nap-two due")
+            await eventually(lambda: sleepers_due(conn, QA), what="nap-two due")
         finally:
             await conn.close()
         # A's own loop (the engine's claim) is handed it once, gives it to B, and
@@ -249,7 +241,7 @@ async def test_a_machine_of_the_adopter_without_the_play_never_fails_its_adoptee
         assert (await client.status(run.run_id)).status == "waiting"  # parked at nap-1
         conn = await connect(database_url)
         try:
-            await eventually(lambda: nap_due(conn), what="the nap due")
+            await eventually(lambda: sleepers_due(conn, QA), what="the nap due")
         finally:
             await conn.close()
         assert await work_once(rt_b_partial, QA) == []
@@ -319,7 +311,7 @@ async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
         await client.retire_release(B)
         conn = await connect(database_url)
         try:
-            await eventually(lambda: _due_on(conn, queue_of(B)), what="the nap due")
+            await eventually(lambda: sleepers_due(conn, queue_of(B)), what="the nap due")
         finally:
             await conn.close()
         assert await work_once(rt_a, queue_of(B)) == []
@@ -329,15 +321,6 @@ async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
         status = await client.status(run.run_id)
     assert lanes[queue_of(B)] == "draining"  # nothing newer can adopt it
     assert status.output == [B, B]
-
-
-async def _due_on(conn: Any, queue: str) -> bool:
-    """Tell whether no engine run on ``queue`` sleeps into the future."""
-    late = await conn.fetchval(
-        f"select count(*) from absurd.r_{queue}"
-        " where state = 'sleeping' and available_at > absurd.current_time()"
-    )
-    return bool(late == 0)
 
 
 async def test_a_database_password_in_a_play_error_is_masked_before_it_is_stored(
