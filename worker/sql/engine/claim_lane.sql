@@ -28,9 +28,8 @@
 -- Mode 'drain': every loop of a retired (draining) release, on its own queue
 -- or another. Hands out only what no other release may run: runs whose
 -- effective lane (the adopter's, else the queue's) is p_own_queue and that
--- need it (the store's needs_own_lane: not parked, or parked in a play no
--- claiming release registers). Other parked runs are left to the claiming
--- releases, which adopt them.
+-- need it (the store's needs_own_lane: not parked, or parked where nothing
+-- could adopt it). Other parked runs are left to the claiming releases.
 create schema if not exists lane_worker;
 
 create or replace function lane_worker.lane_filter (
