@@ -349,11 +349,10 @@ class Supervisor:
     async def _adoption_refresh(
         self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
     ) -> None:
-        """Keep one continuation loop per retired lane with open runs; watch our own lane.
+        """Keep the continuation loops this release needs; follow its own lane's state.
 
-        A loop detaches when its lane drains. A lane activated again keeps its
-        loop until the loop claims one of its runs: that refusal is the loud
-        signal that two releases claim one lane, and it detaches the loop.
+        Runs on every lane-registry NOTIFY and every 5 s. ``_refresh_lanes`` says
+        which loops are wanted; a loop no longer wanted detaches.
         """
         while True:
             self.wakeups.lanes_changed.clear()
@@ -412,11 +411,6 @@ class Supervisor:
 
     async def _lane_registry(self, conn: Connection) -> list[Any]:
         return await self.store.fetch(conn, "lane_registry", self.settings.queue)
-
-    @property
-    def own_lane_retired(self) -> bool:
-        """Tell whether this release's lane is retired (draining or drained)."""
-        return self.lane_state != "claiming"
 
     def _set_lane_state(self, runtime: Runtime, state: str) -> None:
         """Follow this release's lane: claiming, draining or drained."""
