@@ -253,27 +253,25 @@ class Runtime:
                 await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
                 bound.error("lane.guard_failed", run_release_id=row["release_id"])
                 raise
-            if adopter is not None and row["adopted_queue"] != self.queue:
-                # Another lane adopted it: newer code than ours ran it already. The
-                # own loop skips such runs from now on (the registry refresh would
-                # notice too, a few seconds later); give this one to its adopter.
+        if (
+            adopter is not None
+            and row["adopted_queue"] != self.queue
+            and (own_loop or row["adopter_claiming"])
+        ):
+            # Another lane adopted it and may still run it: newer code than the
+            # stamped lane's ran it already, and a third release must not take it.
+            # The claim statement skips such runs (an own loop that meets one
+            # switches to the claim that does), so this is a race: give it back
+            # to its adopter at once, quietly.
+            if own_loop:
                 self.foreign_adoptees = True
-                bound.info("run.left_to_adopter", adopter_release_id=adopter)
-                outcome = await self._put_back(
-                    claimed, claim, "defer", "deferred", delay_s=0,
-                    note={"reason": f"adopted by {adopter}"},
-                )  # fmt: skip
-                return Handled("defer", outcome)
-        elif adopter is not None and row["adopted_queue"] != self.queue and row["adopter_claiming"]:
-            # Its adopter's lane claims: the adopter finishes it. The claim statement
-            # skips such runs, so this is a race; give it back at once, quietly.
             bound.info("run.left_to_adopter", adopter_release_id=adopter)
             outcome = await self._put_back(
                 claimed, claim, "defer", "deferred", delay_s=0,
-                note={"reason": f"adopted by {adopter}, whose lane still claims"},
+                note={"reason": f"adopted by {adopter}"},
             )  # fmt: skip
             return Handled("defer", outcome)
-        else:
+        if not own_loop:
             disposition = lanes.resolve_lane_disposition(
                 run_id=str(run_id),
                 run_release_id=effective,
