@@ -42,6 +42,21 @@ async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     await conn.close()
 
 
+async def adopt_claim(conn: Connection, *, qty: int) -> engine.ClaimBatch:
+    """Claim from QUEUE as the continuation loop of a newer, claiming lane whose app has play p."""
+    return await engine.claim(
+        conn,
+        QUEUE,
+        CONT,
+        lease_s=30,
+        qty=qty,
+        mode=engine.CLAIM_ADOPT,
+        store_schema=SCHEMA,
+        own_queue=CONT_OWN_QUEUE,
+        plays=["p"],
+    )
+
+
 async def spawn(conn: Connection, name: str = "play-run") -> engine.Spawned:
     """Spawn one task on the test queue."""
     return await engine.spawn(conn, QUEUE, name, {"n": 1}, max_attempts=3, retry_strategy=RETRY)
@@ -132,17 +147,7 @@ async def test_continuation_fence_never_hands_out_fresh_or_pending_retry(
     await engine.fail(
         eng, QUEUE, claimed[0].run_id, {"message": "boom"}, retry_at=datetime.now(UTC)
     )
-    batch = await engine.claim(
-        eng,
-        QUEUE,
-        CONT,
-        lease_s=30,
-        qty=10,
-        mode=engine.CLAIM_ADOPT,
-        store_schema=SCHEMA,
-        own_queue=CONT_OWN_QUEUE,
-        plays=["p"],
-    )
+    batch = await adopt_claim(eng, qty=10)
     assert batch.runs == ()
     assert batch.swept == 0
 
@@ -183,17 +188,7 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     assert suspended
     await engine.emit_event(eng, QUEUE, "evt:x:approval", {"ok": True})
 
-    batch = await engine.claim(
-        eng,
-        QUEUE,
-        CONT,
-        lease_s=30,
-        qty=10,
-        mode=engine.CLAIM_ADOPT,
-        store_schema=SCHEMA,
-        own_queue=CONT_OWN_QUEUE,
-        plays=["p"],
-    )
+    batch = await adopt_claim(eng, qty=10)
     got = {r.task_id: r for r in batch.runs}
     assert set(got) == {sleeper.task_id, waiter.task_id}
     assert got[waiter.task_id].event_payload == {"ok": True}
@@ -225,17 +220,7 @@ async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
         await engine.schedule(eng, QUEUE, run.run_id, datetime.now(UTC))
 
     async def claimed_names() -> set[str]:
-        batch = await engine.claim(
-            eng,
-            QUEUE,
-            CONT,
-            lease_s=30,
-            qty=10,
-            mode=engine.CLAIM_ADOPT,
-            store_schema=SCHEMA,
-            own_queue=CONT_OWN_QUEUE,
-            plays=["p"],
-        )
+        batch = await adopt_claim(eng, qty=10)
         return {r.task_name for r in batch.runs}
 
     due_in = await eng.fetchval(
@@ -281,17 +266,7 @@ async def test_continuation_claim_sweeps_expired_leases(
         "where run_id = $1",
         claimed.run_id,
     )
-    batch = await engine.claim(
-        eng,
-        QUEUE,
-        CONT,
-        lease_s=30,
-        qty=5,
-        mode=engine.CLAIM_ADOPT,
-        store_schema=SCHEMA,
-        own_queue=CONT_OWN_QUEUE,
-        plays=["p"],
-    )
+    batch = await adopt_claim(eng, qty=5)
     assert batch.swept == 1
     assert batch.runs == ()  # the retry sleeps for its backoff first
     assert await run_state(eng, claimed.run_id) == "failed"
