@@ -99,8 +99,7 @@ async def spawn_backlog(url: str, queue: str, n: int) -> None:
 async def submit_backlog(url: str, release_id: str, n: int) -> None:
     """Submit ``n`` runs with LaneClient.submit from a few concurrent tasks (store + engine)."""
     db = await Database.open(PoolOptions(url=url, max_size=SUBMITTERS, application_name="bench"))
-    client = LaneClient(db, Store(PROD_DEFAULT_SCHEMA), env={RELEASE_ID_ENV: release_id},
-                        max_attempts=5)  # fmt: skip
+    client = LaneClient(db, Store(PROD_DEFAULT_SCHEMA), env={RELEASE_ID_ENV: release_id})
     numbers = iter(range(n))
 
     async def feed() -> None:

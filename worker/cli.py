@@ -21,19 +21,22 @@ import click
 import structlog
 from click.core import ParameterSource
 
-from worker import config, lanes
-from worker.client import LaneClient, RunStatus, lanes_table
+from worker import config, dburl, lanes, limits
+from worker.client import CONNECT_VARIABLES, SUBMIT_VARIABLES, LaneClient, RunStatus, lanes_table
 from worker.db import is_transient
-from worker.errors import EngineSchemaError, LaneConfigError, LaneWorkerError, StoreSchemaError
+from worker.errors import (
+    EngineSchemaError,
+    InvalidRequestError,
+    LaneConfigError,
+    LaneWorkerError,
+    StoreSchemaError,
+)
 from worker.store import MigrationReport
 
 T = TypeVar("T")
 DEFAULT_APP = "worker.demo:app"
 # The CLI answers within seconds when the database is away; the daemon waits longer.
 CONNECT_RETRY_S = 10.0
-# The variables a database command refuses on; submit also needs its lane to resolve.
-_CLIENT_VARIABLES = (config.DATABASE_URL_ENV, lanes.SCHEDULER_SCHEMA_ENV, config.PGBOUNCER_ENV)
-_SUBMIT_VARIABLES = (lanes.QUEUE_SUFFIX_ENV, lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
 
 
 _MISSING_SCHEMA = (
@@ -53,6 +56,12 @@ class Failure(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"lane-worker: {self.format_message()}", err=True)
+
+
+class UsageFailure(Failure):
+    """The request itself is unusable (exit 2), found after the command line parsed."""
+
+    exit_code = 2
 
 
 class ConfigRefused(Failure):
@@ -108,16 +117,18 @@ def _columns(rows: list[tuple[str, str]]) -> list[str]:
 
 def _scrub(text: str, url: str) -> str:
     """Remove the database URL and its password from ``text`` (driver messages may echo them)."""
-    text = text.replace(url, config.redact_url(url)) if url else text
-    return config.mask_secrets(text, config.url_secrets(url))
+    text = text.replace(url, dburl.redact_url(url)) if url else text
+    return dburl.mask_secrets(text, dburl.url_secrets(url))
 
 
 def _failure_for(exc: Exception, url: str) -> Failure:
     """Map an exception of a command to its exit code and one sentence."""
-    where = config.redact_url(url) if url else "(not set)"
+    where = dburl.redact_url(url) if url else "(not set)"
     said = _scrub(str(exc), url)
     if isinstance(exc, LaneConfigError | EngineSchemaError | StoreSchemaError):
         return ConfigRefused(said)
+    if isinstance(exc, InvalidRequestError):
+        return UsageFailure(said)
     if isinstance(exc, LaneWorkerError):
         return Failure(said)
     if is_transient(exc):
@@ -139,7 +150,7 @@ def _with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[s
     env = os.environ
     url = (env.get(config.DATABASE_URL_ENV) or "").strip()
     for error in config.diagnose(env).errors:
-        if error.variable in _CLIENT_VARIABLES + check:
+        if error.variable in CONNECT_VARIABLES + check:
             raise ConfigRefused(str(error))
     # Library logs (retry warnings) would break the one-sentence and --json contracts.
     structlog.configure(
@@ -184,22 +195,87 @@ class _Checked(click.ParamType[Any]):
         return self.to(value) if isinstance(value, str) else value
 
 
-def _json_problem(value: str) -> str | None:
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (the JSON standard has no {name})")
+
+
+def _read_json_text(value: str, what: str) -> str:
+    """Return the JSON text of ``value``: itself, ``@FILE``'s content, or stdin for ``-``."""
+    limit = limits.MAX_INPUT_BYTES
     try:
-        json.loads(value)
+        if value == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        elif value.startswith("@"):
+            with open(value[1:], "rb") as file:
+                raw = file.read(limit + 1)
+        else:
+            raw = value.encode("utf-8", "surrogatepass")
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} from {value[1:]!r}: {exc.strerror or exc}.") from None
+    if len(raw) > limit:
+        raise ValueError(f"{what} is more than {limit} bytes (1 MiB) of JSON text.")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} is not UTF-8 text.") from None
+
+
+def _parse_json(value: str, what: str) -> Any:
+    text = _read_json_text(value, what)
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
-        return f"{value!r} is not valid JSON ({exc.msg} at column {exc.colno})."
-    return None
+        raise ValueError(
+            f"{what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
+        ) from None
+
+
+class _JsonArg(click.ParamType[Any]):
+    """JSON given inline, as ``@FILE`` or as ``-`` (stdin), checked by ``check`` (exit 2)."""
+
+    def __init__(self, name: str, check: Callable[[Any], Any]) -> None:
+        self.name, self.check = name, check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        what = param.opts[0] if param is not None and param.opts else "the value"
+        try:
+            return self.check(_parse_json(value, what))
+        except ValueError as exc:  # InvalidRequestError is one
+            self.fail(str(exc), param, ctx)
+
+
+class _Seconds(click.ParamType[float]):
+    """A finite number of seconds above zero (``nan``, ``inf`` and negatives are refused)."""
+
+    name = "seconds"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        number = config.decimal_number(str(value).strip())
+        if number is None or number <= 0:
+            self.fail(f"{value!r} is not a number of seconds above 0.", param, ctx)
+        return number
+
+
+def _key_problem(what: str) -> Callable[[str], str | None]:
+    def problem(value: str) -> str | None:
+        try:
+            limits.checked_key(value, what)
+        except InvalidRequestError as exc:
+            return str(exc)
+        return None
+
+    return problem
 
 
 def _release_problem(value: str) -> str | None:
-    if not value.strip():
-        return "must not be blank."
-    try:
-        lanes.queue_name_for_release(value)
-    except LaneConfigError as exc:
-        return str(exc)
-    return None
+    problem = config.release_id_problem(value)
+    return f"{problem}." if problem else None
 
 
 def _app_problem(value: str) -> str | None:
@@ -207,12 +283,24 @@ def _app_problem(value: str) -> str | None:
     return None if module.strip() and attr.strip() else f"{value!r} is not MODULE:ATTRIBUTE."
 
 
+def _play_problem(value: str) -> str | None:
+    try:
+        limits.checked_play(value.strip())
+    except InvalidRequestError as exc:
+        return str(exc)
+    return None
+
+
 def _suffix_problem(value: str) -> str | None:
     return None if lanes.normalize_queue_suffix(value) else f"{value!r} names no queue."
 
 
-JSON = _Checked("json", _json_problem, json.loads)
+INPUT = _JsonArg("json-object", limits.checked_input)
+PAYLOAD = _JsonArg("json", limits.checked_payload)
 TEXT = _Checked("text", lambda v: None if v.strip() else "must not be blank.", str.strip)
+PLAY = _Checked("play", lambda v: _play_problem(v), str.strip)
+IDEMPOTENCY_KEY = _Checked("key", _key_problem("an idempotency key"), str)
+EVENT_KEY = _Checked("event_key", _key_problem("an event key"), str)
 RELEASE_ID = _Checked("release_id", _release_problem, str.strip)
 SUFFIX = _Checked("suffix", _suffix_problem, str.strip)
 APP_SPEC = _Checked("module:attr", _app_problem, str.strip)
@@ -300,12 +388,15 @@ def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
 
 
 @cli.command()
-@click.argument("play", type=TEXT)
-@click.option("--input", "input_", type=JSON, help="The play's input as JSON (default {}).")
-@click.option("--idempotency-key", type=TEXT, metavar="KEY", help="At most one run per KEY.")
+@click.argument("play", type=PLAY)
+@click.option("--input", "input_", type=INPUT, metavar="JSON|@FILE|-",
+              help="The play's input: a JSON object inline, from @FILE, or - for stdin "
+                   "(default {}; at most 1 MiB).")  # fmt: skip
+@click.option("--idempotency-key", type=IDEMPOTENCY_KEY, metavar="KEY",
+              help="At most one run per KEY (at most 255 characters).")  # fmt: skip
 @click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
 @click.option("--wait", is_flag=True, help="Wait for the end; exit 1 unless it completed.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+@click.option("--timeout", type=_Seconds(), default=300.0,
               show_default=True, metavar="SECONDS", help="How long --wait waits.")  # fmt: skip
 @json_option
 @click.pass_context
@@ -326,7 +417,8 @@ def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | No
                       created=run.created)  # fmt: skip
         return report, (await client.wait(run.run_id, timeout) if wait else None)
 
-    report, final = _with_client(action, check=() if queue_suffix else _SUBMIT_VARIABLES)
+    check = (config.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
+    report, final = _with_client(action, check=check)
     if final is None:
         if as_json:
             _emit(True, report)
@@ -348,8 +440,10 @@ def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | No
 
 @cli.command()
 @click.argument("run_id")
-@click.argument("event_key", type=TEXT)
-@click.option("--data", type=JSON, help="The event's payload as JSON (default null).")
+@click.argument("event_key", type=EVENT_KEY)
+@click.option("--data", type=PAYLOAD, metavar="JSON|@FILE|-",
+              help="The event's payload: JSON inline, from @FILE, or - for stdin "
+                   "(default null).")  # fmt: skip
 @json_option
 def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
     """Deliver integration event EVENT_KEY to a run (first wins)."""
@@ -423,38 +517,42 @@ def lanes_group(ctx: click.Context, as_json: bool) -> None:
         _emit(as_json, {"lanes": [v.as_json() for v in views]}, *lanes_table(views))
 
 
+force_option = click.option(
+    "--force", is_flag=True, help="Create the lane even if no lane has ever had this release id."
+)
+
+
 @lanes_group.command()
 @click.argument("release_id", type=RELEASE_ID)
+@force_option
 @json_option
-def retire(release_id: str, as_json: bool) -> None:
+def retire(release_id: str, force: bool, as_json: bool) -> None:
     """Mark RELEASE_ID's lane retired; newer releases adopt its parked runs.
 
-    Retiring a lane no worker has registered and no run has used is allowed (its
-    machines may not have booted yet), with a warning on stderr: it is usually a
-    mistyped release id.
+    A release id no lane has ever had (no worker registered it, no run used its
+    queue) is refused as a likely typo, listing the known lanes; --force creates
+    it retired (its machines may not have booted yet).
     """
 
     async def action(client: LaneClient) -> tuple[str, bool]:
         known = await client.lane_known(release_id)
-        return await client.retire_release(release_id), known
+        return await client.retire_release(release_id, force=force), known
 
     queue, known = _with_client(action)
-    if not known:
-        click.echo(
-            f"lane-worker: warning: no worker has registered lane {queue} and no run has used "
-            f"it; retired anyway. Check the release id against `lane-worker lanes`.",
-            err=True,
-        )
     report = {"releaseId": release_id, "queue": queue, "status": "retired", "known": known}
     _emit(as_json, report, f"retired lane {queue} (release {release_id}).")
 
 
 @lanes_group.command()
 @click.argument("release_id", type=RELEASE_ID)
+@force_option
 @json_option
-def activate(release_id: str, as_json: bool) -> None:
-    """Mark RELEASE_ID's lane claiming again; its workers may boot."""
-    queue = _with_client(lambda client: client.activate_release(release_id))
+def activate(release_id: str, force: bool, as_json: bool) -> None:
+    """Mark RELEASE_ID's lane claiming again; its workers may boot.
+
+    A release id no lane has ever had is refused, as by retire, unless --force.
+    """
+    queue = _with_client(lambda client: client.activate_release(release_id, force=force))
     report = {"releaseId": release_id, "queue": queue, "status": "claiming"}
     _emit(as_json, report, f"activated lane {queue} (release {release_id}): claiming again.")
 

@@ -16,16 +16,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker import checkpoint, engine, lanes
-from worker.config import (
-    DATABASE_URL_ENV,
-    MAX_ATTEMPTS_ENV,
-    SERVERLESS_ENV,
-    Tuning,
-    pgbouncer_mode,
-)
+from worker import checkpoint, config, engine, lanes
 from worker.db import Connection, Database, PoolOptions
-from worker.errors import LaneConfigError, RunNotFoundError
+from worker.dburl import url_problem
+from worker.errors import (
+    IdempotencyConflict,
+    InvalidRequestError,
+    LaneConfigError,
+    RunNotFoundError,
+    SchemasMissingError,
+    UnknownLaneError,
+    shown,
+)
+from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.reconcile import cancelled_fact
 from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.store import TERMINAL_STATUSES, MigrationReport, Store
@@ -141,6 +144,16 @@ class SignalResult:
 
 
 LANES_CHANNEL = "lane_worker_lanes"
+# The variables every client call depends on; a refusal among them stops connect().
+CONNECT_VARIABLES = (
+    config.DATABASE_URL_ENV,
+    lanes.SCHEDULER_SCHEMA_ENV,
+    lanes.QUEUE_SUFFIX_ENV,
+    config.PGBOUNCER_ENV,
+    config.SERVERLESS_ENV,
+)
+# What a submit on the process's own lane reads besides them.
+SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
 
 
 def _parse_run_id(run_id: str) -> uuid.UUID:
@@ -159,7 +172,6 @@ class LaneClient:
         store: Store,
         *,
         env: Mapping[str, str],
-        max_attempts: int,
         schemas_installed: bool = False,
     ) -> None:
         """``schemas_installed``: the caller (the daemon, after boot) has migrated both."""
@@ -167,9 +179,17 @@ class LaneClient:
         self.db = db
         self.store = store
         self._env = env
-        self._max_attempts = max_attempts
+        # One parser for the daemon, the CLI and the client: config.diagnose.
+        self._diagnosis = config.diagnose(env)
+        self._max_attempts = self._diagnosis.tuning.max_attempts
         self._ready: dict[str, asyncio.Task[None]] = {}
         self._schemas_ready: asyncio.Task[None] | None = None
+        self._schemas_checked: asyncio.Task[None] | None = None
+
+    def _refuse_on(self, variables: tuple[str, ...]) -> None:
+        for error in self._diagnosis.errors:
+            if error.variable in variables:
+                raise error
 
     @classmethod
     async def connect(
@@ -184,29 +204,29 @@ class LaneClient:
 
         Connection errors are retried for ``retry_for_s`` seconds (here and on every call).
         """
-        values = os.environ if env is None else env
-        url = (url or values.get(DATABASE_URL_ENV) or "").strip()
-        if not url:
-            raise LaneConfigError(
-                f"{DATABASE_URL_ENV} is not set: pass url= or set it to the runtime database URL.",
-                variable=DATABASE_URL_ENV,
-            )
-        schema = (
-            schema or values.get(lanes.SCHEDULER_SCHEMA_ENV) or ""
-        ).strip() or lanes.PROD_DEFAULT_SCHEMA
-        raw_attempts = (values.get(MAX_ATTEMPTS_ENV) or "").strip()
-        max_attempts = int(raw_attempts) if raw_attempts.isdigit() else Tuning().max_attempts
-        serverless = bool((values.get(SERVERLESS_ENV) or "").strip())
+        values = dict(os.environ if env is None else env)
+        # An explicit url or schema stands for the variable: check it by the same rules.
+        if url is not None:
+            values[config.DATABASE_URL_ENV] = url
+        if schema is not None:
+            values[lanes.SCHEDULER_SCHEMA_ENV] = schema
+        diagnosis = config.diagnose(values)
+        for error in diagnosis.errors:
+            if error.variable in CONNECT_VARIABLES:
+                if error.variable == config.DATABASE_URL_ENV and url is not None:
+                    problem = url_problem(url.strip()) or "is blank: pass the database's URL"
+                    raise LaneConfigError(f"url= {problem}.", variable=error.variable)
+                raise error
         db = await Database.open(
             PoolOptions(
-                url=url,
-                max_size=1 if serverless else 2,
+                url=values[config.DATABASE_URL_ENV].strip(),
+                max_size=diagnosis.client_pool_size,
                 application_name="lane-worker-client",
-                pgbouncer=pgbouncer_mode(values),
+                pgbouncer=diagnosis.tuning.pgbouncer,
                 retry_for_s=retry_for_s,
             )
         )
-        return cls(db, Store(schema), env=values, max_attempts=max(1, max_attempts))
+        return cls(db, Store(diagnosis.scheduler_schema), env=values)
 
     async def close(self) -> None:
         """Close the client's pool."""
@@ -242,6 +262,30 @@ class LaneClient:
         if not self._schemas_installed:
             await self._memoized(None, self.migrate)
 
+    async def check_schemas(self) -> None:
+        """Make sure both schemas are installed and current (once per process); install nothing.
+
+        Raises ``SchemasMissingError`` naming ``lane-worker migrate`` when they are not:
+        reading or operating on a database must never change its schemas.
+        """
+        if self._schemas_installed or self._schemas_ready is not None:
+            return
+        if self._schemas_checked is None:
+            self._schemas_checked = asyncio.ensure_future(self.db.run(self._check_schemas))
+        try:
+            await asyncio.shield(self._schemas_checked)
+        except BaseException:
+            self._schemas_checked = None
+            raise
+
+    async def _check_schemas(self, conn: Connection) -> None:
+        if not (await engine.engine_schema_current(conn) and await self.store.is_current(conn)):
+            raise SchemasMissingError(
+                f"the runtime database lacks lane-worker's schemas (engine schema, or the "
+                f"run-state store {self.store.schema}), or holds older ones; run "
+                "`lane-worker migrate` first."
+            )
+
     async def migrate(self) -> tuple[str, MigrationReport]:
         """Install or upgrade the engine schema and the store; say what was done."""
         engine_outcome = await self.db.run(engine.ensure_engine_schema)
@@ -260,19 +304,32 @@ class LaneClient:
         idempotency_key: str | None = None,
         queue_suffix: str | None = None,
     ) -> SubmittedRun:
-        """Submit a run of ``play`` on this process's release lane (or a preview suffix's)."""
-        if not play or not play.strip():
-            raise ValueError("submit needs a play name")
-        release_id = (
-            lanes.release_id_for_suffix(queue_suffix, self._env)
-            if queue_suffix and queue_suffix.strip()
-            else lanes.launch_release_id(self._env)
-        )
+        """Submit a run of ``play`` on this process's release lane (or a preview suffix's).
+
+        Raises ``InvalidRequestError`` for an input that is not a JSON object of at
+        most 1 MiB, a blank or over-long play or key, or a suffix that names no
+        queue; ``IdempotencyConflict`` when the key already names a different run.
+        """
+        play = checked_play(play)
+        params = checked_input(input)
+        checked_key(idempotency_key, "an idempotency key")
+        if queue_suffix is not None:
+            if not isinstance(queue_suffix, str) or not lanes.normalize_queue_suffix(queue_suffix):
+                # Falling back to the process's own lane would put the run elsewhere.
+                raise InvalidRequestError(
+                    f"queue_suffix={shown(str(queue_suffix))} has no letter, digit or "
+                    "underscore, so it names no queue: pass the preview's suffix, or None for "
+                    "this process's lane."
+                )
+            release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
+            self._refuse_on((config.MAX_ATTEMPTS_ENV,))
+        else:
+            self._refuse_on(SUBMIT_VARIABLES)
+            release_id = lanes.launch_release_id(self._env)
         queue = lanes.queue_name_for_release(release_id)
         await self.ensure_queue(queue)
         run_id = uuid.uuid4()
         launch = {"absurdReleaseId": release_id, "play": play, "runId": str(run_id)}
-        params = {} if input is None else input
 
         async def submit(conn: Connection) -> SubmittedRun:
             inserted = await self.store.fetchval(
@@ -282,6 +339,7 @@ class LaneClient:
             if inserted is None:
                 row = await self.store.fetchrow(conn, "run_by_idempotency_key", idempotency_key)
                 assert row is not None  # the conflict was on this key
+                _same_request(row, idempotency_key, play, params, queue)
                 return SubmittedRun(str(row["run_id"]), row["release_id"], row["queue"], False)
             spawned = await engine.spawn(
                 conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
@@ -301,8 +359,10 @@ class LaneClient:
 
     async def signal(self, run_id: str, event_key: str, data: Any = None) -> SignalResult:
         """Deliver integration event ``event_key`` to a run; a duplicate is ignored (first wins)."""
-        if not event_key or not event_key.strip():
-            raise ValueError("signal needs an event key")
+        checked_key(event_key, "an event key")
+        if event_key is None:
+            raise InvalidRequestError("signal needs an event key (a non-blank string).")
+        checked_payload(data)
 
         async def deliver(conn: Connection) -> SignalResult:
             row = await self._run_row(conn, run_id)
@@ -320,7 +380,7 @@ class LaneClient:
             await notify(conn, row["queue"], row["run_id"])
             return SignalResult(str(row["run_id"]), event_key, duplicate=False)
 
-        await self.ensure_schemas()
+        await self.check_schemas()
         return await self.db.transaction(deliver)
 
     async def cancel(self, run_id: str) -> bool:
@@ -337,6 +397,7 @@ class LaneClient:
                 fact=cancelled_fact(row["run_id"], "client"), attempt_id=None,
             )  # fmt: skip
 
+        await self.check_schemas()
         return await self.db.transaction(cancel)
 
     async def status(self, run_id: str) -> RunStatus:
@@ -368,6 +429,7 @@ class LaneClient:
                 facts=tuple(f["type"] for f in facts),
             )
 
+        await self.check_schemas()
         return await self.db.run(read)
 
     async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunStatus:  # noqa: ASYNC109 (design API)
@@ -379,30 +441,39 @@ class LaneClient:
                 return current
             await asyncio.sleep(poll_s)
 
-    async def retire_release(self, release_id: str) -> str:
-        """Mark a release's lane retired; its parked runs become adoptable. Return its queue."""
-        return await self._set_lane(release_id, "retired")
+    async def retire_release(self, release_id: str, *, force: bool = False) -> str:
+        """Mark a release's lane retired; its parked runs become adoptable. Return its queue.
 
-    async def activate_release(self, release_id: str) -> str:
+        A release no lane has ever had raises ``UnknownLaneError`` (a typo, usually)
+        unless ``force`` is true, which creates the lane and its queue.
+        """
+        return await self._set_lane(release_id, "retired", force=force)
+
+    async def activate_release(self, release_id: str, *, force: bool = False) -> str:
         """Mark a retired lane claiming again (its workers may boot). Return its queue."""
-        return await self._set_lane(release_id, "claiming")
+        return await self._set_lane(release_id, "claiming", force=force)
 
     async def lane_known(self, release_id: str) -> bool:
-        """Tell whether the release's lane was ever used: a worker booted on it or a run went to it.
-
-        Retiring an unknown lane is allowed (its machines may not have booted yet),
-        but it is usually a mistyped release id.
-        """
-        queue = lanes.queue_name_for_release(release_id)
-        await self.ensure_schemas()
+        """Tell whether the release's lane was ever used: a worker booted or a run went there."""
+        queue = _queue_for_operator(release_id)
+        await self.check_schemas()
         known: bool = await self.db.run(lambda c: self.store.fetchval(c, "lane_known", queue))
         return known
 
-    async def _set_lane(self, release_id: str, status: str) -> str:
-        queue = lanes.queue_name_for_release(release_id)
-        await self.ensure_schemas()
+    async def _set_lane(self, release_id: str, status: str, *, force: bool) -> str:
+        queue = _queue_for_operator(release_id)
+        await self.check_schemas()
 
         async def set_status(conn: Connection) -> None:
+            if not force and not await self.store.fetchval(conn, "lane_known", queue):
+                names = tuple(r["name"] for r in await self.store.fetch(conn, "lane_names"))
+                listed = ", ".join(names[:_KNOWN_SHOWN]) or "none yet"
+                more = f" and {len(names) - _KNOWN_SHOWN} more" if len(names) > _KNOWN_SHOWN else ""
+                raise UnknownLaneError(
+                    f"no lane has ever had release {release_id.strip()!r} (queue {queue}); known "
+                    f"lanes: {listed}{more}. Check the id, or pass --force to create it anyway.",
+                    known=names,
+                )
             # A lane row without its engine queue would break every maintenance pass
             # that reconciles it, so the registry only ever names queues that exist.
             await engine.ensure_queue(conn, queue)
@@ -415,7 +486,7 @@ class LaneClient:
 
     async def lanes(self) -> list[LaneView]:
         """Return every registered lane with its workers and run counts, by queue."""
-        await self.ensure_schemas()
+        await self.check_schemas()
         rows = await self.db.run(lambda c: self.store.fetch(c, "lanes"))
         views = []
         for r in rows:
@@ -436,6 +507,37 @@ class LaneClient:
                 )
             )
         return views
+
+
+_KNOWN_SHOWN = 20
+
+
+def _queue_for_operator(release_id: str) -> str:
+    """Return the queue of a release id an operator typed, refusing one that names no lane."""
+    problem = config.release_id_problem(release_id) if isinstance(release_id, str) else "no str"
+    if problem is not None:
+        raise InvalidRequestError(f"{problem}.")
+    return lanes.queue_name_for_release(release_id)
+
+
+def _same_request(row: Any, key: str | None, play: str, params: Any, queue: str) -> None:
+    """Refuse a repeat of an idempotency key that asks for something else than its run."""
+    differs = [
+        name
+        for name, same in (
+            ("play", row["play"] == play),
+            ("input", row["input"] == params),
+            ("lane", row["queue"] == queue),
+        )
+        if not same
+    ]
+    if differs:
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} already names run {row['run_id']} (play {row['play']!r}, "
+            f"lane {row['queue']}), and this submit differs in its {' and '.join(differs)}; "
+            "use another key for another request.",
+            run_id=str(row["run_id"]),
+        )
 
 
 def lanes_table(views: list[LaneView]) -> list[str]:

@@ -8,20 +8,21 @@ Nothing else in lane-worker reads ``os.environ``.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from worker import lanes
-from worker.errors import LaneConfigError
+
+# DATABASE_URL_ENV is re-exported: config names every variable of the contract.
+from worker.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
+from worker.dburl import redact_url, url_problem
+from worker.errors import LaneConfigError, shown
 
 EXIT_OK = 0
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: what orchestrators read as "fix the config"
 
-DATABASE_URL_ENV = "WORKFLOW_RUNTIME_POSTGRES"
 SERVERLESS_ENV = "VERCEL"
 CONCURRENCY_ENV = "LANE_WORKER_CONCURRENCY"
 CLAIM_TIMEOUT_ENV = "LANE_WORKER_CLAIM_TIMEOUT"
@@ -38,60 +39,10 @@ WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
 _PG_IDENTIFIER_MAX_BYTES = 63
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_REDACTED = "***"
 
 LogFormat = Literal["json", "console", "auto"]
 SuffixSource = Literal["DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_DEPLOY_VERSION", "default"]
 _Number = TypeVar("_Number", int, float)
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password (userinfo or ``password=`` parameter) replaced."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, host = netloc.rsplit("@", 1)
-            if ":" in userinfo:
-                userinfo = f"{userinfo.split(':', 1)[0]}:{_REDACTED}"
-            netloc = f"{userinfo}@{host}"
-        query = urlencode(
-            [
-                (key, _REDACTED if key.lower() == "password" else value)
-                for key, value in parse_qsl(parts.query, keep_blank_values=True)
-            ],
-            safe="*/",
-        )
-        # Built by hand: urlunsplit drops the `//` of a URL with an empty host.
-        rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
-        rebuilt += f"?{query}" if query else ""
-        return rebuilt + (f"#{parts.fragment}" if parts.fragment else "")
-    except ValueError:
-        # Unparseable: say nothing of its content rather than risk echoing a secret.
-        return "<unparseable URL>"
-
-
-def url_secrets(url: str) -> tuple[str, ...]:
-    """Return the secrets in ``url`` that must never be printed: its passwords, both spellings."""
-    try:
-        parts = urlsplit(url)
-        found = [parts.password or ""]
-        found += [
-            v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"
-        ]
-    except ValueError:
-        return ()
-    # urlsplit leaves the password percent-encoded; the driver (and its errors) decode it.
-    found += [unquote(s) for s in found]
-    # Longest first, so a secret containing another is replaced whole.
-    return tuple(sorted({s for s in found if s}, key=len, reverse=True))
-
-
-def mask_secrets(text: str, secrets: Sequence[str]) -> str:
-    """Return ``text`` with every occurrence of each of ``secrets`` replaced by ``***``."""
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
 
 
 @dataclass(frozen=True)
@@ -183,6 +134,7 @@ class Settings:
     suffix_source: SuffixSource
     serverless: bool
     tuning: Tuning
+    warnings: tuple[str, ...] = ()
 
     @property
     def database_url_redacted(self) -> str:
@@ -215,6 +167,7 @@ class Settings:
             suffix_source=diagnosis.suffix_source,
             serverless=diagnosis.serverless,
             tuning=diagnosis.tuning,
+            warnings=diagnosis.warnings,
         )
 
 
@@ -236,12 +189,28 @@ def blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
     return value or None
 
 
+_WHOLE = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+# Release ids are git shas or deploy slugs; a longer one is a pasted mistake.
+MAX_RELEASE_ID_CHARS = 200
+
+
+def whole_number(raw: str) -> int | None:
+    """Parse ASCII digits only: ``int()`` would also take ``1_000``, ``+5`` and fullwidth digits."""
+    return int(raw) if _WHOLE.fullmatch(raw) else None
+
+
+def decimal_number(raw: str) -> float | None:
+    """Parse an ASCII decimal (``0.5``, ``2``); no exponents, signs, ``nan`` or ``inf``."""
+    return float(raw) if _DECIMAL.fullmatch(raw) else None
+
+
 def _number(
     env: Mapping[str, str],
     problems: _Problems,
     name: str,
     default: _Number,
-    parse: Callable[[str], _Number],
+    parse: Callable[[str], _Number | None],
     bounds: tuple[_Number, ...],
     meaning: str,
 ) -> _Number:
@@ -249,15 +218,12 @@ def _number(
     raw = blank_as_unset(env, name)
     if raw is None:
         return default
-    try:
-        value = parse(raw)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or not minimum <= value <= maximum:
+    value = parse(raw)
+    if value is None or not minimum <= value <= maximum:
         problems.refuse(
             name,
-            f"{name}={raw!r} is not valid: set it to {meaning} between {minimum} and {maximum} "
-            f"(default {default}), or unset it.",
+            f"{name}={shown(raw)} is not valid: set it to {meaning} between {minimum} and "
+            f"{maximum} in ASCII digits (default {default}), or unset it.",
         )
         return default
     return value
@@ -267,9 +233,16 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def pgbouncer_mode(env: Mapping[str, str]) -> bool:
-    """Tell whether ``LANE_WORKER_PGBOUNCER`` asks for PgBouncer mode (invalid values: no)."""
-    return (blank_as_unset(env, PGBOUNCER_ENV) or "").lower() in _TRUE
+def _flag(env: Mapping[str, str], problems: _Problems, name: str, meaning: str) -> bool:
+    """Read a yes/no variable: 1/true/yes/on, or 0/false/no/off; blank or unset is no."""
+    raw = (blank_as_unset(env, name) or "false").lower()
+    if raw not in _TRUE + _FALSE:
+        problems.refuse(
+            name,
+            f"{name}={shown(env.get(name) or '')} is not valid: set it to 1 or true {meaning}, "
+            "else to 0 or false, or unset it.",
+        )
+    return raw in _TRUE
 
 
 def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
@@ -278,21 +251,17 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
     if log_format not in ("json", "console", "auto"):
         problems.refuse(
             LOG_FORMAT_ENV,
-            f"{LOG_FORMAT_ENV}={env.get(LOG_FORMAT_ENV)!r} is not valid: set it to json, "
-            "console or auto (default auto: console on a terminal, json otherwise).",
+            f"{LOG_FORMAT_ENV}={shown(env.get(LOG_FORMAT_ENV) or '')} is not valid: set it to "
+            "json, console or auto (default auto: console on a terminal, json otherwise).",
         )
         log_format = defaults.log_format
+    pgbouncer = _flag(
+        env, problems, PGBOUNCER_ENV,
+        f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
+    )  # fmt: skip
 
-    pgbouncer_raw = (blank_as_unset(env, PGBOUNCER_ENV) or "false").lower()
-    if pgbouncer_raw not in _TRUE + _FALSE:
-        problems.refuse(
-            PGBOUNCER_ENV,
-            f"{PGBOUNCER_ENV}={env.get(PGBOUNCER_ENV)!r} is not valid: set it to true when "
-            "WORKFLOW_RUNTIME_POSTGRES goes through PgBouncer transaction pooling, else false.",
-        )
-
-    def read(name: str, default: _Number, parse: Callable[[str], _Number], *bounds: _Number,
-             meaning: str) -> _Number:  # fmt: skip
+    def read(name: str, default: _Number, parse: Callable[[str], _Number | None],
+             *bounds: _Number, meaning: str) -> _Number:  # fmt: skip
         return _number(env, problems, name, default, parse, bounds, meaning)
 
     runs, whole_s, secs = (
@@ -301,18 +270,27 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         "a number of seconds",
     )
     return Tuning(
-        concurrency=read(CONCURRENCY_ENV, defaults.concurrency, int, 1, 1000, meaning=runs),
+        concurrency=read(
+            CONCURRENCY_ENV, defaults.concurrency, whole_number, 1, 1000, meaning=runs
+        ),
         claim_timeout_s=read(
-            CLAIM_TIMEOUT_ENV, defaults.claim_timeout_s, int, 5, 86_400, meaning=whole_s
+            CLAIM_TIMEOUT_ENV, defaults.claim_timeout_s, whole_number, 5, 86_400, meaning=whole_s
         ),
         poll_interval_s=read(
-            POLL_INTERVAL_ENV, defaults.poll_interval_s, float, 0.01, 3600.0, meaning=secs
+            POLL_INTERVAL_ENV,
+            defaults.poll_interval_s,
+            decimal_number,
+            0.01,
+            3600.0,
+            meaning=secs,
         ),
-        drain_s=read(DRAIN_SECONDS_ENV, defaults.drain_s, float, 0.0, 3600.0, meaning=secs),
+        drain_s=read(
+            DRAIN_SECONDS_ENV, defaults.drain_s, decimal_number, 0.0, 3600.0, meaning=secs
+        ),
         health_port=read(
             HEALTH_PORT_ENV,
             defaults.health_port,
-            int,
+            whole_number,
             0,
             65_535,
             meaning="a TCP port (0: any free)",
@@ -320,13 +298,13 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         max_attempts=read(
             MAX_ATTEMPTS_ENV,
             defaults.max_attempts,
-            int,
+            whole_number,
             1,
             1000,
             meaning="a whole number of attempts",
         ),
         log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
-        pgbouncer=pgbouncer_raw in _TRUE,
+        pgbouncer=pgbouncer,
     )
 
 
@@ -339,19 +317,17 @@ def _database_url(env: Mapping[str, str], problems: _Problems) -> str | None:
             "(postgresql://user:password@host:5432/dbname).",
         )
         return None
-    try:
-        scheme = urlsplit(url).scheme
-    except ValueError:
-        scheme = ""
-    if scheme not in ("postgres", "postgresql"):
-        # Name the scheme only: the rest of the value may hold a password.
-        problems.refuse(
-            DATABASE_URL_ENV,
-            f"{DATABASE_URL_ENV} is not a postgresql:// URL (scheme {scheme!r}): set it to "
-            "the runtime database's URL (postgresql://user:password@host:5432/dbname).",
-        )
+    problem = url_problem(url)
+    if problem is not None:
+        # The sentence quotes none of the value: any part of it may be the password.
+        problems.refuse(DATABASE_URL_ENV, database_url_refusal(problem))
         return None
     return redact_url(url)
+
+
+def database_url_refusal(problem: str) -> str:
+    """Return the one sentence that refuses a database URL for ``problem`` (from url_problem)."""
+    return f"{DATABASE_URL_ENV} {problem}."
 
 
 def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
@@ -360,7 +336,7 @@ def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
     if too_long or not _SCHEMA_NAME.fullmatch(schema):
         problems.refuse(
             lanes.SCHEDULER_SCHEMA_ENV,
-            f"{lanes.SCHEDULER_SCHEMA_ENV}={schema!r} is not a usable schema name: set it to "
+            f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is not a usable schema name: set it to "
             "letters, digits and underscores (at most 63 bytes, not starting with a digit), "
             f"or unset it for the production default {lanes.PROD_DEFAULT_SCHEMA}.",
         )
@@ -385,6 +361,56 @@ def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     ]
 
 
+def release_id_problem(release_id: str) -> str | None:
+    """Say why ``release_id`` (as an operator typed it) names no lane, or None."""
+    trimmed = release_id.strip()
+    if not trimmed:
+        return "a release id must not be blank"
+    if len(trimmed) > MAX_RELEASE_ID_CHARS:
+        return (
+            f"a release id has at most {MAX_RELEASE_ID_CHARS} characters "
+            f"(this one has {len(trimmed)})"
+        )
+    try:
+        lanes.queue_name_for_release(trimmed)
+    except LaneConfigError:
+        return (
+            f"release id {shown(trimmed)} has no letter, digit or underscore, so it names no lane"
+        )
+    return None
+
+
+def _check_deploy_version(
+    env: Mapping[str, str], deploy_version: str, release_id: str | None, problems: _Problems
+) -> None:
+    """Refuse a deploy version that is too long or spelled like a dev lane."""
+    name = lanes.RELEASE_ID_ENV
+    if release_id is None:
+        return  # current_release_id already refused it
+    if len(deploy_version) > MAX_RELEASE_ID_CHARS:
+        problems.refuse(
+            name,
+            f"{name} has {len(deploy_version)} characters, more than the "
+            f"{MAX_RELEASE_ID_CHARS} a release id may have: set it to the release id "
+            "(for example a git sha).",
+        )
+        return
+    # The app stamps the raw slug and derives its queue through the dev rules;
+    # the worker sanitizes it first. A slug spelled like a dev lane ("DEV",
+    # "dev-x") gives two different queues and every run would hang; "dev" or
+    # "dev-" gives the shared dev queue, which a production machine must not drain.
+    worker_queue = lanes.queue_name_for_release(release_id)
+    launch_queue = lanes.queue_name_for_release(lanes.launch_release_id(env))
+    if launch_queue != worker_queue or worker_queue == lanes.RUNS_QUEUE_BASE:
+        problems.refuse(
+            name,
+            f"{name}={shown(deploy_version)} is spelled like a dev lane ('dev' or 'dev-...'): "
+            f"the app would submit its runs to {launch_queue} and this worker would drain "
+            f"{worker_queue}; set it to the release id (for example a git sha), or unset it "
+            "to serve the dev lane.",
+        )
+
+
 def diagnose(env: Mapping[str, str]) -> Diagnosis:
     """Resolve the worker topology from ``env`` and list everything that would refuse boot."""
     problems = _Problems()
@@ -399,14 +425,14 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         # Falling back to the shared queue would drain another topology's runs.
         problems.refuse(
             lanes.QUEUE_SUFFIX_ENV,
-            f"{lanes.QUEUE_SUFFIX_ENV}={raw_suffix!r} has no letter, digit or underscore, so it "
-            "names no queue: set it to the worktree or preview name, or unset it.",
+            f"{lanes.QUEUE_SUFFIX_ENV}={shown(raw_suffix)} has no letter, digit or underscore, "
+            "so it names no queue: set it to the worktree or preview name, or unset it.",
         )
     elif isolated and not suffix:
         problems.refuse(
             lanes.QUEUE_SUFFIX_ENV,
-            f"{lanes.SCHEDULER_SCHEMA_ENV}={schema!r} is an isolated topology, which needs its "
-            f"own queue: set {lanes.QUEUE_SUFFIX_ENV} (to "
+            f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is an isolated topology, which needs "
+            f"its own queue: set {lanes.QUEUE_SUFFIX_ENV} (to "
             f"{lanes.queue_suffix_for_schema(schema, {})!r}, the suffix the app derives for it).",
         )
 
@@ -418,21 +444,11 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         problems.errors.append(exc)
         release_id = queue = None
 
-    if release_id is not None and deploy_version is not None and not suffix:
-        # The app stamps the raw slug and derives its queue through the dev
-        # rules; the worker sanitizes it first. For a slug spelled like a dev
-        # lane ("DEV", "dev-x") the two queues differ and every run would hang.
-        launch_queue = lanes.queue_name_for_release(lanes.launch_release_id(env))
-        if launch_queue != queue:
-            problems.refuse(
-                lanes.RELEASE_ID_ENV,
-                f"{lanes.RELEASE_ID_ENV}={deploy_version!r} is spelled like a dev lane: the app "
-                f"submits its runs to {launch_queue} but this worker would drain {queue}; "
-                "use a release id that is not 'dev' and does not start with 'dev-'.",
-            )
+    if deploy_version is not None and not suffix:
+        _check_deploy_version(env, deploy_version, release_id, problems)
     if suffix and raw_suffix is not None and normalize_twice_differs(raw_suffix):
         warnings.append(
-            f"{lanes.QUEUE_SUFFIX_ENV}={raw_suffix!r} is cut at 32 characters just before "
+            f"{lanes.QUEUE_SUFFIX_ENV}={shown(raw_suffix)} is cut at 32 characters just before "
             f"an underscore: the lane queue is {queue} but runs_queue_for_suffix() gives "
             f"runs_{suffix}; choose a suffix of at most 31 characters."
         )
@@ -443,12 +459,12 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         if suffix != app_suffix:
             warnings.append(
                 f"{lanes.QUEUE_SUFFIX_ENV}={suffix!r} differs from {app_suffix!r}, the suffix "
-                f"the app derives for schema {schema!r}; runs the app submits for that schema "
+                f"the app derives for schema {shown(schema)}; runs the app submits for that schema "
                 f"land on runs_{app_suffix}, which this worker does not drain."
             )
     if suffix and deploy_version is not None:
         warnings.append(
-            f"{lanes.QUEUE_SUFFIX_ENV} outranks {lanes.RELEASE_ID_ENV}={deploy_version!r}: "
+            f"{lanes.QUEUE_SUFFIX_ENV} outranks {lanes.RELEASE_ID_ENV}={shown(deploy_version)}: "
             f"this worker serves the dev lane {release_id!r}, not that release."
         )
 
@@ -470,7 +486,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         queue_suffix=suffix,
         suffix_source=source,
         database_url_redacted=database,
-        serverless=blank_as_unset(env, SERVERLESS_ENV) is not None,
+        serverless=_flag(env, problems, SERVERLESS_ENV, "on a serverless platform (Vercel sets 1)"),
         tuning=tuning,
         errors=tuple(problems.errors),
         warnings=tuple(warnings),

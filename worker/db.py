@@ -25,7 +25,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from worker.config import redact_url
+from worker.dburl import DATABASE_URL_ENV, mask_secrets, redact_url, url_secrets
+from worker.errors import LaneConfigError
 
 log = structlog.get_logger("lane_worker.db")
 
@@ -50,8 +51,34 @@ _TRANSIENT_POSTGRES = (
 )
 
 
+def _rejects_tls(exc: BaseException) -> bool:
+    # asyncpg's wording when sslmode=require meets a server without TLS.
+    return isinstance(exc, ConnectionError) and "rejected SSL upgrade" in str(exc)
+
+
+def connect_refusal(exc: BaseException, url: str) -> LaneConfigError | None:
+    """Return the configuration error behind a failed connect, or None if it was not one.
+
+    Retrying cannot fix these: the URL's TLS settings or parameters must change.
+    """
+    if _rejects_tls(exc):
+        said = (
+            f"the database server does not accept TLS, but {DATABASE_URL_ENV} asks for it "
+            "(sslmode=require or verify-*): enable TLS on the server, or set sslmode=prefer "
+            "or disable in the URL."
+        )
+    elif isinstance(exc, asyncpg.ClientConfigurationError):
+        detail = mask_secrets(str(exc), url_secrets(url))
+        said = f"{DATABASE_URL_ENV} cannot be used as written ({detail}): fix the URL's parameters."
+    else:
+        return None
+    return LaneConfigError(said, variable=DATABASE_URL_ENV)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Tell whether retrying the same unit of work on a fresh connection can succeed."""
+    if _rejects_tls(exc):
+        return False
     if isinstance(exc, _TRANSIENT_POSTGRES):
         return True
     if isinstance(exc, asyncpg.InternalClientError):
@@ -124,8 +151,17 @@ class Database:
 
     @classmethod
     async def open(cls, options: PoolOptions) -> Database:
-        """Open the pool, retrying while the server is unreachable for ``retry_for_s``."""
-        pool: asyncpg.Pool = await cls._retrying(options.retry_for_s)(cls._create_pool, options)
+        """Open the pool, retrying while the server is unreachable for ``retry_for_s``.
+
+        Raises ``LaneConfigError`` when the URL's settings, not the network, stop it.
+        """
+        try:
+            pool: asyncpg.Pool = await cls._retrying(options.retry_for_s)(cls._create_pool, options)
+        except Exception as exc:
+            refusal = connect_refusal(exc, options.url)
+            if refusal is None:
+                raise
+            raise refusal from None
         return cls(pool, options)
 
     @staticmethod

@@ -20,8 +20,8 @@ from worker.config import (
     LOG_FORMAT_ENV,
     Settings,
     blank_as_unset,
-    url_secrets,
 )
+from worker.dburl import url_secrets
 from worker.embedded import embedded_postgres
 from worker.errors import LaneConfigError
 from worker.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor

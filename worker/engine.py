@@ -56,6 +56,33 @@ async def installed_engine_version(conn: Connection) -> str | None:
     return version
 
 
+def _refuse_newer(version: str) -> None:
+    if _version_key(version) > _version_key(ENGINE_SCHEMA_VERSION):
+        raise EngineSchemaError(
+            f"the database holds Absurd engine schema {version}, newer than "
+            f"{ENGINE_SCHEMA_VERSION} which this build knows; deploy a lane-worker built "
+            "against the newer schema.",
+            found=version,
+            expected=ENGINE_SCHEMA_VERSION,
+        )
+
+
+async def engine_schema_current(conn: Connection) -> bool:
+    """Tell whether the engine schema is installed at this build's version; change nothing.
+
+    Raises ``EngineSchemaError`` when it is newer than this build knows.
+    """
+    version = await installed_engine_version(conn)
+    if version is None:
+        return False
+    _refuse_newer(version)
+    current = version == ENGINE_SCHEMA_VERSION
+    # The continuation claim functions come with the engine install (migrate).
+    return current and bool(
+        await conn.fetchval("select to_regnamespace('lane_worker') is not null")
+    )
+
+
 async def ensure_engine_schema(conn: Connection) -> str:
     """Install or upgrade the engine schema and the continuation claim; return what was done.
 
@@ -68,15 +95,8 @@ async def ensure_engine_schema(conn: Connection) -> str:
         if version is None:
             await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
             outcome = f"installed {ENGINE_SCHEMA_VERSION}"
-        elif _version_key(version) > _version_key(ENGINE_SCHEMA_VERSION):
-            raise EngineSchemaError(
-                f"the database holds Absurd engine schema {version}, newer than "
-                f"{ENGINE_SCHEMA_VERSION} which this build knows; deploy a lane-worker built "
-                "against the newer schema.",
-                found=version,
-                expected=ENGINE_SCHEMA_VERSION,
-            )
         elif version != ENGINE_SCHEMA_VERSION:
+            _refuse_newer(version)
             steps = absurdctl.resolve_migration_path(
                 version, ENGINE_SCHEMA_VERSION, absurdctl.discover_bundled_migrations()
             )

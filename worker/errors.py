@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+SHOWN_CHARS = 100
+
+
+def shown(value: str) -> str:
+    """Quote a value someone typed for a message: at most 100 characters of it."""
+    return repr(value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "...")
+
 
 class LaneWorkerError(Exception):
     """Base of every error lane-worker raises deliberately."""
@@ -88,3 +95,27 @@ class HealthPortError(LaneWorkerError):
 
 class NotJsonError(LaneWorkerError, TypeError):
     """A step result, play output or payload cannot be stored as JSON."""
+
+
+class InvalidRequestError(LaneWorkerError, ValueError):
+    """A client call's arguments are unusable: an input that is no JSON object, a key too long."""
+
+
+class IdempotencyConflict(LaneWorkerError):
+    """An idempotency key already names a run of another play, input or lane."""
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class SchemasMissingError(LaneWorkerError):
+    """The database lacks lane-worker's schemas or holds older ones: ``lane-worker migrate``."""
+
+
+class UnknownLaneError(LaneWorkerError):
+    """No lane has ever had this release id (``--force`` / ``force=True`` creates it)."""
+
+    def __init__(self, message: str, *, known: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.known = known

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import server_logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.client import LaneView, lanes_table
@@ -15,9 +19,59 @@ from worker.errors import HealthPortError
 from worker.metrics import Metrics
 
 LANES_TIMEOUT_S = 5.0
+# A bad request's logged reason is cut to this many characters: it quotes the client's bytes.
+BAD_REQUEST_REASON_CHARS = 100
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
 LanesReport = Callable[[], Awaitable[list[LaneView]]]
+
+log = structlog.get_logger("lane_worker.health")
+
+
+class NotBootedError(Exception):
+    """A lanes report asked for before the worker has booted (/lanes answers 503)."""
+
+
+class _RequestErrors(logging.Handler):
+    """Turns aiohttp's report of a malformed request into one ``health.bad_request`` line.
+
+    aiohttp answers a request it cannot parse (garbage, a bad request line, method
+    or header, an over-long line) with 400, and logs the parser's exception with a
+    traceback to stderr, or, for a bad method on a fresh connection, at debug (not
+    at all). Every other record goes on to ``aiohttp.server`` unchanged.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            log.warning(
+                "health.bad_request",
+                status=exc.code,
+                error=type(exc).__name__,
+                reason=_short_reason(exc.message),
+                remote=None if remote is None else str(remote),
+            )
+        elif server_logger.isEnabledFor(record.levelno):
+            record.name = server_logger.name
+            server_logger.handle(record)
+
+
+def _short_reason(message: str) -> str:
+    """Return the parser's message on one line, without its caret line, cut short."""
+    text = " ".join(p for p in (line.strip() for line in message.splitlines()) if p.strip("^ "))
+    if len(text) <= BAD_REQUEST_REASON_CHARS:
+        return text
+    return text[: BAD_REQUEST_REASON_CHARS - 3] + "..."
+
+
+# The request handlers' logger (aiohttp's ``logger`` argument, `aiohttp.server` by default).
+# Level DEBUG: aiohttp reports a bad method on a fresh connection at debug.
+_request_log = logging.getLogger("lane_worker.health.requests")
+_request_log.setLevel(logging.DEBUG)
+_request_log.propagate = False
+if not _request_log.handlers:
+    _request_log.addHandler(_RequestErrors())
 
 
 class HealthServer:
@@ -45,7 +99,9 @@ class HealthServer:
         app.router.add_get("/metrics", self._metrics_page)
         if self._lanes is not None:
             app.router.add_get("/lanes", self._lanes_page)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, logger=_request_log
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host="0.0.0.0", port=self._port)  # noqa: S104 (a container's health port)
         try:
@@ -64,9 +120,10 @@ class HealthServer:
         return self.port
 
     async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
+        """Stop listening (idempotent)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})

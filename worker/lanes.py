@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from worker.errors import LaneConfigError, LaneMismatchError
+from worker.errors import LaneConfigError, LaneMismatchError, shown
 
 RELEASE_ID_ENV = "DEEPLINE_RUNTIME_DEPLOY_VERSION"
 QUEUE_SUFFIX_ENV = "DEEPLINE_ABSURD_QUEUE_SUFFIX"
@@ -122,7 +122,7 @@ def current_release_id(env: Env | None = None) -> str:
     segment = sanitize_release_segment(deploy_version)
     if not segment:
         raise LaneConfigError(
-            f"{RELEASE_ID_ENV}={deploy_version!r} has no letter, digit or underscore, "
+            f"{RELEASE_ID_ENV}={shown(deploy_version)} has no letter, digit or underscore, "
             "so it names no release lane; set it to the release id (for example a git sha).",
             variable=RELEASE_ID_ENV,
         )
@@ -153,7 +153,7 @@ def queue_name_for_release(release_id: str) -> str:
     segment = sanitize_release_segment(trimmed)
     if not segment:
         raise LaneConfigError(
-            f"release id {trimmed!r} has no letter, digit or underscore, so it names no queue."
+            f"release id {shown(trimmed)} has no letter, digit or underscore, so it names no queue."
         )
     return _queue(segment)
 

@@ -23,9 +23,9 @@ import structlog
 
 from worker import checkpoint, engine, lanes
 from worker.app import App
-from worker.config import mask_secrets, url_secrets
 from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
 from worker.db import Connection, Database, is_transient
+from worker.dburl import mask_secrets, url_secrets
 from worker.errors import (
     FatalRunError,
     LaneMismatchError,

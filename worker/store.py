@@ -120,14 +120,7 @@ class Store:
             unknown = sorted(v for v in applied if v > newest_known)
             blocking = [v for v in unknown if not applied[v]["compatible"]]
             if blocking:
-                raise StoreSchemaError(
-                    f"the run-state store {self.schema} has migration {blocking[0]:04d} "
-                    f"({applied[blocking[0]]['name']}), which this build (store version "
-                    f"{newest_known:04d}) does not know and which older builds cannot run "
-                    "against; deploy a newer lane-worker.",
-                    found=blocking[0],
-                    known=newest_known,
-                )
+                raise self._incompatible(blocking[0], applied[blocking[0]]["name"], newest_known)
             done = []
             for migration in known:
                 if migration.version in applied:
@@ -152,6 +145,33 @@ class Store:
             applied=tuple(done),
             current=max([newest_known, *unknown]),
             unknown_compatible=tuple(unknown),
+        )
+
+    async def is_current(self, conn: Connection) -> bool:
+        """Tell whether every migration of this build is applied; change nothing.
+
+        Raises ``StoreSchemaError`` when the store holds a migration this build
+        cannot run against, as ``migrate`` would.
+        """
+        table = f"{self.schema_sql}.schema_migrations"
+        if not await conn.fetchval("select to_regclass($1) is not null", table):
+            return False
+        rows = await conn.fetch(f"select version, name, compatible from {table}")
+        applied = {r["version"]: r for r in rows}
+        known = known_migrations()
+        newest_known = known[-1].version if known else 0
+        for version in sorted(v for v in applied if v > newest_known):
+            if not applied[version]["compatible"]:
+                raise self._incompatible(version, applied[version]["name"], newest_known)
+        return all(m.version in applied for m in known)
+
+    def _incompatible(self, version: int, name: str, newest_known: int) -> StoreSchemaError:
+        return StoreSchemaError(
+            f"the run-state store {self.schema} has migration {version:04d} ({name}), which "
+            f"this build (store version {newest_known:04d}) does not know and which older "
+            "builds cannot run against; deploy a newer lane-worker.",
+            found=version,
+            known=newest_known,
         )
 
     async def fetchrow(self, conn: Connection, name: str, *args: Any) -> asyncpg.Record | None:

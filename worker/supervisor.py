@@ -1,14 +1,14 @@
 """The daemon: boot, claim loops, adoption refresh, maintenance, health, SIGTERM drain.
 
 Boot resolves the lane (refusing a topology that needs a suffix it lacks,
-before any connection), connects with retry, installs the schemas, registers
-the lane as claiming (never un-retiring it; a retired lane boots draining
-while runs only this release may run remain, and refuses once drained) and
-starts, in one task group: the
-own claim loop, one ``:continuations`` loop per retired lane that still has
-open runs (kept current), the LISTEN connection, heartbeats, maintenance and
-the HTTP endpoints. The first SIGTERM / SIGINT drains; a second exits at once.
-A side loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
+before any connection), binds the health port (a busy one exits before any
+connection), connects with retry, installs the schemas, registers the lane as
+claiming (never un-retiring it; a retired lane boots draining while runs only
+this release may run remain, and refuses once drained) and starts, in one task
+group: the own claim loop, one ``:continuations`` loop per retired lane that
+still has open runs (kept current), the LISTEN connection, heartbeats and
+maintenance. The first SIGTERM / SIGINT drains; a second exits at once. A side
+loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
 outage with readiness false; any other error in one drains and exits 1.
 """
 
@@ -28,11 +28,12 @@ from anyio.abc import TaskGroup
 
 from worker import engine, lanes, logs
 from worker.app import App, load_app
-from worker.client import LaneClient
-from worker.config import EXIT_CONFIG, Settings, url_secrets
+from worker.client import LaneClient, LaneView
+from worker.config import EXIT_CONFIG, Settings
 from worker.db import Connection, Database, PoolOptions, is_transient
+from worker.dburl import url_secrets
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
-from worker.health import HealthServer
+from worker.health import HealthServer, NotBootedError
 from worker.listener import Listener, Wakeups
 from worker.maintenance import maintain
 from worker.metrics import Metrics
@@ -85,6 +86,8 @@ def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
         _say(str(exc))
         return EXIT_CONFIG
     logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
+    for warning in settings.warnings:  # what doctor lists, such as a mistyped LANE_WORKER_*
+        log.warning("config.warning", message=warning)
     try:
         app = load_app(app_spec)
     except (ImportError, ValueError) as exc:
@@ -119,40 +122,63 @@ class Supervisor:
         self.stop_requested = anyio.Event()
         self.ready = anyio.Event()
         self.db: Database | None = None
+        # Set once boot has installed the schemas: a page view must never run a migration.
+        self.lanes_client: LaneClient | None = None
+        self.health_port: int | None = None  # bound first thing in main
         self.listener: Listener | None = None
         self.log = log.bind(
             release_id=settings.release_id, queue=settings.queue, worker_id=self.worker_id
         )
 
     async def main(self) -> int:
-        """Boot, run until stopped, drain; return the exit code."""
+        """Boot, run until stopped, drain; return the exit code.
+
+        The health port is bound before anything else: a busy one raises
+        HealthPortError (exit 1, one sentence) before any connection, and the
+        probes answer (/readyz 503, ``booting``) during the connect retry and boot.
+        """
+        health = HealthServer(
+            self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view
+        )
+        self.health_port = await health.start()
         try:
-            self.db = await Database.open(
-                PoolOptions(
-                    url=self.settings.database_url,
-                    max_size=2,
-                    application_name=f"lane-worker {self.settings.release_id}"[:63],
-                    pgbouncer=self.settings.tuning.pgbouncer,
-                    retry_for_s=BOOT_RETRY_S,
+            try:
+                self.db = await Database.open(
+                    PoolOptions(
+                        url=self.settings.database_url,
+                        max_size=2,
+                        application_name=f"lane-worker {self.settings.release_id}"[:63],
+                        pgbouncer=self.settings.tuning.pgbouncer,
+                        retry_for_s=BOOT_RETRY_S,
+                    )
                 )
-            )
-        except Exception as exc:
-            if not is_transient(exc) and not isinstance(exc, OSError):
-                raise
-            _say(
-                f"cannot reach the runtime database at {self.settings.database_url_redacted} "
-                f"after {BOOT_RETRY_S:g} s ({type(exc).__name__}); check WORKFLOW_RUNTIME_POSTGRES "
-                "and that Postgres is up."
-            )
-            return EXIT_FAILURE
-        try:
+            except Exception as exc:
+                if not is_transient(exc) and not isinstance(exc, OSError):
+                    raise
+                _say(
+                    f"cannot reach the runtime database at {self.settings.database_url_redacted} "
+                    f"after {BOOT_RETRY_S:g} s ({type(exc).__name__}); check "
+                    "WORKFLOW_RUNTIME_POSTGRES and that Postgres is up."
+                )
+                return EXIT_FAILURE
             code = await self._boot(self.db)
             if code is not None:
                 return code
-            await self._serve(self.db)
+            await self._serve(self.db, health)
             return self.exit_code
         finally:
-            await self.db.close()
+            # Every way out (boot refused, database unreachable, a crash, the drain) stops
+            # the server, before the pool closes under a page that reads from it.
+            with anyio.CancelScope(shield=True):
+                await health.stop()
+            if self.db is not None:
+                await self.db.close()
+
+    async def _lanes_view(self) -> list[LaneView]:
+        """The /lanes page's report: NotBootedError (503) until boot installed the schemas."""
+        if self.lanes_client is None:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.lanes_client.lanes()
 
     async def _boot(self, db: Database) -> int | None:
         s = self.settings
@@ -192,16 +218,12 @@ class Supervisor:
             metrics=self.metrics,
         )
 
-    async def _serve(self, db: Database) -> None:
+    async def _serve(self, db: Database, health: HealthServer) -> None:
         s = self.settings
         runtime = self._runtime(db)
         runtime.draining = self.lane_state != "claiming"
         # Boot migrated both schemas: a page view must never run a migration.
-        lanes_view = LaneClient(
-            db, self.store, env={}, max_attempts=s.tuning.max_attempts, schemas_installed=True
-        ).lanes
-        health = HealthServer(s.tuning.health_port, self.metrics, self._readiness, lanes_view)
-        port = await health.start()
+        self.lanes_client = LaneClient(db, self.store, env={}, schemas_installed=True)
         try:
             async with anyio.create_task_group() as side:
                 side.start_soon(self._signals)
@@ -218,7 +240,7 @@ class Supervisor:
                         "worker.ready",
                         schema=s.scheduler_schema,
                         concurrency=s.tuning.concurrency,
-                        health_port=port,
+                        health_port=self.health_port,
                         listen=not s.tuning.pgbouncer,
                         lane=self.lane_state,
                     )
@@ -234,7 +256,7 @@ class Supervisor:
                 side.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await health.stop()
+                await health.stop()  # main stops it too; here it stops before the stop mark
                 # A database that is away must not hold up the exit: leftovers then
                 # wait for their lease, and the stop mark is display only.
                 with anyio.move_on_after(STOP_MARK_TIMEOUT_S):
@@ -468,18 +490,21 @@ class Supervisor:
             await anyio.sleep(MAINTENANCE_RETRY_S if failed else MAINTENANCE_S)
 
     async def _readiness(self) -> dict[str, Any]:
-        database = True
-        try:
-            assert self.db is not None
-            with anyio.fail_after(2):
-                await self.db.fetchval("select 1")
-        except Exception:
-            database = False
+        # Served from before the database is opened: until worker.ready, report booting.
+        booting = not self.ready.is_set()
+        database = self.db is not None
+        if self.db is not None:
+            try:
+                with anyio.fail_after(2):
+                    await self.db.fetchval("select 1")
+            except Exception:
+                database = False
         own = self.pollers.get(self.settings.queue)
         own_running = own is not None and not own.stopped.is_set()
         loops_ok = own_running
         ready = (
-            database
+            not booting
+            and database
             and loops_ok
             and self.guard_error is None
             and not self.side_loop_outages
@@ -487,9 +512,10 @@ class Supervisor:
         )
         return {
             "ready": ready,
+            "booting": booting,
             "database": database,
             "ownLoop": "running" if own_running else "stopped",
-            "lane": self.lane_state,
+            "lane": None if booting else self.lane_state,  # unknown before registration
             "continuationLoops": sorted(self._continuations()),
             "laneGuardError": self.guard_error,
             "sideLoopOutages": dict(sorted(self.side_loop_outages.items())),

@@ -286,14 +286,19 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     assert lane(env, RELEASE_QUEUE)["status"] == "claiming"
 
 
-def test_retiring_a_lane_nothing_ever_used_warns(env: dict[str, str]) -> None:
-    """A release id no worker and no run ever used is retired, with a warning on stderr."""
+def test_retiring_a_lane_nothing_ever_used_is_refused_unless_forced(env: dict[str, str]) -> None:
+    """A release id no worker and no run ever used is a likely typo: exit 1, unless --force."""
     ok(env, "migrate")
-    result = lane_worker(env, "lanes", "retire", "rel-typo", "--json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["known"] is False
-    (warning,) = result.stderr.splitlines()
-    assert warning.startswith("lane-worker: warning: no worker has registered lane runs_rel_typo")
+    refused = lane_worker(env, "lanes", "retire", "rel-typo", "--json")
+    assert refused.returncode == 1, refused.stderr
+    (sentence,) = refused.stderr.splitlines()
+    assert sentence.startswith("lane-worker: no lane has ever had release 'rel-typo'")
+    assert "--force" in sentence
+    assert refused.stdout == ""
+    assert all(row["queue"] != "runs_rel_typo" for row in ok_json(env, "lanes")["lanes"])
+    forced = lane_worker(env, "lanes", "retire", "rel-typo", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["known"] is False
     assert lane(env, "runs_rel_typo")["status"] in ("retired", "drained")
 
 
@@ -301,8 +306,8 @@ def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> 
     """A retired lane with nothing left to finish is listed as drained, in a table."""
     ok(env, "migrate")
     assert "no lanes" in ok(env, "lanes").stdout
-    # Nothing has used the lane yet, so the retire warns (tested above) and succeeds.
-    assert lane_worker(env, "lanes", "retire", "dev").returncode == 0
+    # Nothing has used the lane yet, so the retire needs --force (tested above).
+    assert lane_worker(env, "lanes", "retire", "dev", "--force").returncode == 0
     header, row = ok(env, "lanes").stdout.splitlines()
     assert header.split() == [
         "RELEASE",

@@ -325,7 +325,7 @@ async def test_sigkill_mid_step_resumes_elsewhere_from_the_last_committed_step(
 async def test_retired_own_lane_refuses_boot(database_url: str) -> None:
     """A daemon of a retired release exits 78 and names `lane-worker lanes activate`."""
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
-        assert await client.retire_release(RELEASE) == queue_of(RELEASE)
+        assert await client.retire_release(RELEASE, force=True) == queue_of(RELEASE)
         daemon = pool.start(RELEASE)
         code = await daemon.wait_exit(timeout_s=60)
         assert code == 78, daemon.tail()

@@ -58,14 +58,14 @@ async def test_a_draining_lane_finishes_its_own_work_and_leaves_parked_runs_to_b
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         await register_worker(rt_b)  # B is live and registers the plays: it adopts them
         napper = await client.submit("napper")
         flaky = await client.submit("flaky")
         assert sorted(await work_once(rt_a)) == ["parked", "retrying"]
         fresh = await client.submit("plain")
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         rt_a.draining = True
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         assert lanes[QA] == "draining"
@@ -116,11 +116,11 @@ async def test_a_draining_lane_never_takes_a_run_adopted_by_another(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         run = await client.submit("nap-then-flaky")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         rt_a.draining = True
 
         async def adopted_and_failed() -> bool:

@@ -121,8 +121,8 @@ async def test_retiring_a_release_nothing_used_creates_its_engine_queue(database
     """`lanes retire`/`activate` of a never-used release leave a lane whose engine queue exists."""
     async with open_client(database_url, GOOD_ENV) as client:
         assert not await client.lane_known("typo-1")
-        retired = await client.retire_release("typo-1")
-        activated = await client.activate_release("typo-2")
+        retired = await client.retire_release("typo-1", force=True)
+        activated = await client.activate_release("typo-2", force=True)
         for queue in (retired, activated):
             count = "select count(*) from absurd.queues where queue_name = $1"
             assert await sql(database_url, count, queue) == 1

@@ -71,10 +71,10 @@ async def test_a_third_release_never_takes_a_run_its_adopter_still_claims(
         open_runtime(database_url, app, C) as rt_c,
     ):
         for release in (A, B, C):  # registered in release order, as their workers boot
-            await client.activate_release(release)
+            await client.activate_release(release, force=True)
         run = await client.submit("naps")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         conn = await connect(database_url)
         try:
             await eventually(lambda: sleepers_due(conn, QA), what="nap-1 due")
@@ -108,20 +108,20 @@ async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_
         open_runtime(database_url, app, B) as rt_b,
         open_runtime(database_url, app, C) as rt_c,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
-        await client.activate_release(C)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
+        await client.activate_release(C, force=True)
         run = await client.submit("naps")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         await work_until(rt_b, "parked", queue=QA)  # adopted by B, parked at nap-2
-        await client.retire_release(B)
+        await client.retire_release(B, force=True)
         conn = await connect(database_url)
         try:
             await eventually(lambda: sleepers_due(conn, QA), what="nap-2 due")
             batch = await rt_c.claim(QA, 1)  # allowed: B's lane is retired now
             assert len(batch.runs) == 1
-            await client.activate_release(B)
+            await client.activate_release(B, force=True)
             with structlog.testing.capture_logs() as logs:
                 handled = await rt_c.handle(batch.runs[0])
             state = await conn.fetchrow(
@@ -170,8 +170,8 @@ async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         run = await client.submit("gated")
         assert await work_once(rt_a) == ["parked"]
         conn = await connect(database_url)
@@ -186,7 +186,7 @@ async def test_a_run_handed_back_mid_step_after_a_sleep_is_queued_not_adoptable(
                 f"select status, current_wait from {SCHEMA}.runs where run_id = $1::uuid",
                 run.run_id,
             )
-            await client.retire_release(A)
+            await client.retire_release(A, force=True)
             outcomes = await work_once(rt_b, QA)
             engine_attempts = await conn.fetchval(f"select max(attempt) from absurd.r_{QA}")
         finally:
@@ -406,9 +406,9 @@ async def test_a_cancel_anywhere_in_a_claim_hands_it_back_without_spending_an_at
             rt = rt_a
             if loop == "continuation":
                 rt = rt_b
-                await client.activate_release(A)  # lanes register in release order
-                await client.activate_release(B)
-                await client.retire_release(A)
+                await client.activate_release(A, force=True)  # lanes register in release order
+                await client.activate_release(B, force=True)
+                await client.retire_release(A, force=True)
                 # A defer is a race now: the claim saw the run parked, and by the
                 # decision its wait was gone. Stage that: due, "waiting" with no wait.
                 await conn.execute(

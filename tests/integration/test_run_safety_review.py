@@ -124,12 +124,12 @@ async def test_a_parked_run_whose_play_the_newer_release_lacks_stays_with_its_ow
         open_runtime(database_url, napping_app("only-in-a"), A) as rt_a,
         open_runtime(database_url, napping_app("something-else"), B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         await register_worker(rt_b)  # B is live, and registers its plays
         run = await client.submit("only-in-a")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         rt_a.draining = True
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         conn = await connect(database_url)
@@ -152,11 +152,11 @@ async def test_adopting_without_the_play_in_a_race_defers_and_counts(database_ur
         open_runtime(database_url, napping_app("only-in-a"), A) as rt_a,
         open_runtime(database_url, napping_app("something-else"), B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         run = await client.submit("only-in-a")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         rt_b.plays = ["only-in-a"]  # the claim believes B has it: the race
         conn = await connect(database_url)
         try:
@@ -192,13 +192,13 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         run = await client.submit("two-naps")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         await work_until(rt_b, "parked", queue=QA)  # B adopted it at nap-one
-        await client.activate_release(A)  # a rollback: A claims again
+        await client.activate_release(A, force=True)  # a rollback: A claims again
         rt_b.claiming_queues = frozenset({QA})  # as B's registry refresh sees it
         conn = await connect(database_url)
         try:
@@ -231,12 +231,12 @@ async def test_a_machine_of_the_adopter_without_the_play_never_fails_its_adoptee
         open_runtime(database_url, full, B, worker_base="b-full") as rt_b_full,
         open_runtime(database_url, partial, B, worker_base="b-partial") as rt_b_partial,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         await register_worker(rt_b_full)
         run = await client.submit("only-in-full")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         await eventually(lambda: _adopted_and_parked(rt_b_full), what="B adopting the run")
         assert (await client.status(run.run_id)).status == "waiting"  # parked at nap-1
         conn = await connect(database_url)
@@ -269,16 +269,16 @@ async def test_a_rollback_keeps_the_retired_adopter_draining_for_its_adoptee(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # lanes register in release order
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
         await register_worker(rt_a)
         await register_worker(rt_b)
         run = await client.submit("loop")
         assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
+        await client.retire_release(A, force=True)
         await eventually(lambda: _adopted_and_parked(rt_b), what="B adopting the run")
-        await client.activate_release(A)
-        await client.retire_release(B)
+        await client.activate_release(A, force=True)
+        await client.retire_release(B, force=True)
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         rt_b.draining = True
         rt_a.foreign_adoptees = True
@@ -303,12 +303,12 @@ async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
         open_runtime(database_url, app, A) as rt_a,
         open_runtime(database_url, app, B) as rt_b,
     ):
-        await client.activate_release(A)  # A's lane exists first: it is the older one
-        await client.activate_release(B)
+        await client.activate_release(A, force=True)  # A's lane exists first: it is the older one
+        await client.activate_release(B, force=True)
         await register_worker(rt_a)
         run = await client.submit("loop")
         assert await work_once(rt_b) == ["parked"]
-        await client.retire_release(B)
+        await client.retire_release(B, force=True)
         conn = await connect(database_url)
         try:
             await eventually(lambda: sleepers_due(conn, queue_of(B)), what="the nap due")

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from worker.config import url_secrets
+from worker.dburl import url_secrets
 
 URL = "postgresql://lane:s3cr%2Fet-pass@db:5432/runtime?sslmode=require&password=other-Secret"
 
@@ -18,7 +18,8 @@ def test_url_secrets_names_every_password_spelling() -> None:
     """The userinfo password (decoded and as written) and a password= parameter."""
     assert set(url_secrets(URL)) == {"s3cr/et-pass", "s3cr%2Fet-pass", "other-Secret"}
     assert url_secrets("postgresql://lane@db/runtime") == ()
-    assert url_secrets("postgresql://[bad") == ()
+    # A malformed URL is refused before use; all of it counts as secret meanwhile.
+    assert url_secrets("postgresql://[bad") == ("[bad",)
 
 
 @pytest.mark.parametrize("log_format", ["json", "console"])
@@ -28,7 +29,7 @@ def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> No
         f"""
         import logging, structlog
         from worker import logs
-        from worker.config import url_secrets
+        from worker.dburl import url_secrets
         logs.configure({log_format!r}, secrets=url_secrets({URL!r}))
         structlog.get_logger("t").warning(
             "db.retry", detail="connect to {URL} failed", nested={{"why": ["s3cr/et-pass"]}}

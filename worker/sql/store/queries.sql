@@ -9,7 +9,7 @@ on conflict (idempotency_key) do nothing
 returning run_id;
 
 -- name: run_by_idempotency_key
-select run_id, release_id, queue from {schema}.runs where idempotency_key = $1;
+select run_id, release_id, queue, play, input from {schema}.runs where idempotency_key = $1;
 
 -- name: set_run_task
 update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
@@ -194,6 +194,10 @@ on conflict (queue) do update
        retired_at = case when excluded.status = 'retired' then coalesce(l.retired_at, now()) end,
        updated_at = now()
 returning status;
+
+-- name: lane_names
+-- The first spelling of every registered lane's release id, oldest first.
+select coalesce(release_ids[1], queue) as name from {schema}.releases order by created_at, queue;
 
 -- name: lane_known
 -- Whether anything ever used this queue: a lane row (a worker booted, or an

@@ -1,0 +1,137 @@
+"""The database URL: checked before any driver sees it, and never shown with its password.
+
+A generated password often holds ``/``, ``#``, ``?`` or ``@``. Left unencoded they
+move the URL's boundaries: the driver then reads part of the password as a host
+or a port and echoes it in its error. So ``url_problem`` checks the URL's shape
+the way the driver will split it, and refuses it (without quoting any of it)
+when the two could disagree; only a URL that passes is ever handed to asyncpg.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+DATABASE_URL_ENV = "WORKFLOW_RUNTIME_POSTGRES"
+SCHEMES = ("postgres", "postgresql")
+SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_REDACTED = "***"
+_NOT_SHOWN = "<malformed URL, not shown>"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,19}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENCODE_HINT = (
+    "percent-encode any '/', '?', '#' or '@' in the user name or password "
+    "('/' is %2F, '?' is %3F, '#' is %23, '@' is %40)"
+)
+_FORM = "set it to postgresql://user:password@host:5432/dbname"
+
+
+def _port_ok(port: str) -> bool:
+    return bool(_PORT.fullmatch(port)) and 1 <= int(port) <= 65_535
+
+
+def _host_problem(hostspec: str) -> str | None:
+    for host in hostspec.split(","):
+        if host.startswith("["):  # an IPv6 literal: [::1]:5432
+            end = host.find("]")
+            rest = host[end + 1 :] if end > 0 else None
+            if rest is None or (rest and not (rest[0] == ":" and _port_ok(rest[1:]))):
+                return "a host that is not host:port or [ipv6]:port"
+        elif host.count(":") > 1:
+            return "a host that is not host:port or [ipv6]:port"
+        elif ":" in host and not _port_ok(host.partition(":")[2]):
+            return "a port that is not a number from 1 to 65535"
+    return None
+
+
+def _query_problem(query: str) -> str | None:
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        return "a query string that is not key=value pairs joined by '&'"
+    for key, value in pairs:
+        if key == "sslmode" and value not in SSLMODES:
+            return f"an sslmode other than {', '.join(SSLMODES)}"
+        if key == "port" and not all(_port_ok(p) for p in value.split(",")):
+            return "a port that is not a number from 1 to 65535"
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """Say what makes ``url`` unusable as a database URL, quoting none of it; None if usable."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        named = f"scheme {scheme!r}" if sep and _SCHEME.fullmatch(scheme) else "no scheme"
+        return f"is not a postgresql:// URL ({named}): {_FORM}"
+    if _CONTROL.search(url):
+        return "holds a control character (a line break or a tab?): remove it"
+    if "#" in rest:
+        return f"holds a '#', which ends a URL: {_ENCODE_HINT}"
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    path, _, query = tail.partition("?")
+    if "@" in path or authority.count("@") > 1:
+        return f"has an '@' where the host should be: {_ENCODE_HINT}"
+    problem = _host_problem(authority.rpartition("@")[2])
+    if problem is not None:
+        # Usually a '?' in the password moved the end of the host.
+        return f"has {problem}: fix it, or {_ENCODE_HINT}"
+    problem = _query_problem(query)
+    if problem is not None:
+        return f"has {problem}: fix it, or {_ENCODE_HINT}"
+    return None
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password (userinfo or ``password=`` parameter) replaced.
+
+    A URL ``url_problem`` refuses is not shown at all: where its password ends is
+    exactly what cannot be told.
+    """
+    if url_problem(url) is not None:
+        return _NOT_SHOWN
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = f"{userinfo.split(':', 1)[0]}:{_REDACTED}"
+        netloc = f"{userinfo}@{host}"
+    query = urlencode(
+        [
+            (key, _REDACTED if key.lower() == "password" else value)
+            for key, value in parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*/,",
+    )
+    # Built by hand: urlunsplit drops the `//` of a URL with an empty host.
+    rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
+    return rebuilt + (f"?{query}" if query else "")
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """Return the secrets in ``url`` that must never be printed: its passwords, both spellings.
+
+    For a URL ``url_problem`` refuses, everything after the scheme counts as secret.
+    """
+    if url_problem(url) is not None:
+        rest = url.partition("://")[2] or url
+        return (rest,) if rest else ()
+    parts = urlsplit(url)
+    found = [parts.password or ""]
+    found += [
+        v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"
+    ]
+    # urlsplit leaves the password percent-encoded; the driver (and its errors) decode it.
+    found += [unquote(s) for s in found]
+    # Longest first, so a secret containing another is replaced whole.
+    return tuple(sorted({s for s in found if s}, key=len, reverse=True))
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """Return ``text`` with every occurrence of each of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        text = text.replace(secret, _REDACTED)
+    return text

@@ -1,0 +1,91 @@
+"""What a submit or a signal may carry: the rules the client and the CLI both apply.
+
+Each check raises ``InvalidRequestError`` with one sentence before anything
+reaches the database, so a bad request never turns into a driver error, a
+half-written run or an index row Postgres refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from worker.errors import InvalidRequestError, shown
+from worker.jsonvalue import json_problem
+
+# 1 MiB of JSON text: an input is arguments, not a document store. Every step
+# of a run reads it back, and larger rows slow every claim that touches them.
+MAX_INPUT_BYTES = 1_048_576
+# Keys are ids (webhook ids, request ids, hashes); the unique index caps a key at
+# about 2.7 kB, so a far longer one fails there with a driver error.
+MAX_KEY_CHARS = 255
+MAX_PLAY_CHARS = 200
+
+
+def _size_problem(value: Any, what: str) -> None:
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > MAX_INPUT_BYTES:
+        raise InvalidRequestError(
+            f"{what} is {size} bytes of JSON, more than the {MAX_INPUT_BYTES} bytes (1 MiB) "
+            "allowed: store large data elsewhere and pass a reference to it."
+        )
+
+
+def checked_input(value: Any) -> dict[str, Any]:
+    """Return a run's input (``None`` is ``{}``), or refuse one that is not a small JSON object."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            f"a run's input must be a JSON object (a dict), not {type(value).__name__}: "
+            'wrap it, for example {"value": ...}.'
+        )
+    problem = json_problem(value)
+    if problem is not None:
+        raise InvalidRequestError(f"the run's input is not storable JSON: {problem}.")
+    _size_problem(value, "the run's input")
+    return value
+
+
+def checked_payload(value: Any) -> Any:
+    """Return an event's payload, or refuse one that is not small, storable JSON."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise InvalidRequestError(f"the event's payload is not storable JSON: {problem}.")
+    _size_problem(value, "the event's payload")
+    return value
+
+
+def _text_ok(text: str, limit: int) -> bool:
+    # Postgres text holds no NUL, and a lone surrogate cannot be encoded to send.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return len(text) <= limit and "\x00" not in text
+
+
+def checked_key(key: str | None, what: str) -> str | None:
+    """Return an idempotency or event key, or refuse a blank or over-long one."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidRequestError(f"{what} must be a non-blank string.")
+    if not _text_ok(key, MAX_KEY_CHARS):
+        raise InvalidRequestError(
+            f"{what} {shown(key)} is not usable: a key has at most {MAX_KEY_CHARS} characters "
+            "and no NUL or unpaired surrogate character."
+        )
+    return key
+
+
+def checked_play(play: str) -> str:
+    """Return a play name, or refuse a blank or over-long one."""
+    if not isinstance(play, str) or not play.strip():
+        raise InvalidRequestError("submit needs a play name (a non-blank string).")
+    if not _text_ok(play, MAX_PLAY_CHARS):
+        raise InvalidRequestError(
+            f"play name {shown(play)} is not usable: a play name has at most {MAX_PLAY_CHARS} "
+            "characters and no NUL or unpaired surrogate character."
+        )
+    return play
