@@ -39,9 +39,15 @@ async def open_client(url: str, env: Mapping[str, str] | None = None) -> AsyncIt
 
 @asynccontextmanager
 async def open_runtime(
-    url: str, app: App, release_id: str, *, lease_s: int = 30, worker_base: str | None = None
+    url: str,
+    app: App,
+    release_id: str,
+    *,
+    lease_s: int = 30,
+    worker_base: str | None = None,
+    **options: Any,
 ) -> AsyncIterator[Runtime]:
-    """A Runtime for ``release_id`` on its own 2-connection pool."""
+    """A Runtime for ``release_id`` on its own 2-connection pool (``options``: Runtime's)."""
     db = await Database.open(PoolOptions(url=url, max_size=2, retry_for_s=5))
     try:
         yield Runtime(
@@ -51,6 +57,7 @@ async def open_runtime(
             worker_base=worker_base or f"test-{release_id}",
             release_id=release_id,
             lease_s=lease_s,
+            **options,
         )
     finally:
         await db.close()

@@ -8,6 +8,7 @@ an exit code and one sentence on stderr (0 ok, 1 failure, 2 usage, 78 config).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ import structlog
 from click.core import ParameterSource
 
 from worker import config, dburl, lanes, limits
-from worker.client import CONNECT_VARIABLES, SUBMIT_VARIABLES, LaneClient, RunStatus, lanes_table
+from worker.client import CONNECT_VARIABLES, SUBMIT_VARIABLES, LaneClient, LaneView, RunStatus
 from worker.db import is_transient
 from worker.errors import (
     EngineSchemaError,
@@ -31,6 +32,7 @@ from worker.errors import (
     LaneWorkerError,
     StoreSchemaError,
 )
+from worker.report import lane_detail, lanes_table
 from worker.store import MigrationReport
 
 T = TypeVar("T")
@@ -55,7 +57,7 @@ class Failure(click.ClickException):
         super().__init__(" ".join(message.split()))
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"lane-worker: {self.format_message()}", err=True)
+        click.echo(printable(f"lane-worker: {self.format_message()}"), err=True)
 
 
 class UsageFailure(Failure):
@@ -70,9 +72,14 @@ class ConfigRefused(Failure):
     exit_code = config.EXIT_CONFIG
 
 
+def printable(text: str) -> str:
+    """Escape what cannot be written as UTF-8 (an undecodable byte from the environment)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _say_errors(diagnosis: config.Diagnosis) -> None:
     for error in diagnosis.errors:
-        click.echo(f"lane-worker: {error}", err=True)
+        click.echo(printable(f"lane-worker: {error}"), err=True)
 
 
 def _render(diagnosis: config.Diagnosis) -> str:
@@ -88,7 +95,7 @@ def _render(diagnosis: config.Diagnosis) -> str:
         ("queue", diagnosis.queue or "(unresolved)"),
         ("scheduler schema", schema),
         ("queue suffix", f"{suffix} (lane from {diagnosis.suffix_source})"),
-        ("database", diagnosis.database_url_redacted or "(not set)"),
+        ("database", diagnosis.database_url_redacted or _no_url(diagnosis)),
         ("pool", f"worker 2 connections{listen}; client {diagnosis.client_pool_size}"),
         ("concurrency", str(t.concurrency)),
         ("claim timeout", f"{t.claim_timeout_s} s"),
@@ -108,6 +115,11 @@ def _render(diagnosis: config.Diagnosis) -> str:
     lines += [f"  error ({e.variable}): {e}" for e in diagnosis.errors]
     lines += [f"  warning: {w}" for w in diagnosis.warnings]
     return "\n".join(lines)
+
+
+def _no_url(diagnosis: config.Diagnosis) -> str:
+    refused = any(e.variable == config.DATABASE_URL_ENV for e in diagnosis.errors)
+    return "(set but refused, not shown: see the error below)" if refused else "(not set)"
 
 
 def _columns(rows: list[tuple[str, str]]) -> list[str]:
@@ -182,6 +194,21 @@ def _with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[s
         raise _failure_for(exc, url) from None
 
 
+def _daemon_exit(run: Callable[[], int], env: os._Environ[str]) -> int:
+    """Run a daemon; map what escapes it to an exit code and one sentence, never a traceback."""
+    try:
+        return run()
+    except Exception as exc:
+        # A task group wraps the one error that ended it.
+        while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+            inner = exc.exceptions[0]
+            if not isinstance(inner, Exception):
+                break
+            exc = inner
+        url = (env.get(config.DATABASE_URL_ENV) or "").strip()
+        raise _failure_for(exc, url) from None
+
+
 class _Checked(click.ParamType[Any]):
     """A string parameter: ``problem`` says why a value is unusable (exit 2), else None."""
 
@@ -224,6 +251,8 @@ def _parse_json(value: str, what: str) -> Any:
     text = _read_json_text(value, what)
     try:
         return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply.") from None
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"{what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
@@ -315,7 +344,9 @@ def _one_line(value: Any, limit: int = 300) -> str:
 
 def _emit(as_json: bool, report: Any, *lines: str) -> None:
     """Print ``report`` as one JSON object, or else ``lines`` as text."""
-    click.echo(json.dumps(report, indent=2, default=str) if as_json else "\n".join(lines))
+    click.echo(
+        json.dumps(report, indent=2, default=str) if as_json else printable("\n".join(lines))
+    )
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -352,12 +383,7 @@ def run(app: str) -> None:
     """Run the worker daemon for this release's lane until SIGTERM."""
     from worker.supervisor import run_daemon  # the daemon's imports stay out of other commands
 
-    try:
-        code = run_daemon(os.environ, app)
-    except Exception as exc:
-        url = os.environ.get(config.DATABASE_URL_ENV) or ""
-        raise _failure_for(exc, url.strip()) from None
-    sys.exit(code)
+    sys.exit(_daemon_exit(functools.partial(run_daemon, os.environ, app), os.environ))
 
 
 @cli.command()
@@ -384,7 +410,10 @@ def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
     """
     from worker.dev import run_dev  # embedded Postgres stays out of other commands
 
-    sys.exit(run_dev(os.environ, app, exit_after_demo=exit_after_demo, data_dir=data_dir))
+    run = functools.partial(
+        run_dev, os.environ, app, exit_after_demo=exit_after_demo, data_dir=data_dir
+    )
+    sys.exit(_daemon_exit(run, os.environ))
 
 
 @cli.command()
@@ -511,10 +540,69 @@ def status(run_id: str, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def lanes_group(ctx: click.Context, as_json: bool) -> None:
-    """List release lanes and their runs, or retire / activate one."""
+    """List release lanes, what each holds and whether its machines may stop.
+
+    A lane is claiming (it takes new runs), draining (retired, still holding
+    runs only its release may run: its workers finish them) or drained (retired,
+    nothing left for its release: safe to stop its machines). Subcommands show
+    one lane, wait for one to drain, retire or activate one.
+    """
     if ctx.invoked_subcommand is None:
         views = _with_client(lambda client: client.lanes())
         _emit(as_json, {"lanes": [v.as_json() for v in views]}, *lanes_table(views))
+
+
+@lanes_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@json_option
+def show(release_id: str, as_json: bool) -> None:
+    """Show one lane in full: workers and their plays, counts, verdict, blockers with run ids."""
+    view = _with_client(lambda client: client.lane(release_id))
+    _emit(as_json, view.as_json(), *lane_detail(view))
+
+
+WAIT_POLL_S = 0.5
+
+
+@lanes_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@click.option("--timeout", type=_Seconds(), default=900.0, show_default=True, metavar="SECONDS",
+              help="Give up (exit 1, printing what still blocks) after this long.")  # fmt: skip
+@json_option
+def wait(release_id: str, timeout: float, as_json: bool) -> None:
+    """Wait until RELEASE_ID's lane is drained: exit 0 the moment its machines may stop.
+
+    Exits 1 at once for a lane that still claims (retire it first), and after
+    --timeout with the lane's blockers when it did not drain in time.
+    """
+
+    async def action(client: LaneClient) -> LaneView:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            view = await client.lane(release_id)
+            if view.safe_to_stop or view.status == "claiming" or loop.time() >= deadline:
+                return view
+            await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - loop.time())))
+
+    view = _with_client(action)
+    if view.safe_to_stop:
+        _emit(as_json, view.as_json(),
+              f"lane {view.queue} (release {view.release_id}) is drained: safe to stop its "
+              "machines.")  # fmt: skip
+        return
+    if as_json:
+        _emit(True, view.as_json())
+    if view.status == "claiming":
+        raise Failure(
+            f"lane {view.queue} (release {view.release_id}) still claims new runs, so it will "
+            f"not drain: run `lane-worker lanes retire {view.release_id}` first."
+        )
+    blockers = "; ".join(f"{b.reason} {b.count}" for b in view.blocked_by)
+    raise Failure(
+        f"lane {view.queue} (release {view.release_id}) is still {view.status} after "
+        f"{timeout:g} s ({blockers}); see `lane-worker lanes show {view.release_id}`."
+    )
 
 
 force_option = click.option(

@@ -30,6 +30,9 @@ from worker.errors import (
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.reconcile import cancelled_fact
+from worker.report import LaneView as LaneView  # re-exported: part of the client's API
+from worker.report import lanes_table as lanes_table
+from worker.report import read_report
 from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.store import TERMINAL_STATUSES, MigrationReport, Store
 
@@ -96,35 +99,6 @@ class RunStatus:
             ],
             "output": self.output,
             "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class LaneView:
-    """One release lane as ``lanes`` shows it."""
-
-    release_id: str
-    queue: str
-    # claiming; draining (retired, with runs only its release may run); drained
-    status: str
-    live_workers: int
-    queued: int
-    running: int
-    waiting: int
-    adoptable: int
-    release_ids: tuple[str, ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        """Return the JSON object of one lane in ``lane-worker lanes --json``."""
-        return {
-            "releaseId": self.release_id,
-            "queue": self.queue,
-            "status": self.status,
-            "liveWorkers": self.live_workers,
-            "queued": self.queued,
-            "running": self.running,
-            "waiting": self.waiting,
-            "adoptable": self.adoptable,
         }
 
 
@@ -485,28 +459,22 @@ class LaneClient:
         return queue
 
     async def lanes(self) -> list[LaneView]:
-        """Return every registered lane with its workers and run counts, by queue."""
+        """Return the drain report: every lane, its workers, its open runs, its verdict."""
         await self.check_schemas()
-        rows = await self.db.run(lambda c: self.store.fetch(c, "lanes"))
-        views = []
-        for r in rows:
-            retired = r["status"] == "retired"
-            views.append(
-                LaneView(
-                    release_id=r["release_ids"][0] if r["release_ids"] else r["queue"],
-                    queue=r["queue"],
-                    status=("draining" if r["draining_work"] else "drained")
-                    if retired
-                    else r["status"],
-                    live_workers=r["live_workers"],
-                    queued=r["queued"],
-                    running=r["running"],
-                    waiting=r["waiting"],
-                    adoptable=r["parked"] if retired else 0,
-                    release_ids=tuple(r["release_ids"]),
-                )
-            )
-        return views
+        return await self.db.run(lambda c: read_report(c, self.store))
+
+    async def lane(self, release_id: str) -> LaneView:
+        """Return one lane's report, by any spelling of its release id (``UnknownLaneError``)."""
+        queue = _queue_for_operator(release_id)
+        views = await self.lanes()
+        for view in views:
+            if view.queue == queue:
+                return view
+        names = ", ".join(v.release_id for v in views[:_KNOWN_SHOWN]) or "none yet"
+        raise UnknownLaneError(
+            f"no lane has release {release_id.strip()!r} (queue {queue}); known lanes: {names}.",
+            known=tuple(v.release_id for v in views),
+        )
 
 
 _KNOWN_SHOWN = 20
@@ -538,14 +506,3 @@ def _same_request(row: Any, key: str | None, play: str, params: Any, queue: str)
             "use another key for another request.",
             run_id=str(row["run_id"]),
         )
-
-
-def lanes_table(views: list[LaneView]) -> list[str]:
-    """Render lanes as aligned text lines (the CLI's `lanes` and `lane-worker dev`)."""
-    if not views:
-        return ["no lanes registered (a worker registers its lane at boot)."]
-    header = ("RELEASE", "QUEUE", "STATUS", "LIVE", "QUEUED", "RUNNING", "WAITING", "ADOPTABLE")
-    # as_json() lists the fields in the table's column order.
-    rows = [header, *(tuple(str(x) for x in v.as_json().values()) for v in views)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -32,6 +32,8 @@ HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
 MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
 LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
 PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
+DEFER_ALERT_AFTER_ENV = "LANE_WORKER_DEFER_ALERT_AFTER"
+DEFER_FAIL_AFTER_ENV = "LANE_WORKER_DEFER_FAIL_AFTER"
 # Read by the test suite only; listed so doctor does not call it a typo.
 TEST_DATABASE_URL_ENV = "LANE_WORKER_TEST_DATABASE_URL"
 
@@ -57,6 +59,8 @@ class Tuning:
     max_attempts: int = 5
     log_format: LogFormat = "auto"
     pgbouncer: bool = False
+    defer_alert_after_s: float = 3600.0
+    defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,8 @@ class Diagnosis:
             "maxAttempts": self.tuning.max_attempts,
             "logFormat": self.tuning.log_format,
             "pgbouncer": self.tuning.pgbouncer,
+            "deferAlertAfterSeconds": self.tuning.defer_alert_after_s,
+            "deferFailAfterSeconds": self.tuning.defer_fail_after_s,
             "refused": self.refused,
             "exitCode": self.exit_code,
             "errors": [{"variable": e.variable, "message": str(e)} for e in self.errors],
@@ -195,14 +201,18 @@ _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 MAX_RELEASE_ID_CHARS = 200
 
 
+# Far past every bound, and short of int()'s digit limit and float's overflow.
+_MAX_DIGITS = 30
+
+
 def whole_number(raw: str) -> int | None:
     """Parse ASCII digits only: ``int()`` would also take ``1_000``, ``+5`` and fullwidth digits."""
-    return int(raw) if _WHOLE.fullmatch(raw) else None
+    return int(raw) if len(raw) <= _MAX_DIGITS and _WHOLE.fullmatch(raw) else None
 
 
 def decimal_number(raw: str) -> float | None:
     """Parse an ASCII decimal (``0.5``, ``2``); no exponents, signs, ``nan`` or ``inf``."""
-    return float(raw) if _DECIMAL.fullmatch(raw) else None
+    return float(raw) if len(raw) <= _MAX_DIGITS and _DECIMAL.fullmatch(raw) else None
 
 
 def _number(
@@ -305,6 +315,22 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         ),
         log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
         pgbouncer=pgbouncer,
+        defer_alert_after_s=read(
+            DEFER_ALERT_AFTER_ENV,
+            defaults.defer_alert_after_s,
+            decimal_number,
+            1.0,
+            604_800.0,
+            meaning=secs,
+        ),
+        defer_fail_after_s=read(
+            DEFER_FAIL_AFTER_ENV,
+            defaults.defer_fail_after_s,
+            decimal_number,
+            0.0,
+            2_592_000.0,
+            meaning="a number of seconds (0: never)",
+        ),
     )
 
 
@@ -332,8 +358,8 @@ def database_url_refusal(problem: str) -> str:
 
 def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
     schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
-    too_long = len(schema.encode("utf-8")) > _PG_IDENTIFIER_MAX_BYTES
-    if too_long or not _SCHEMA_NAME.fullmatch(schema):
+    # The pattern is ASCII, so a name it matches has as many bytes as characters.
+    if not _SCHEMA_NAME.fullmatch(schema) or len(schema) > _PG_IDENTIFIER_MAX_BYTES:
         problems.refuse(
             lanes.SCHEDULER_SCHEMA_ENV,
             f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is not a usable schema name: set it to "
@@ -353,6 +379,7 @@ def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     known = {
         CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
         HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
+        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV,
     }  # fmt: skip
     return [
         f"{name} is set but lane-worker does not read it (a typo?); it is ignored."

@@ -26,6 +26,7 @@ _ENCODE_HINT = (
     "('/' is %2F, '?' is %3F, '#' is %23, '@' is %40)"
 )
 _FORM = "set it to postgresql://user:password@host:5432/dbname"
+_BRACKET_HINT = "percent-encode them ('[' is %5B, ']' is %5D)"
 
 
 def _port_ok(port: str) -> bool:
@@ -65,23 +66,51 @@ def url_problem(url: str) -> str | None:
     if not sep or scheme.lower() not in SCHEMES:
         named = f"scheme {scheme!r}" if sep and _SCHEME.fullmatch(scheme) else "no scheme"
         return f"is not a postgresql:// URL ({named}): {_FORM}"
-    if _CONTROL.search(url):
-        return "holds a control character (a line break or a tab?): remove it"
+    if _CONTROL.search(url) or not _encodable(url):
+        return "holds a control character or invalid text (a line break, a tab?): remove it"
     if "#" in rest:
         return f"holds a '#', which ends a URL: {_ENCODE_HINT}"
     cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, tail = rest[:cut], rest[cut:]
     path, _, query = tail.partition("?")
-    if "@" in path or authority.count("@") > 1:
+    userinfo, _, hostspec = authority.rpartition("@")
+    if "@" in path or authority.count("@") > 1 or _misplaced_at(query):
         return f"has an '@' where the host should be: {_ENCODE_HINT}"
-    problem = _host_problem(authority.rpartition("@")[2])
+    if "[" in userinfo or "]" in userinfo:
+        return f"has a '[' or ']' in the user name or password: {_BRACKET_HINT}"
+    problem = _host_problem(hostspec)
     if problem is not None:
         # Usually a '?' in the password moved the end of the host.
         return f"has {problem}: fix it, or {_ENCODE_HINT}"
     problem = _query_problem(query)
     if problem is not None:
         return f"has {problem}: fix it, or {_ENCODE_HINT}"
+    try:  # what redact_url and url_secrets will split it with must agree it is a URL
+        urlsplit(url).port  # noqa: B018 (the property validates)
+    except ValueError:
+        return "has a host that is not host:port or [ipv6]:port"
     return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: an undecodable byte in the environment
+        return False
+    return True
+
+
+# Query keys whose values may hold an '@' (a user name like user@tenant). In any
+# other key's value an '@' is a password's '?' that moved the query's start.
+_AT_KEYS = ("user", "password", "dbname", "database")
+
+
+def _misplaced_at(query: str) -> bool:
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if "@" in key or ("@" in value and key not in _AT_KEYS):
+            return True
+    return False
 
 
 def redact_url(url: str) -> str:
@@ -121,11 +150,17 @@ def url_secrets(url: str) -> tuple[str, ...]:
         return (rest,) if rest else ()
     parts = urlsplit(url)
     found = [parts.password or ""]
+    # A query value as written (parse_qsl would already decode %XX and '+').
+    found += [
+        value
+        for key, _, value in (pair.partition("=") for pair in parts.query.split("&"))
+        if unquote(key).lower() == "password"
+    ]
+    # Both spellings are printable: the URL as written, and the driver's decoded value.
+    found += [unquote(s) for s in found]
     found += [
         v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"
     ]
-    # urlsplit leaves the password percent-encoded; the driver (and its errors) decode it.
-    found += [unquote(s) for s in found]
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted({s for s in found if s}, key=len, reverse=True))
 

@@ -22,8 +22,19 @@ MAX_KEY_CHARS = 255
 MAX_PLAY_CHARS = 200
 
 
+def _json_problem(value: Any, what: str) -> str | None:
+    try:
+        return json_problem(value)
+    except RecursionError:
+        raise InvalidRequestError(f"{what} is nested too deeply to store.") from None
+
+
 def _size_problem(value: Any, what: str) -> None:
-    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidRequestError(f"{what} is nested too deeply to store.") from None
+    size = len(text.encode("utf-8"))
     if size > MAX_INPUT_BYTES:
         raise InvalidRequestError(
             f"{what} is {size} bytes of JSON, more than the {MAX_INPUT_BYTES} bytes (1 MiB) "
@@ -40,7 +51,7 @@ def checked_input(value: Any) -> dict[str, Any]:
             f"a run's input must be a JSON object (a dict), not {type(value).__name__}: "
             'wrap it, for example {"value": ...}.'
         )
-    problem = json_problem(value)
+    problem = _json_problem(value, "the run's input")
     if problem is not None:
         raise InvalidRequestError(f"the run's input is not storable JSON: {problem}.")
     _size_problem(value, "the run's input")
@@ -49,7 +60,7 @@ def checked_input(value: Any) -> dict[str, Any]:
 
 def checked_payload(value: Any) -> Any:
     """Return an event's payload, or refuse one that is not small, storable JSON."""
-    problem = json_problem(value)
+    problem = _json_problem(value, "the event's payload")
     if problem is not None:
         raise InvalidRequestError(f"the event's payload is not storable JSON: {problem}.")
     _size_problem(value, "the event's payload")

@@ -53,6 +53,12 @@ class Metrics:
             "Parked runs a continuation loop did not adopt: this app lacks their play.",
             registry=self.registry,
         )
+        self.long_deferrals = Counter(
+            "lane_worker_long_deferrals",
+            "Runs whose deferral streak outlived LANE_WORKER_DEFER_ALERT_AFTER, by lane queue.",
+            ["queue"],
+            registry=self.registry,
+        )
         self.adoptable_queues = Gauge(
             "lane_worker_adoptable_queues_attached",
             "Continuation loops attached to retired lanes.",

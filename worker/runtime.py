@@ -23,9 +23,11 @@ import structlog
 
 from worker import checkpoint, engine, lanes
 from worker.app import App
+from worker.config import Tuning
 from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
 from worker.db import Connection, Database, is_transient
 from worker.dburl import mask_secrets, url_secrets
+from worker.deferral import Streak, count_deferral
 from worker.errors import (
     FatalRunError,
     LaneMismatchError,
@@ -132,8 +134,12 @@ class Runtime:
         release_id: str,
         lease_s: int,
         metrics: Metrics | None = None,
+        defer_alert_after_s: float = Tuning.defer_alert_after_s,
+        defer_fail_after_s: float = 0.0,
     ) -> None:
         self.metrics = metrics
+        self.defer_alert_after_s = defer_alert_after_s
+        self.defer_fail_after_s = defer_fail_after_s
         self.db = db
         self.store = store
         self.app = app
@@ -383,20 +389,53 @@ class Runtime:
         delay_s: float,
         note: dict[str, Any] | None = None,
     ) -> str:
-        """Record the claim and reschedule the engine run; no attempt is spent."""
+        """Record the claim and reschedule the engine run; no attempt is spent.
+
+        A deferral with a delay (not a race handed straight back) counts in the
+        run's streak, which may fail it for good past LANE_WORKER_DEFER_FAIL_AFTER.
+        """
         assert claim.run_id is not None
         run_id = claim.run_id
         attempt_id = (await self._begin(claimed, claim, run_id, kind)).attempt_id
 
-        async def put_back(conn: Connection) -> None:
+        async def put_back(conn: Connection) -> Streak | None:
+            streak = None
+            if kind == "defer" and delay_s > 0:
+                streak = await count_deferral(
+                    conn, self.store, claimed, run_id,
+                    alert_after_s=self.defer_alert_after_s, fail_after_s=self.defer_fail_after_s,
+                )  # fmt: skip
+                if streak.failed is not None:
+                    await self.store.execute(
+                        conn, "finish_attempt", attempt_id, "failed", streak.failed
+                    )
+                    return streak
             await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)
             await self.store.execute(conn, "finish_attempt", attempt_id, outcome, note)
             if delay_s <= 0:  # due now: wake the lane's workers
                 await notify(conn, claimed.queue, run_id)
+            return streak
 
-        await self.db.transaction(put_back)
+        streak = await self.db.transaction(put_back)
         claim.ended = True
+        if streak is not None:
+            self._report_streak(streak, claimed.queue, run_id)
+            if streak.failed is not None:
+                return "failed"
         return outcome
+
+    def _report_streak(self, streak: Streak, queue: str, run_id: uuid.UUID) -> None:
+        bound = log.bind(run_id=str(run_id), queue=queue, worker_id=self.worker_id_for(queue))
+        if streak.alert:
+            bound.warning(
+                "run.deferred_too_long", defer_count=streak.count, deferred_s=round(streak.age_s),
+                remedy="no release that may run it takes it: see `lane-worker lanes show` for "
+                "its lane's blockers",
+            )  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.long_deferrals.labels(queue=queue).inc()
+        if streak.failed is not None:
+            bound.error("run.failed_for_good", error=streak.failed)
 
     async def give_back(
         self, claimed: engine.ClaimedRun, attempt_id: int | None, *, delay_s: float = 0.0

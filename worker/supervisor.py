@@ -75,7 +75,9 @@ def longest_stop_s(drain_s: float) -> float:
 
 
 def _say(sentence: str) -> None:
-    print(f"lane-worker: {sentence}", file=sys.stderr, flush=True)
+    # backslashreplace: an undecodable byte from the environment must not crash the refusal.
+    text = f"lane-worker: {sentence}".encode("utf-8", "backslashreplace").decode("utf-8")
+    print(text, file=sys.stderr, flush=True)
 
 
 def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
@@ -216,6 +218,8 @@ class Supervisor:
             release_id=self.settings.release_id,
             lease_s=self.settings.tuning.claim_timeout_s,
             metrics=self.metrics,
+            defer_alert_after_s=self.settings.tuning.defer_alert_after_s,
+            defer_fail_after_s=self.settings.tuning.defer_fail_after_s,
         )
 
     async def _serve(self, db: Database, health: HealthServer) -> None:

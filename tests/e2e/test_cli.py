@@ -265,8 +265,9 @@ def lane(env: dict[str, str], queue: str) -> dict[str, Any]:
 
 def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     """retire makes a lane with a queued run draining; activate makes it claiming again."""
-    ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p")
-    assert ok_json(env, "lanes") == {"lanes": []}
+    run_id = ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p").stdout.strip()
+    # No worker registered the lane yet: its open run still shows, never silently.
+    assert lane(env, RELEASE_QUEUE)["status"] == "unregistered"
     retired = ok(env, "lanes", "retire", RELEASE)
     assert RELEASE_QUEUE in retired.stdout
     assert retired.stderr == ""  # a run went to it: not a typo
@@ -280,7 +281,30 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "running": 0,
         "waiting": 0,
         "adoptable": 0,
+        "workers": [],
+        "counts": {
+            "inFlight": 0,
+            "fresh": 1,
+            "retrying": 0,
+            "handedBack": 0,
+            "parkedSleep": 0,
+            "parkedEvent": 0,
+            "deferred": 0,
+            "oldestWaitSeconds": None,
+            "oldestDeferralSeconds": None,
+            "adoptedBy": {},
+        },
+        "safeToStop": False,
+        "blockedBy": [
+            {
+                "reason": "fresh",
+                "count": 1,
+                "remedy": row["blockedBy"][0]["remedy"],
+                "runIds": [run_id],
+            }
+        ],
     }
+    assert "no live worker of" in row["blockedBy"][0]["remedy"]
     activated = ok_json(env, "lanes", "activate", RELEASE)
     assert activated == {"releaseId": RELEASE, "queue": RELEASE_QUEUE, "status": "claiming"}
     assert lane(env, RELEASE_QUEUE)["status"] == "claiming"
@@ -308,18 +332,22 @@ def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> 
     assert "no lanes" in ok(env, "lanes").stdout
     # Nothing has used the lane yet, so the retire needs --force (tested above).
     assert lane_worker(env, "lanes", "retire", "dev", "--force").returncode == 0
-    header, row = ok(env, "lanes").stdout.splitlines()
+    header, row, verdict = ok(env, "lanes").stdout.splitlines()
     assert header.split() == [
         "RELEASE",
         "QUEUE",
         "STATUS",
         "LIVE",
-        "QUEUED",
-        "RUNNING",
-        "WAITING",
-        "ADOPTABLE",
+        "IN-FLIGHT",
+        "FRESH",
+        "RETRYING",
+        "HANDED-BACK",
+        "PARKED",
+        "DEFERRED",
+        "SAFE-TO-STOP",
     ]
-    assert row.split() == ["dev", "runs", "drained", "0", "0", "0", "0", "0"]
+    assert row.split() == ["dev", "runs", "drained", "0", "0", "0", "0", "0", "0", "0", "yes"]
+    assert verdict == "dev: safe to stop its machines (drained)."
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,8 @@ with prev as (
          adopted_release_id = case when $6 = 'adopt' then $7 else r.adopted_release_id end,
          adopted_queue = case when $6 = 'adopt' then $8 else r.adopted_queue end,
          step_keys = case when r.current_attempt_id is null then $9::smallint else r.step_keys end,
+         -- Taken over: whatever deferral streak it had is over.
+         defer_count = 0, first_deferred_at = null, defer_alerted_at = null,
          updated_at = now()
    where r.run_id = $1
      and $6 in ('own', 'adopt')
@@ -79,6 +81,21 @@ update {schema}.runs
    set status = 'waiting', current_wait = $3, checkpoint = $4, updated_at = now()
  where run_id = $1 and current_attempt_id = $2
 returning run_id;
+
+-- name: count_deferral
+-- One more deferral in the run's current streak; alert_now is true for the one
+-- deferral that finds the streak older than $2 seconds (warned about once).
+update {schema}.runs r
+   set defer_count = r.defer_count + 1,
+       first_deferred_at = coalesce(r.first_deferred_at, now()),
+       defer_alerted_at = case
+         when r.defer_alerted_at is null and r.first_deferred_at is not null
+              and now() - r.first_deferred_at >= make_interval(secs => $2) then now()
+         else r.defer_alerted_at end
+ where r.run_id = $1
+returning r.defer_count,
+          extract(epoch from now() - r.first_deferred_at)::float8 as deferred_s,
+          coalesce(r.defer_alerted_at = now(), false) as alert_now;
 
 -- name: hand_back_claim
 -- A claim given back (shutdown, or an error before the claim ended): end this
@@ -235,21 +252,62 @@ select l.queue, l.status, l.release_ids, l.created_at,
 -- effective lane and not parked in a wait.
 select {schema}.lane_needs_own($1);
 
--- name: lanes
-select l.queue, l.status, l.release_ids, l.updated_at, l.retired_at,
-       count(*) filter (where r.status = 'queued') as queued,
-       count(*) filter (where r.status in ('running', 'retrying')) as running,
-       count(*) filter (where r.status = 'waiting') as waiting,
-       count(*) filter (where r.status = 'waiting'
-                          and r.current_wait->>'kind' in ('sleep', 'integration_event')) as parked,
-       (select count(*) from {schema}.workers w
-         where w.queue = l.queue and w.stopped_at is null
-           and w.heartbeat_at > now() - interval '60 seconds') as live_workers,
-       {schema}.lane_needs_own(l.queue) as draining_work
+-- name: report_lanes
+-- The drain report's lanes: every registered lane, its live workers (a
+-- heartbeat within 60 s, no stop mark) with the plays each registers, and the
+-- database's clock every age in the report is measured on.
+select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, now() as db_now,
+       coalesce((select jsonb_agg(jsonb_build_object('workerId', w.worker_id,
+                                                     'plays', to_jsonb(w.plays))
+                                  order by w.worker_id)
+                   from {schema}.workers w
+                  where w.queue = l.queue and w.stopped_at is null
+                    and w.heartbeat_at > now() - interval '60 seconds'), '[]'::jsonb) as workers
   from {schema}.releases l
-  left join {schema}.runs r on r.queue = l.queue
- group by l.queue
- order by l.queue;
+ order by l.created_at, l.queue;
+
+-- name: report_runs
+-- The drain report's runs: open runs only (the partial indexes), grouped by
+-- effective lane (the adopter's, else the run's queue), by bucket, and by
+-- whether only that lane's release may run them. needs_own is the rule of
+-- lane_needs_own(), row by row: the two must agree, or a lane could read
+-- drained while the report still lists a blocker.
+with lane as (
+  select l.queue, l.status, {schema}.adoptable_plays(l.queue) as plays
+    from {schema}.releases l
+), open as (
+  select r.run_id, r.play, r.created_at, r.updated_at, r.defer_count, r.first_deferred_at,
+         coalesce(r.adopted_queue, r.queue) as lane,
+         case when r.status = 'running' then 'inFlight'
+              when r.status = 'retrying' then 'retrying'
+              when r.status = 'queued' and r.current_attempt_id is null then 'fresh'
+              when r.status = 'queued' then 'handedBack'
+              when r.current_wait->>'kind' = 'sleep' then 'parkedSleep'
+              else 'parkedEvent' end as bucket,
+         r.status <> 'waiting'
+           or not coalesce(r.play = any (e.plays), false)
+           or coalesce(q.status, '') <> 'retired' as needs_own
+    from {schema}.runs r
+    left join lane e on e.queue = coalesce(r.adopted_queue, r.queue)
+    left join lane q on q.queue = r.queue
+   where r.status not in ('completed', 'failed', 'cancelled')
+)
+select lane, bucket, needs_own, count(*) as runs,
+       (array_agg(run_id order by created_at, run_id))[1:20] as run_ids,
+       array_agg(distinct play order by play) as plays,
+       min(updated_at) as oldest_update,
+       count(*) filter (where defer_count > 0) as deferred,
+       min(first_deferred_at) as oldest_deferral
+  from open
+ group by lane, bucket, needs_own;
+
+-- name: report_adopted
+-- Open runs adopted away from their stamped lane, per (stamped lane, adopter).
+select queue, adopted_queue, count(*) as runs
+  from {schema}.runs
+ where status not in ('completed', 'failed', 'cancelled')
+   and adopted_queue is not null and adopted_queue <> queue
+ group by queue, adopted_queue;
 
 -- name: heartbeat
 insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays)

@@ -1,0 +1,65 @@
+"""Bounded, visible deferral: a run put back again and again is counted, then reported.
+
+A continuation loop defers a run it may not run (not parked, or a play its app
+lacks) 30 s at a time. Each deferral adds to the run's current streak (reset
+when a worker takes the run over); past the alert age one warning and a
+metric name the run and its lane, and past the fail age (off by default) the
+run fails for good with that reason and its one terminal fact.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from worker import checkpoint, engine
+from worker.db import Connection
+from worker.store import Store
+
+DEFER_LIMIT_ERROR = "DeferralLimitExceeded"
+
+
+@dataclass(frozen=True)
+class Streak:
+    """A run's deferral streak after counting one more deferral."""
+
+    count: int
+    age_s: float
+    alert: bool  # this deferral crossed the alert age: warn once
+    failed: dict[str, Any] | None = None  # the reason, when it failed the run for good
+
+
+async def count_deferral(
+    conn: Connection,
+    store: Store,
+    claimed: engine.ClaimedRun,
+    run_id: uuid.UUID,
+    *,
+    alert_after_s: float,
+    fail_after_s: float,
+) -> Streak:
+    """Count one deferral of ``run_id`` (in the put-back's transaction); fail it past the limit.
+
+    Returns a ``Streak`` whose ``failed`` is set when the run was failed for good:
+    the caller then must not reschedule it.
+    """
+    row = await store.fetchrow(conn, "count_deferral", run_id, alert_after_s)
+    assert row is not None  # the run was claimed: its row exists
+    streak = Streak(row["defer_count"], float(row["deferred_s"]), bool(row["alert_now"]))
+    if not fail_after_s or streak.age_s < fail_after_s:
+        return streak
+    reason = {
+        "name": DEFER_LIMIT_ERROR,
+        "message": f"run {run_id} was deferred {streak.count} times over {streak.age_s:.0f} s "
+        f"(LANE_WORKER_DEFER_FAIL_AFTER={fail_after_s:g}): no release that may run it took it",
+        "fatal": True,
+    }
+    fact = checkpoint.terminal_ledger_event(
+        {"status": "failed", "runId": str(run_id), "output": None, "error": reason}
+    )
+    assert fact is not None
+    # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
+    if await store.settle(conn, run_id, status="failed", fact=fact, attempt_id=None, error=reason):
+        await engine.cancel(conn, claimed.queue, claimed.task_id)
+    return Streak(streak.count, streak.age_s, streak.alert, reason)

@@ -1,0 +1,283 @@
+"""The drain report: every lane, what it holds, and whether its machines may stop.
+
+Read in one repeatable-read transaction, so the counts, the verdict and the
+blockers describe one moment. Only open runs are read (the store's partial
+indexes), so a store with millions of finished runs answers as fast as an
+empty one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from worker.db import Connection
+from worker.store import Store
+
+BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
+PARKED = ("parkedSleep", "parkedEvent")
+RUN_IDS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """One reason a lane's machines may not stop yet, with what to do about it."""
+
+    reason: str
+    count: int
+    remedy: str
+    run_ids: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the blocker as the report's JSON object."""
+        return {
+            "reason": self.reason,
+            "count": self.count,
+            "remedy": self.remedy,
+            "runIds": list(self.run_ids),
+        }
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """One release lane as ``lanes`` reports it."""
+
+    release_id: str
+    queue: str
+    # claiming; draining (retired, with runs only its release may run); drained;
+    # unregistered (open runs on a lane no worker ever registered)
+    status: str
+    live_workers: int
+    queued: int
+    running: int
+    waiting: int
+    adoptable: int
+    release_ids: tuple[str, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+    oldest_wait_s: float | None = None
+    oldest_deferral_s: float | None = None
+    adopted_by: dict[str, int] = field(default_factory=dict)
+    workers: tuple[dict[str, Any], ...] = ()
+    blocked_by: tuple[Blocker, ...] = ()
+
+    @property
+    def safe_to_stop(self) -> bool:
+        """Tell whether this lane's machines may stop: it is retired and drained."""
+        return self.status == "drained"
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the JSON object of one lane in ``lane-worker lanes --json``."""
+        return {
+            "releaseId": self.release_id,
+            "queue": self.queue,
+            "status": self.status,
+            "liveWorkers": self.live_workers,
+            "queued": self.queued,
+            "running": self.running,
+            "waiting": self.waiting,
+            "adoptable": self.adoptable,
+            "workers": list(self.workers),
+            "counts": {
+                **self.counts,
+                "oldestWaitSeconds": self.oldest_wait_s,
+                "oldestDeferralSeconds": self.oldest_deferral_s,
+                "adoptedBy": self.adopted_by,
+            },
+            "safeToStop": self.safe_to_stop,
+            "blockedBy": [b.as_json() for b in self.blocked_by],
+        }
+
+
+def _age_s(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else round((now - then).total_seconds(), 3)
+
+
+@dataclass
+class _Tally:
+    """What the report's run rows say about one lane."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0))
+    deferred: int = 0
+    oldest_wait: datetime | None = None
+    oldest_deferral: datetime | None = None
+    own: dict[str, tuple[int, list[str], list[str]]] = field(default_factory=dict)
+
+    def add(self, row: Any) -> None:
+        bucket = row["bucket"]
+        self.counts[bucket] += row["runs"]
+        self.deferred += row["deferred"]
+        if bucket in PARKED:
+            self.oldest_wait = _earliest(self.oldest_wait, row["oldest_update"])
+        self.oldest_deferral = _earliest(self.oldest_deferral, row["oldest_deferral"])
+        if row["needs_own"]:
+            reason = "parkedNotAdoptable" if bucket in PARKED else bucket
+            count, ids, plays = self.own.get(reason, (0, [], []))
+            ids = (ids + [str(i) for i in row["run_ids"]])[:RUN_IDS_SHOWN]
+            self.own[reason] = (count + row["runs"], ids, sorted({*plays, *row["plays"]}))
+
+
+def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _remedy(reason: str, release: str, live: int, plays: list[str]) -> str:
+    wait = f"wait for them (lane-worker lanes wait {release})"
+    if reason == "claiming":
+        return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"
+    if reason == "parkedNotAdoptable":
+        return (
+            f"no live worker of a newer claiming release registers play {', '.join(plays)}: "
+            f"start one that does, or keep {release}'s workers running to finish them"
+        )
+    if live:
+        what = "running" if reason == "inFlight" else "will run"
+        return f"{release}'s {live} live worker(s) {what} them: {wait}"
+    if reason == "inFlight":
+        return (
+            f"no live worker of {release}: start one of its machines (a draining lane's "
+            "workers may boot); otherwise each is retried on it when its lease expires; or "
+            "cancel them (lane-worker cancel RUN_ID)"
+        )
+    return (
+        f"no live worker of {release}: start one of its machines (a draining lane's workers "
+        "may boot), or cancel them (lane-worker cancel RUN_ID)"
+    )
+
+
+def _status(registered: str | None, tally: _Tally) -> str:
+    if registered is None:
+        return "unregistered"
+    if registered == "claiming":
+        return "claiming"
+    return "draining" if tally.own else "drained"
+
+
+def _blockers(status: str, release: str, live: int, tally: _Tally) -> tuple[Blocker, ...]:
+    if status == "drained":
+        return ()
+    found = []
+    if status == "claiming":
+        found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [])))
+    order = [*BUCKETS, "parkedNotAdoptable"]
+    for reason in sorted(tally.own, key=order.index):
+        count, ids, plays = tally.own[reason]
+        if status == "claiming" and reason == "parkedNotAdoptable":
+            continue  # a claiming lane's parked runs are its own to resume: not a blocker
+        found.append(Blocker(reason, count, _remedy(reason, release, live, plays), tuple(ids)))
+    return tuple(found)
+
+
+async def read_report(conn: Connection, store: Store) -> list[LaneView]:
+    """Read every lane's report in one consistent snapshot."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        now: datetime = await conn.fetchval("select now()")
+        lanes = await store.fetch(conn, "report_lanes")
+        runs = await store.fetch(conn, "report_runs")
+        adopted = await store.fetch(conn, "report_adopted")
+    tallies: dict[str, _Tally] = {}
+    for counted in runs:
+        tallies.setdefault(counted["lane"], _Tally()).add(counted)
+    adopted_by: dict[str, dict[str, int]] = {}
+    for pair in adopted:
+        adopted_by.setdefault(pair["queue"], {})[pair["adopted_queue"]] = pair["runs"]
+    registered = {row["queue"]: row for row in lanes}
+    views = []
+    # Registered lanes in registration order, then lanes only open runs name.
+    for queue in [*registered, *sorted(set(tallies) - set(registered))]:
+        row = registered.get(queue)
+        tally = tallies.get(queue, _Tally())
+        release = row["release_ids"][0] if row is not None and row["release_ids"] else queue
+        workers = tuple(row["workers"]) if row is not None else ()
+        status = _status(row["status"] if row is not None else None, tally)
+        c = tally.counts
+        views.append(
+            LaneView(
+                release_id=release,
+                queue=queue,
+                status=status,
+                live_workers=len(workers),
+                queued=c["fresh"] + c["handedBack"],
+                running=c["inFlight"] + c["retrying"],
+                waiting=c["parkedSleep"] + c["parkedEvent"],
+                adoptable=sum(c[b] for b in PARKED) - tally.own.get("parkedNotAdoptable", (0,))[0]
+                if status in ("draining", "drained")
+                else 0,
+                release_ids=tuple(row["release_ids"]) if row is not None else (),
+                counts={**c, "deferred": tally.deferred},
+                oldest_wait_s=_age_s(now, tally.oldest_wait),
+                oldest_deferral_s=_age_s(now, tally.oldest_deferral),
+                adopted_by=adopted_by.get(queue, {}),
+                workers=workers,
+                blocked_by=_blockers(status, release, len(workers), tally),
+            )
+        )
+    return views
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def lanes_table(views: list[LaneView]) -> list[str]:
+    """Render lanes as aligned text lines, then what blocks each lane that is not claiming."""
+    if not views:
+        return ["no lanes registered (a worker registers its lane at boot)."]
+    header = ("RELEASE", "QUEUE", "STATUS", "LIVE", "IN-FLIGHT", "FRESH", "RETRYING",
+              "HANDED-BACK", "PARKED", "DEFERRED", "SAFE-TO-STOP")  # fmt: skip
+    rows = [header]
+    for v in views:
+        c = v.counts
+        rows.append((
+            v.release_id, v.queue, v.status, str(v.live_workers), str(c["inFlight"]),
+            str(c["fresh"]), str(c["retrying"]), str(c["handedBack"]),
+            str(c["parkedSleep"] + c["parkedEvent"]), str(c["deferred"]), _yes(v.safe_to_stop),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    for v in views:
+        if v.status != "claiming":
+            lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
+    return lines
+
+
+def _blocker_lines(view: LaneView, *, ids: bool) -> list[str]:
+    if not view.blocked_by:
+        return ["safe to stop its machines (drained)."] if view.safe_to_stop else []
+    lines = []
+    for b in view.blocked_by:
+        lines.append(f"blocked by {b.reason} ({b.count}): {b.remedy}")
+        if ids and b.run_ids:
+            more = f" (first {len(b.run_ids)} of {b.count})" if b.count > len(b.run_ids) else ""
+            lines.append(f"  runs{more}: {' '.join(b.run_ids)}")
+    return lines
+
+
+def lane_detail(view: LaneView) -> list[str]:
+    """Render one lane in full (``lane-worker lanes show``)."""
+    c = view.counts
+    rows = [
+        ("release", view.release_id),
+        ("queue", view.queue),
+        ("status", view.status),
+        ("safe to stop", _yes(view.safe_to_stop)),
+        ("live workers", str(view.live_workers)),
+        *[(f"  {w['workerId']}", "plays: " + (", ".join(w["plays"]) or "(none)"))
+          for w in view.workers],
+        ("in flight", str(c["inFlight"])),
+        ("fresh", str(c["fresh"])),
+        ("retrying", str(c["retrying"])),
+        ("handed back", str(c["handedBack"])),
+        ("parked (sleep)", str(c["parkedSleep"])),
+        ("parked (event)", str(c["parkedEvent"])),
+        ("oldest wait", _seconds(view.oldest_wait_s)),
+        ("deferred", str(c["deferred"])),
+        ("oldest deferral", _seconds(view.oldest_deferral_s)),
+        ("adopted by", ", ".join(f"{q}: {n}" for q, n in view.adopted_by.items()) or "(none)"),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    return [f"{n.ljust(width)}  {v}" for n, v in rows] + _blocker_lines(view, ids=True)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} s"
