@@ -26,12 +26,14 @@ from worker import config, dburl, lanes, limits
 from worker.client import CONNECT_VARIABLES, SUBMIT_VARIABLES, LaneClient, LaneView, RunStatus
 from worker.db import is_transient
 from worker.errors import (
+    SHOWN_CHARS,
     EngineSchemaError,
     InvalidRequestError,
     LaneConfigError,
     LaneWorkerError,
     StoreSchemaError,
 )
+from worker.remedies import MAX_LIST, STATUSES
 from worker.report import lane_detail, lanes_table
 from worker.store import MigrationReport
 
@@ -124,7 +126,16 @@ def _no_url(diagnosis: config.Diagnosis) -> str:
 
 def _columns(rows: list[tuple[str, str]]) -> list[str]:
     width = max(len(name) for name, _ in rows)
-    return [f"{name.ljust(width)}  {value}" for name, value in rows]
+    # A value with a line break (from the environment, a release id) must not split its
+    # row, and a pasted megabyte must not fill the terminal.
+    return [f"{name.ljust(width)}  {_cell(name, value)}" for name, value in rows]
+
+
+def _cell(name: str, value: str) -> str:
+    limit = 3 * SHOWN_CHARS if name == "database" else SHOWN_CHARS  # URLs run long
+    if len(value) > limit:
+        value = value[:limit] + "..."
+    return value if value.isprintable() else repr(value)
 
 
 def _scrub(text: str, url: str) -> str:
@@ -529,6 +540,11 @@ def status(run_id: str, as_json: bool) -> None:
     for a in now.attempts:
         did = f"{a.disposition} by {a.worker_id} (release {a.release_id})"
         rows.append((f"  #{a.attempt}", f"{did} -> {a.outcome or 'in progress'}"))
+    for step in now.steps:
+        by = f"release {step.release_id} (attempt #{step.attempt})" if step.release_id else "?"
+        rows.append((f"  step {step.name}", f"committed by {by}"))
+    if now.retry_of is not None:
+        rows.append(("retry of", now.retry_of))
     if now.output is not None:
         rows.append(("output", json.dumps(now.output, default=str)))
     if now.error is not None:
@@ -643,6 +659,79 @@ def activate(release_id: str, force: bool, as_json: bool) -> None:
     queue = _with_client(lambda client: client.activate_release(release_id, force=force))
     report = {"releaseId": release_id, "queue": queue, "status": "claiming"}
     _emit(as_json, report, f"activated lane {queue} (release {release_id}): claiming again.")
+
+
+@lanes_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@click.option("--to", "to_release", type=RELEASE_ID, required=True,
+              help="The claiming release whose lane takes the runs.")  # fmt: skip
+@json_option
+def move(release_id: str, to_release: str, as_json: bool) -> None:
+    """Move RELEASE_ID's runs that never started to the lane of release --to.
+
+    One transaction per run. A run that ever started (an attempt, a committed
+    step) stays and is listed as refused: its steps ran on the old release's
+    code (fail it and retry it instead). Exits 1 when any run was refused.
+    """
+    report = _with_client(lambda client: client.move_lane(release_id, to_release))
+    said = [f"moved {len(report.moved)} run(s) from {report.from_queue} to {report.to_queue} "
+            f"(release {report.to_release_id})."]  # fmt: skip
+    said += [f"  {run_id}" for run_id in report.moved]
+    said += [f"refused {run_id}: {why}" for run_id, why in report.refused]
+    _emit(as_json, {"from": report.from_queue, "to": report.to_queue,
+                    "toReleaseId": report.to_release_id, "moved": list(report.moved),
+                    "refused": [{"runId": r, "reason": w} for r, w in report.refused]},
+          *said)  # fmt: skip
+    if report.refused:
+        raise Failure(f"{len(report.refused)} run(s) of {report.from_queue} had started and "
+                      "were not moved (listed above).")  # fmt: skip
+
+
+@cli.group("runs", invoke_without_command=True)
+@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--lane", type=RELEASE_ID, metavar="RELEASE",
+              help="Only runs of this release's lane (its own and those it adopted).")  # fmt: skip
+@click.option("--play", type=PLAY, help="Only runs of this play.")
+@click.option("--limit", type=click.IntRange(1, MAX_LIST), default=50, show_default=True,
+              help="List at most this many runs.")  # fmt: skip
+@json_option
+@click.pass_context
+def runs_group(ctx: click.Context, status: str | None, lane: str | None, play: str | None,
+               limit: int, as_json: bool) -> None:  # fmt: skip
+    """List runs, newest first; or fail or retry one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    found = _with_client(
+        lambda client: client.runs(status=status, lane=lane, play=play, limit=limit)
+    )
+    rows = [("RUN", "PLAY", "STATUS", "RELEASE", "QUEUE", "ATTEMPTS", "CREATED")]
+    rows += [(r.run_id, r.play, r.status, r.release_id, r.queue, str(r.attempts),
+              r.created_at.isoformat(timespec="seconds")) for r in found]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    _emit(as_json, {"runs": [r.as_json() for r in found]},
+          *(lines if found else ["no runs match."]))  # fmt: skip
+
+
+@runs_group.command("fail")
+@click.argument("run_id")
+@click.option("--reason", type=TEXT, required=True, help="Why: stored as the run's error.")
+@json_option
+def fail_run(run_id: str, reason: str, as_json: bool) -> None:
+    """Fail a run for good (one run.failed fact); a running attempt stops at its next step."""
+    failed = _with_client(lambda client: client.fail_run(run_id, reason))
+    said = f"failed run {run_id}." if failed else f"nothing to fail: run {run_id} had ended."
+    _emit(as_json, {"runId": run_id, "failed": failed}, said)
+
+
+@runs_group.command("retry")
+@click.argument("run_id")
+@json_option
+def retry_run(run_id: str, as_json: bool) -> None:
+    """Submit a new run with an ended run's play and input, on the newest claiming release."""
+    new_id, release_id, queue = _with_client(lambda client: client.retry_run(run_id))
+    report = {"runId": new_id, "releaseId": release_id, "queue": queue, "retryOf": run_id}
+    _emit(as_json, report, new_id)
 
 
 @cli.command()

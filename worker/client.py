@@ -10,11 +10,15 @@ guarantee.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+import asyncpg
 
 from worker import checkpoint, config, engine, lanes
 from worker.db import Connection, Database, PoolOptions
@@ -30,11 +34,12 @@ from worker.errors import (
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.reconcile import cancelled_fact
+from worker.remedies import RunRemedies, parse_run_id, spawn_run_task
 from worker.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.report import lanes_table as lanes_table
 from worker.report import read_report
-from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
-from worker.store import TERMINAL_STATUSES, MigrationReport, Store
+from worker.runtime import notify
+from worker.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,17 @@ class AttemptView:
 
 
 @dataclass(frozen=True)
+class StepView:
+    """One committed step (an engine checkpoint) and the attempt, so the release, that wrote it."""
+
+    name: str
+    release_id: str | None
+    attempt: int | None
+    worker_id: str | None
+    committed_at: datetime
+
+
+@dataclass(frozen=True)
 class RunStatus:
     """What ``status`` reports about a run."""
 
@@ -72,6 +88,8 @@ class RunStatus:
     output: Any
     error: Any
     facts: tuple[str, ...] = field(default=())
+    retry_of: str | None = None
+    steps: tuple[StepView, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -99,6 +117,18 @@ class RunStatus:
             ],
             "output": self.output,
             "error": self.error,
+            "retryOf": self.retry_of,
+            # Provenance: the release whose code committed each step.
+            "steps": [
+                {
+                    "name": s.name,
+                    "releaseId": s.release_id,
+                    "attempt": s.attempt,
+                    "workerId": s.worker_id,
+                    "committedAt": s.committed_at.isoformat(),
+                }
+                for s in self.steps
+            ],
         }
 
 
@@ -130,14 +160,7 @@ CONNECT_VARIABLES = (
 SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
 
 
-def _parse_run_id(run_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(str(run_id))
-    except ValueError:
-        raise RunNotFoundError(f"no run {run_id!r}: a run id is a UUID") from None
-
-
-class LaneClient:
+class LaneClient(RunRemedies):
     """Submit, signal, cancel and inspect runs on one runtime database."""
 
     def __init__(
@@ -301,6 +324,18 @@ class LaneClient:
             self._refuse_on(SUBMIT_VARIABLES)
             release_id = lanes.launch_release_id(self._env)
         queue = lanes.queue_name_for_release(release_id)
+        if idempotency_key is not None:
+            # A repeat (or a conflict) is answered before anything is created for it,
+            # such as the engine queue of a lane the first run never used.
+            await self.ensure_schemas()
+            existing = await self.db.run(
+                lambda c: self.store.fetchrow(c, "run_by_idempotency_key", idempotency_key)
+            )
+            if existing is not None:
+                _same_request(existing, idempotency_key, play, params, queue)
+                return SubmittedRun(
+                    str(existing["run_id"]), existing["release_id"], existing["queue"], False
+                )
         await self.ensure_queue(queue)
         run_id = uuid.uuid4()
         launch = {"absurdReleaseId": release_id, "play": play, "runId": str(run_id)}
@@ -308,25 +343,20 @@ class LaneClient:
         async def submit(conn: Connection) -> SubmittedRun:
             inserted = await self.store.fetchval(
                 conn, "insert_run", run_id, play, params, launch, release_id, queue,
-                idempotency_key, self._max_attempts,
+                idempotency_key, self._max_attempts, None,
             )  # fmt: skip
             if inserted is None:
                 row = await self.store.fetchrow(conn, "run_by_idempotency_key", idempotency_key)
                 assert row is not None  # the conflict was on this key
                 _same_request(row, idempotency_key, play, params, queue)
                 return SubmittedRun(str(row["run_id"]), row["release_id"], row["queue"], False)
-            spawned = await engine.spawn(
-                conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
-                max_attempts=self._max_attempts, retry_strategy=RETRY_STRATEGY,
-            )  # fmt: skip
-            await self.store.execute(conn, "set_run_task", run_id, spawned.task_id)
-            await notify(conn, queue, run_id)
+            await spawn_run_task(conn, self.store, queue, run_id, self._max_attempts)
             return SubmittedRun(str(run_id), release_id, queue)
 
         return await self.db.transaction(submit)
 
     async def _run_row(self, conn: Connection, run_id: str) -> Any:
-        row = await self.store.fetchrow(conn, "get_run", _parse_run_id(run_id))
+        row = await self.store.fetchrow(conn, "get_run", parse_run_id(run_id))
         if row is None:
             raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
         return row
@@ -381,6 +411,7 @@ class LaneClient:
             row = await self._run_row(conn, run_id)
             attempts = await self.store.fetch(conn, "run_attempts", row["run_id"])
             facts = await self.store.fetch(conn, "run_facts", row["run_id"])
+            steps = await self._steps(conn, row)
             return RunStatus(
                 run_id=str(row["run_id"]),
                 play=row["play"],
@@ -401,10 +432,28 @@ class LaneClient:
                 output=row["output"],
                 error=row["error"],
                 facts=tuple(f["type"] for f in facts),
+                retry_of=str(row["retry_of"]) if row["retry_of"] else None,
+                steps=steps,
             )
 
         await self.check_schemas()
         return await self.db.run(read)
+
+    async def _steps(self, conn: Connection, row: Any) -> tuple[StepView, ...]:
+        if row["task_id"] is None:
+            return ()
+        table = quote_ident(f"c_{row['queue']}")
+        sql = self.store.q["step_provenance"].replace("{checkpoints}", table)
+        try:
+            rows = await conn.fetch(sql, row["task_id"], row["run_id"])
+        except asyncpg.UndefinedTableError:  # the lane's engine queue was pruned
+            return ()
+        return tuple(
+            StepView(
+                r["checkpoint_name"], r["release_id"], r["attempt"], r["worker_id"], r["updated_at"]
+            )
+            for r in rows
+        )
 
     async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunStatus:  # noqa: ASYNC109 (design API)
         """Wait until the run finishes or ``timeout`` seconds pass; return its last status."""
@@ -488,13 +537,18 @@ def _queue_for_operator(release_id: str) -> str:
     return lanes.queue_name_for_release(release_id)
 
 
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _same_request(row: Any, key: str | None, play: str, params: Any, queue: str) -> None:
     """Refuse a repeat of an idempotency key that asks for something else than its run."""
     differs = [
         name
         for name, same in (
             ("play", row["play"] == play),
-            ("input", row["input"] == params),
+            # As JSON: Python's True == 1, and a stored 1 must not match an input of true.
+            ("input", _canonical(row["input"]) == _canonical(params)),
             ("lane", row["queue"] == queue),
         )
         if not same

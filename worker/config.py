@@ -388,11 +388,26 @@ def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     ]
 
 
+def _plain_text(value: str) -> bool:
+    """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
+    return value.isprintable() and _encodes(value)
+
+
+def _encodes(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def release_id_problem(release_id: str) -> str | None:
     """Say why ``release_id`` (as an operator typed it) names no lane, or None."""
     trimmed = release_id.strip()
     if not trimmed:
         return "a release id must not be blank"
+    if not _plain_text(trimmed):
+        return f"release id {shown(trimmed)} holds a control character or invalid text"
     if len(trimmed) > MAX_RELEASE_ID_CHARS:
         return (
             f"a release id has at most {MAX_RELEASE_ID_CHARS} characters "
@@ -414,6 +429,13 @@ def _check_deploy_version(
     name = lanes.RELEASE_ID_ENV
     if release_id is None:
         return  # current_release_id already refused it
+    if not _plain_text(deploy_version):
+        problems.refuse(
+            name,
+            f"{name}={shown(deploy_version)} holds a control character or invalid text: set it "
+            "to the release id (for example a git sha).",
+        )
+        return
     if len(deploy_version) > MAX_RELEASE_ID_CHARS:
         problems.refuse(
             name,
@@ -455,7 +477,8 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
             f"{lanes.QUEUE_SUFFIX_ENV}={shown(raw_suffix)} has no letter, digit or underscore, "
             "so it names no queue: set it to the worktree or preview name, or unset it.",
         )
-    elif isolated and not suffix:
+    elif isolated and not suffix and _SCHEMA_NAME.fullmatch(schema):
+        # (An unusable name is refused above; the suffix derived from it means nothing.)
         problems.refuse(
             lanes.QUEUE_SUFFIX_ENV,
             f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is an isolated topology, which needs "
@@ -479,7 +502,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
             f"an underscore: the lane queue is {queue} but runs_queue_for_suffix() gives "
             f"runs_{suffix}; choose a suffix of at most 31 characters."
         )
-    if isolated and suffix:
+    if isolated and suffix and _SCHEMA_NAME.fullmatch(schema):
         # The hosted preview app learns the schema per request and derives the
         # suffix from it; a worker on any other suffix drains a queue nobody fills.
         app_suffix = lanes.queue_suffix_for_schema(schema, {})

@@ -16,10 +16,15 @@ from worker.errors import NotJsonError
 MAX_DEPTH = 512  # far past any sane document; keeps the walk and json.dumps bounded
 
 
+_KEY_SHOWN = 40  # a path names its keys, not a megabyte of one
+
+
 def _path(parent: str, key: object) -> str:
     if isinstance(key, int):
         return f"{parent}[{key}]"
     text = str(key)
+    if len(text) > _KEY_SHOWN:
+        text = text[:_KEY_SHOWN] + "..."
     return f"{parent}.{text}" if text.isidentifier() else f"{parent}[{text!r}]"
 
 

@@ -22,11 +22,17 @@ MAX_KEY_CHARS = 255
 MAX_PLAY_CHARS = 200
 
 
+_PROBLEM_SHOWN = 300  # a path 512 levels deep must not fill a terminal either
+
+
 def _json_problem(value: Any, what: str) -> str | None:
     try:
-        return json_problem(value)
+        problem = json_problem(value)
     except RecursionError:
         raise InvalidRequestError(f"{what} is nested too deeply to store.") from None
+    if problem is not None and len(problem) > _PROBLEM_SHOWN:
+        problem = problem[:_PROBLEM_SHOWN] + "..."
+    return problem
 
 
 def _size_problem(value: Any, what: str) -> None:

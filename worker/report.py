@@ -102,9 +102,11 @@ class _Tally:
     oldest_wait: datetime | None = None
     oldest_deferral: datetime | None = None
     own: dict[str, tuple[int, list[str], list[str]]] = field(default_factory=dict)
+    release_id: str | None = None  # as its runs were stamped: for a lane no worker registered
 
     def add(self, row: Any) -> None:
         bucket = row["bucket"]
+        self.release_id = self.release_id or row["release_id"]
         self.counts[bucket] += row["runs"]
         self.deferred += row["deferred"]
         if bucket in PARKED:
@@ -133,15 +135,20 @@ def _remedy(reason: str, release: str, live: int, plays: list[str]) -> str:
     if live:
         what = "running" if reason == "inFlight" else "will run"
         return f"{release}'s {live} live worker(s) {what} them: {wait}"
-    if reason == "inFlight":
-        return (
-            f"no live worker of {release}: start one of its machines (a draining lane's "
-            "workers may boot); otherwise each is retried on it when its lease expires; or "
-            "cancel them (lane-worker cancel RUN_ID)"
-        )
-    return (
+    start = (
         f"no live worker of {release}: start one of its machines (a draining lane's workers "
-        "may boot), or cancel them (lane-worker cancel RUN_ID)"
+        "may boot)"
+    )
+    if reason == "fresh":
+        # Never started: no step of them ran on this release's code.
+        return (
+            f"{start}, or move them to a claiming release "
+            f"(lane-worker lanes move {release} --to RELEASE)"
+        )
+    expired = "; each is retried on it when its lease expires" if reason == "inFlight" else ""
+    return (
+        f"{start}{expired}; or end them (lane-worker runs fail RUN_ID --reason TEXT) and "
+        "run them again on a claiming release (lane-worker runs retry RUN_ID)"
     )
 
 
@@ -187,7 +194,10 @@ async def read_report(conn: Connection, store: Store) -> list[LaneView]:
     for queue in [*registered, *sorted(set(tallies) - set(registered))]:
         row = registered.get(queue)
         tally = tallies.get(queue, _Tally())
-        release = row["release_ids"][0] if row is not None and row["release_ids"] else queue
+        if row is not None and row["release_ids"]:
+            release = row["release_ids"][0]
+        else:
+            release = tally.release_id or queue
         workers = tuple(row["workers"]) if row is not None else ()
         status = _status(row["status"] if row is not None else None, tally)
         c = tally.counts

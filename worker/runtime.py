@@ -111,6 +111,7 @@ class _Begun:
     current_wait: dict[str, Any] | None
     step_keys: int | None
     clock: DbClock
+    moved: bool = False  # `lanes move` gave the run another engine task: this claim is stale
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,13 @@ class Runtime:
             clock=begun.clock,
             step_keys=begun.step_keys,
         )
-        if begun.checkpoint is None:
+        if begun.moved:
+            # Moved to another lane between the claim and the fence move: the old
+            # engine task is cancelled and the run is the other lane's now.
+            bound.info("run.moved_away")
+            await self._finish(handle, "lease_lost", {"reason": "moved to another lane"})
+            outcome = "lease_lost"
+        elif begun.checkpoint is None:
             # Cancelled between the claim and the fence move: nothing left to run.
             outcome = await self._observe_cancel(handle, bound)
         else:
@@ -365,6 +372,7 @@ class Runtime:
                 self.release_id if kind == "adopt" else None,
                 self.queue if kind == "adopt" else None,
                 STEP_KEYS_CURRENT,
+                claimed.task_id,
             )
             return row, sent_s
 
@@ -377,6 +385,7 @@ class Runtime:
             current_wait=row["current_wait"],
             step_keys=row["step_keys"],
             clock=DbClock(row["db_now_ms"], sent_s),
+            moved=row["moved"],
         )
 
     async def _put_back(

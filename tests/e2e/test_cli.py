@@ -187,6 +187,8 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
         "attempts": [],
         "output": None,
         "error": None,
+        "retryOf": None,
+        "steps": [],
     }
 
 

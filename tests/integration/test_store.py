@@ -31,7 +31,7 @@ async def insert_run(
     run_id = uuid.uuid4()
     launch = {"absurdReleaseId": "rel-1", "play": "p"}
     result: uuid.UUID | None = await store.fetchval(
-        conn, "insert_run", run_id, "p", {}, launch, "rel-1", "runs_rel_1", key, 3
+        conn, "insert_run", run_id, "p", {}, launch, "rel-1", "runs_rel_1", key, 3, None
     )
     return result
 

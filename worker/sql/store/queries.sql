@@ -3,8 +3,9 @@
 -- always bound parameters.
 
 -- name: insert_run
-insert into {schema}.runs (run_id, play, input, launch, release_id, queue, idempotency_key, max_attempts)
-values ($1, $2, $3, $4, $5, $6, $7, $8)
+insert into {schema}.runs (run_id, play, input, launch, release_id, queue, idempotency_key,
+                          max_attempts, retry_of)
+values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 on conflict (idempotency_key) do nothing
 returning run_id;
 
@@ -16,6 +17,61 @@ update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
 
 -- name: get_run
 select * from {schema}.runs where run_id = $1;
+
+-- name: lock_run
+select * from {schema}.runs where run_id = $1 for update;
+
+-- name: list_runs
+-- Newest first; each filter applies when given (a lane matches its own runs
+-- and the runs it adopted).
+select run_id, play, status, release_id, queue, adopted_release_id, attempts, created_at,
+       retry_of
+  from {schema}.runs
+ where ($1::text is null or status = $1)
+   and ($2::text is null or queue = $2 or adopted_queue = $2)
+   and ($3::text is null or play = $3)
+ order by created_at desc, run_id
+ limit $4;
+
+-- name: newest_claiming_lane
+select queue, release_ids[1] as release_id
+  from {schema}.releases
+ where status = 'claiming'
+ order by created_at desc, queue desc
+ limit 1;
+
+-- name: lane_row
+select queue, status, release_ids from {schema}.releases where queue = $1;
+
+-- name: lane_open_runs
+-- Open runs whose effective lane is $1 (what `lanes move` considers), oldest first.
+select run_id from {schema}.runs
+ where coalesce(adopted_queue, queue) = $1
+   and status not in ('completed', 'failed', 'cancelled')
+ order by created_at, run_id;
+
+-- name: move_run
+update {schema}.runs
+   set queue = $2, release_id = $3,
+       launch = launch || jsonb_build_object('absurdReleaseId', $3::text),
+       updated_at = now()
+ where run_id = $1;
+
+-- name: step_provenance
+-- Which attempt (and so which release) committed each of a task's checkpoints:
+-- the own/adopt attempt on the checkpoint's engine run that began last before
+-- the write (a run handed back mid-step keeps its engine run).
+select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
+  from absurd.{checkpoints} c
+  left join lateral (
+    select a.attempt, a.release_id, a.worker_id
+      from {schema}.attempts a
+     where a.run_id = $2 and a.engine_run_id = c.owner_run_id
+       and a.disposition in ('own', 'adopt') and a.claimed_at <= c.updated_at
+     order by a.claimed_at desc, a.attempt_id desc
+     limit 1) a on true
+ where c.task_id = $1
+ order by c.updated_at, c.checkpoint_name;
 
 -- name: get_run_by_task
 select * from {schema}.runs where task_id = $1;
@@ -37,7 +93,7 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
 with prev as (
   -- The statement's snapshot: only a park or a settle changes the wait, and
   -- neither can commit for a run whose engine run this claim now holds.
-  select r.current_wait from {schema}.runs r where r.run_id = $1
+  select r.current_wait, r.task_id from {schema}.runs r where r.run_id = $1
 ), attempt as (
   insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
   values ($1, $2, $3, $4, $5, $6)
@@ -57,10 +113,13 @@ with prev as (
    where r.run_id = $1
      and $6 in ('own', 'adopt')
      and r.status not in ('completed', 'failed', 'cancelled')
+     -- `lanes move` gave the run a new engine task: a claim of the old one is stale.
+     and r.task_id = $10
   returning r.checkpoint, r.step_keys
 )
 select a.attempt_id, t.checkpoint, t.step_keys,
        case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
+       (select task_id from prev) is distinct from $10 as moved,
        (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
   from attempt a left join taken t on true;
 
@@ -278,6 +337,7 @@ with lane as (
 ), open as (
   select r.run_id, r.play, r.created_at, r.updated_at, r.defer_count, r.first_deferred_at,
          coalesce(r.adopted_queue, r.queue) as lane,
+         case when r.adopted_queue is null then r.release_id end as stamped,
          case when r.status = 'running' then 'inFlight'
               when r.status = 'retrying' then 'retrying'
               when r.status = 'queued' and r.current_attempt_id is null then 'fresh'
@@ -297,7 +357,8 @@ select lane, bucket, needs_own, count(*) as runs,
        array_agg(distinct play order by play) as plays,
        min(updated_at) as oldest_update,
        count(*) filter (where defer_count > 0) as deferred,
-       min(first_deferred_at) as oldest_deferral
+       min(first_deferred_at) as oldest_deferral,
+       min(stamped) as release_id
   from open
  group by lane, bucket, needs_own;
 

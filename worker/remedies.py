@@ -1,0 +1,273 @@
+"""What an operator does about stranded work: list runs, fail one, retry one, move a lane's.
+
+``RunRemedies`` is mixed into ``LaneClient``: every remedy is one transaction
+per run, fenced on the run's row, so a worker that takes the run at the same
+moment either finishes first (and the remedy sees it) or finds the run gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from worker import checkpoint, engine, lanes
+from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError
+from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
+from worker.store import TERMINAL_STATUSES, Store
+
+if TYPE_CHECKING:
+    from worker.db import Connection, Database
+
+OPERATOR_FAILED = "FailedByOperator"
+MAX_REASON_CHARS = 2000
+MAX_LIST = 10_000
+STATUSES = ("queued", "running", "waiting", "retrying", "completed", "failed", "cancelled")
+
+
+class RunStillOpenError(LaneWorkerError):
+    """A retry of a run that has not ended: fail or cancel it first."""
+
+
+class NoClaimingLaneError(LaneWorkerError):
+    """No release lane claims new runs, so nothing could run a retry."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run as ``lane-worker runs`` lists it."""
+
+    run_id: str
+    play: str
+    status: str
+    release_id: str
+    queue: str
+    adopted_release_id: str | None
+    attempts: int
+    created_at: datetime
+    retry_of: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the run as ``runs --json`` prints it."""
+        return {
+            "runId": self.run_id,
+            "play": self.play,
+            "status": self.status,
+            "releaseId": self.release_id,
+            "queue": self.queue,
+            "adoptedReleaseId": self.adopted_release_id,
+            "attempts": self.attempts,
+            "createdAt": self.created_at.isoformat(),
+            "retryOf": self.retry_of,
+        }
+
+
+@dataclass(frozen=True)
+class MoveReport:
+    """What ``lanes move`` did: runs moved, runs refused with the reason."""
+
+    from_queue: str
+    to_queue: str
+    to_release_id: str
+    moved: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+async def spawn_run_task(
+    conn: Connection, store: Store, queue: str, run_id: uuid.UUID, max_attempts: int
+) -> uuid.UUID:
+    """Spawn the engine task of a run row written in this transaction; wake its lane."""
+    spawned = await engine.spawn(
+        conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
+        max_attempts=max_attempts, retry_strategy=RETRY_STRATEGY,
+    )  # fmt: skip
+    await store.execute(conn, "set_run_task", run_id, spawned.task_id)
+    await notify(conn, queue, run_id)
+    return spawned.task_id
+
+
+def parse_run_id(run_id: str) -> uuid.UUID:
+    """Return ``run_id`` as a UUID, or raise ``RunNotFoundError``."""
+    try:
+        return uuid.UUID(str(run_id))
+    except ValueError:
+        raise RunNotFoundError(f"no run {run_id!r}: a run id is a UUID") from None
+
+
+class RunRemedies:
+    """Operator remedies; needs ``db``, ``store`` and ``check_schemas`` from ``LaneClient``."""
+
+    db: Database
+    store: Store
+
+    async def check_schemas(self) -> None:  # pragma: no cover - provided by LaneClient
+        raise NotImplementedError
+
+    async def _locked_run(self, conn: Connection, run_id: str) -> Any:
+        row = await self.store.fetchrow(conn, "lock_run", parse_run_id(run_id))
+        if row is None:
+            raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
+        return row
+
+    async def runs(
+        self,
+        *,
+        status: str | None = None,
+        lane: str | None = None,
+        play: str | None = None,
+        limit: int = 50,
+    ) -> list[RunSummary]:
+        """List runs, newest first, filtered by status, lane (a release id) and play."""
+        if status is not None and status not in STATUSES:
+            raise InvalidRequestError(f"status {status!r} is not one of {', '.join(STATUSES)}.")
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidRequestError(f"limit must be between 1 and {MAX_LIST}.")
+        queue = lanes.queue_name_for_release(lane) if lane is not None else None
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.fetch(c, "list_runs", status, queue, play, limit)
+        )
+        return [
+            RunSummary(
+                run_id=str(r["run_id"]),
+                play=r["play"],
+                status=r["status"],
+                release_id=r["release_id"],
+                queue=r["queue"],
+                adopted_release_id=r["adopted_release_id"],
+                attempts=r["attempts"],
+                created_at=r["created_at"],
+                retry_of=str(r["retry_of"]) if r["retry_of"] else None,
+            )
+            for r in rows
+        ]
+
+    async def fail_run(self, run_id: str, reason: str) -> bool:
+        """Fail a run for good with ``reason`` (one run.failed fact); False if it had ended.
+
+        Its engine task is cancelled: an attempt running it finds out at its next
+        engine call and writes nothing more.
+        """
+        reason = (reason or "").strip()
+        if not reason or len(reason) > MAX_REASON_CHARS or "\x00" in reason:
+            raise InvalidRequestError(
+                f"a reason is non-blank text of at most {MAX_REASON_CHARS} characters."
+            )
+        error = {"name": OPERATOR_FAILED, "message": reason, "fatal": True}
+
+        async def fail(conn: Connection) -> bool:
+            row = await self._locked_run(conn, run_id)
+            if row["status"] in TERMINAL_STATUSES:
+                return False
+            fact = checkpoint.terminal_ledger_event(
+                {"status": "failed", "runId": str(row["run_id"]), "output": None, "error": error}
+            )
+            assert fact is not None
+            fact["source"] = "operator"
+            if row["task_id"] is not None:
+                await engine.cancel(conn, row["queue"], row["task_id"])
+            return await self.store.settle(
+                conn, row["run_id"], status="failed", fact=fact, attempt_id=None, error=error
+            )
+
+        await self.check_schemas()
+        return await self.db.transaction(fail)
+
+    async def retry_run(self, run_id: str) -> tuple[str, str, str]:
+        """Submit a new run with the ended run's play and input on the newest claiming lane.
+
+        Returns (new run id, its release id, its queue); the new run's ``retryOf``
+        names the old one. A run that has not ended is refused (``RunStillOpenError``):
+        fail or cancel it first, so the work never runs twice.
+        """
+        await self.check_schemas()
+        new_id = uuid.uuid4()
+
+        async def retry(conn: Connection) -> tuple[str, str, str]:
+            old = await self._locked_run(conn, run_id)
+            if old["status"] not in TERMINAL_STATUSES:
+                raise RunStillOpenError(
+                    f"run {old['run_id']} is {old['status']}: fail it (lane-worker runs fail "
+                    f"{old['run_id']} --reason ...) or cancel it first, so it never runs twice."
+                )
+            lane = await self.store.fetchrow(conn, "newest_claiming_lane")
+            if lane is None:
+                raise NoClaimingLaneError(
+                    "no release lane claims new runs, so nothing would run the retry; start a "
+                    "release (its workers register its lane) or run `lane-worker lanes activate`."
+                )
+            release_id, queue = lane["release_id"] or lane["queue"], lane["queue"]
+            launch = {**(old["launch"] or {}), "absurdReleaseId": release_id,
+                      "runId": str(new_id), "retryOf": str(old["run_id"])}  # fmt: skip
+            await self.store.fetchval(
+                conn, "insert_run", new_id, old["play"], old["input"], launch, release_id, queue,
+                None, old["max_attempts"], old["run_id"],
+            )  # fmt: skip
+            await spawn_run_task(conn, self.store, queue, new_id, old["max_attempts"])
+            return str(new_id), release_id, queue
+
+        return await self.db.transaction(retry)
+
+    async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
+        """Move the runs of ``from_release``'s lane that never started to ``to_release``'s.
+
+        One transaction per run: a run that ever started (an attempt, a committed
+        step) is refused, because its steps ran on the old release's code; the
+        rest get a new engine task on the target lane and the target's stamp.
+        The target must be a claiming lane, or the runs would be stranded again.
+        """
+        from_queue = lanes.queue_name_for_release(from_release)
+        to_queue = lanes.queue_name_for_release(to_release)
+        if from_queue == to_queue:
+            raise InvalidRequestError(f"{from_release!r} and {to_release!r} name one lane.")
+        await self.check_schemas()
+        target = await self.db.run(lambda c: self.store.fetchrow(c, "lane_row", to_queue))
+        if target is None or target["status"] != "claiming":
+            state = "not a registered lane" if target is None else "retired"
+            raise InvalidRequestError(
+                f"lane {to_queue} (release {to_release.strip()!r}) is {state}: move runs only "
+                "to a lane that claims new runs."
+            )
+        stamp = target["release_ids"][0] if target["release_ids"] else to_release.strip()
+        ids = await self.db.run(lambda c: self.store.fetch(c, "lane_open_runs", from_queue))
+        moved: list[str] = []
+        refused: list[tuple[str, str]] = []
+        for row in ids:
+            move = functools.partial(
+                self._move_one, run_id=row["run_id"], from_queue=from_queue,
+                to_queue=to_queue, stamp=stamp,
+            )  # fmt: skip
+            why = await self.db.transaction(move)
+            if why is None:
+                moved.append(str(row["run_id"]))
+            elif why:
+                refused.append((str(row["run_id"]), why))
+        return MoveReport(from_queue, to_queue, stamp, tuple(moved), tuple(refused))
+
+    async def _move_one(
+        self, conn: Connection, run_id: uuid.UUID, from_queue: str, to_queue: str, stamp: str
+    ) -> str | None:
+        """Move one run; return None when moved, '' when it ended meanwhile, else why not."""
+        run = await self._locked_run(conn, str(run_id))
+        if run["status"] in TERMINAL_STATUSES or run["queue"] != from_queue:
+            return ""
+        if (
+            run["status"] != "queued"
+            or run["current_attempt_id"] is not None
+            or run["attempts"]
+            or run["checkpoint"]
+            or run["adopted_queue"] is not None
+        ):
+            return (
+                f"it started on {run['release_id']} ({run['status']}, {run['attempts']} "
+                "attempt(s)): its steps ran on that release's code; fail it and retry it "
+                "(lane-worker runs fail / runs retry)"
+            )
+        if run["task_id"] is not None:
+            # A worker that claimed the old task finds the run moved and stops.
+            await engine.cancel(conn, from_queue, run["task_id"])
+        await self.store.execute(conn, "move_run", run_id, to_queue, stamp)
+        await spawn_run_task(conn, self.store, to_queue, run_id, run["max_attempts"])
+        return None
