@@ -5,7 +5,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
 
-.PHONY: test lint typecheck unit install dev clean
+.PHONY: test lint typecheck unit install chromium dev clean
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -28,7 +28,14 @@ typecheck: install
 unit: install
 	$(VENV)/bin/pytest tests/unit
 
-test: lint typecheck
+# The lanes page's test drives Debian's headless Chromium; installed here when missing
+# (needs root or sudo, as on CI; a developer can install the package by hand instead).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+
+test: lint typecheck chromium
 	$(VENV)/bin/pytest
 
 # Embedded PostgreSQL (data in .pg/, reused) unless WORKFLOW_RUNTIME_POSTGRES is set,

@@ -103,7 +103,7 @@ def _render(diagnosis: config.Diagnosis) -> str:
         ("claim timeout", f"{t.claim_timeout_s} s"),
         ("poll interval", f"{t.poll_interval_s} s"),
         ("drain window", f"{t.drain_s} s"),
-        ("health port", str(t.health_port)),
+        ("health port", f"{t.health_port} on {t.health_host}"),
         ("max attempts", str(t.max_attempts)),
         ("log format", t.log_format),
     ]
@@ -234,7 +234,9 @@ class _Checked(click.ParamType[Any]):
 
 
 def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (the JSON standard has no {name})")
+    raise ValueError(
+        f"{name} is not JSON (the JSON standard has no {name}): send null or a string instead."
+    )
 
 
 def _read_json_text(value: str, what: str) -> str:
@@ -251,7 +253,10 @@ def _read_json_text(value: str, what: str) -> str:
     except OSError as exc:
         raise ValueError(f"cannot read {what} from {value[1:]!r}: {exc.strerror or exc}.") from None
     if len(raw) > limit:
-        raise ValueError(f"{what} is more than {limit} bytes (1 MiB) of JSON text.")
+        raise ValueError(
+            f"{what} is more than {limit} bytes (1 MiB) of JSON text: store large data "
+            "elsewhere and pass a reference to it."
+        )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -267,6 +272,13 @@ def _parse_json(value: str, what: str) -> Any:
     except json.JSONDecodeError as exc:
         raise ValueError(
             f"{what} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
+        ) from None
+    except ValueError as exc:
+        if "digits" not in str(exc):  # NaN / Infinity, refused by _refuse_constant
+            raise
+        # Python's limit on integer digits; its own message names a Python setting.
+        raise ValueError(
+            f"{what} holds an integer with more than 4300 digits: send it as a string."
         ) from None
 
 
@@ -685,6 +697,46 @@ def move(release_id: str, to_release: str, as_json: bool) -> None:
     if report.refused:
         raise Failure(f"{len(report.refused)} run(s) of {report.from_queue} had started and "
                       "were not moved (listed above).")  # fmt: skip
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+class _Duration(click.ParamType[float]):
+    """A duration: seconds, or a number with s, m, h or d (``90m``, ``24h``, ``7d``)."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        text = str(value).strip().lower()
+        unit = text[-1:] if text[-1:] in _UNITS else "s"
+        number = config.decimal_number(text[:-1] if text[-1:] in _UNITS else text)
+        if number is None:
+            self.fail(f"{value!r} is not a duration such as 3600, 90m, 24h or 7d.", param, ctx)
+        return number * _UNITS[unit]
+
+
+@lanes_group.command()
+@click.option("--older-than", "older_than", type=_Duration(), required=True, metavar="DURATION",
+              help="Only lanes retired longer ago than this (3600, 90m, 24h, 7d).")  # fmt: skip
+@click.option("--dry-run", is_flag=True, help="List the lanes that would be pruned; drop nothing.")
+@json_option
+def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
+    """Drop the engine queues of retired lanes that no open run uses; keep their history.
+
+    Many deploys a day leave many retired lanes, each with six engine tables.
+    A lane qualifies when it was retired more than --older-than ago and none of
+    its runs is open; its lane row and its runs stay (status, runs, history).
+    `lanes activate` recreates the queue.
+    """
+    queues = _with_client(lambda client: client.prune_lanes(older_than, dry_run=dry_run))
+    verb = "would prune" if dry_run else "pruned"
+    _emit(as_json, {"dryRun": dry_run, "queues": queues},
+          f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
 
 
 @cli.group("runs", invoke_without_command=True)

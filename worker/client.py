@@ -10,7 +10,6 @@ guarantee.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -311,10 +310,14 @@ class LaneClient(RunRemedies):
         params = checked_input(input)
         checked_key(idempotency_key, "an idempotency key")
         if queue_suffix is not None:
-            if not isinstance(queue_suffix, str) or not lanes.normalize_queue_suffix(queue_suffix):
+            if not isinstance(queue_suffix, str):
+                raise InvalidRequestError(
+                    f"queue_suffix must be a string (or None), not {type(queue_suffix).__name__}."
+                )
+            if not lanes.normalize_queue_suffix(queue_suffix):
                 # Falling back to the process's own lane would put the run elsewhere.
                 raise InvalidRequestError(
-                    f"queue_suffix={shown(str(queue_suffix))} has no letter, digit or "
+                    f"queue_suffix={shown(queue_suffix)} has no letter, digit or "
                     "underscore, so it names no queue: pass the preview's suffix, or None for "
                     "this process's lane."
                 )
@@ -329,7 +332,7 @@ class LaneClient(RunRemedies):
             # such as the engine queue of a lane the first run never used.
             await self.ensure_schemas()
             existing = await self.db.run(
-                lambda c: self.store.fetchrow(c, "run_by_idempotency_key", idempotency_key)
+                lambda c: self.store.fetchrow(c, "run_by_idempotency_key", idempotency_key, params)
             )
             if existing is not None:
                 _same_request(existing, idempotency_key, play, params, queue)
@@ -346,7 +349,9 @@ class LaneClient(RunRemedies):
                 idempotency_key, self._max_attempts, None,
             )  # fmt: skip
             if inserted is None:
-                row = await self.store.fetchrow(conn, "run_by_idempotency_key", idempotency_key)
+                row = await self.store.fetchrow(
+                    conn, "run_by_idempotency_key", idempotency_key, params
+                )
                 assert row is not None  # the conflict was on this key
                 _same_request(row, idempotency_key, play, params, queue)
                 return SubmittedRun(str(row["run_id"]), row["release_id"], row["queue"], False)
@@ -537,18 +542,13 @@ def _queue_for_operator(release_id: str) -> str:
     return lanes.queue_name_for_release(release_id)
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def _same_request(row: Any, key: str | None, play: str, params: Any, queue: str) -> None:
     """Refuse a repeat of an idempotency key that asks for something else than its run."""
     differs = [
         name
         for name, same in (
             ("play", row["play"] == play),
-            # As JSON: Python's True == 1, and a stored 1 must not match an input of true.
-            ("input", _canonical(row["input"]) == _canonical(params)),
+            ("input", row["same_input"]),
             ("lane", row["queue"] == queue),
         )
         if not same

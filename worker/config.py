@@ -29,6 +29,7 @@ CLAIM_TIMEOUT_ENV = "LANE_WORKER_CLAIM_TIMEOUT"
 POLL_INTERVAL_ENV = "LANE_WORKER_POLL_INTERVAL"
 DRAIN_SECONDS_ENV = "LANE_WORKER_DRAIN_SECONDS"
 HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
+HEALTH_HOST_ENV = "LANE_WORKER_HEALTH_HOST"
 MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
 LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
 PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
@@ -56,6 +57,7 @@ class Tuning:
     poll_interval_s: float = 1.0
     drain_s: float = 25.0
     health_port: int = 8080
+    health_host: str = "0.0.0.0"  # noqa: S104 (a container's health port: all interfaces)
     max_attempts: int = 5
     log_format: LogFormat = "auto"
     pgbouncer: bool = False
@@ -114,6 +116,7 @@ class Diagnosis:
             "pollIntervalSeconds": self.tuning.poll_interval_s,
             "drainSeconds": self.tuning.drain_s,
             "healthPort": self.tuning.health_port,
+            "healthHost": self.tuning.health_host,
             "maxAttempts": self.tuning.max_attempts,
             "logFormat": self.tuning.log_format,
             "pgbouncer": self.tuning.pgbouncer,
@@ -196,6 +199,8 @@ def blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
 
 
 _WHOLE = re.compile(r"[0-9]+")
+# An IPv4 or IPv6 address or a host name: what a socket can be bound to.
+_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 # Release ids are git shas or deploy slugs; a longer one is a pasted mistake.
 MAX_RELEASE_ID_CHARS = 200
@@ -265,6 +270,15 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
             "json, console or auto (default auto: console on a terminal, json otherwise).",
         )
         log_format = defaults.log_format
+    health_host = blank_as_unset(env, HEALTH_HOST_ENV) or defaults.health_host
+    if not _HOST.fullmatch(health_host):
+        problems.refuse(
+            HEALTH_HOST_ENV,
+            f"{HEALTH_HOST_ENV}={shown(health_host)} is not an address to listen on: set it to "
+            "an IP address or host name of this machine (default 0.0.0.0, every interface; "
+            "127.0.0.1 keeps the page local), or unset it.",
+        )
+        health_host = defaults.health_host
     pgbouncer = _flag(
         env, problems, PGBOUNCER_ENV,
         f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
@@ -315,6 +329,7 @@ def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
         ),
         log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
         pgbouncer=pgbouncer,
+        health_host=health_host,
         defer_alert_after_s=read(
             DEFER_ALERT_AFTER_ENV,
             defaults.defer_alert_after_s,
@@ -379,7 +394,7 @@ def _unknown_variables(env: Mapping[str, str]) -> list[str]:
     known = {
         CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
         HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
-        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV,
+        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV, HEALTH_HOST_ENV,
     }  # fmt: skip
     return [
         f"{name} is set but lane-worker does not read it (a typo?); it is ignored."

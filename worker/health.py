@@ -1,4 +1,4 @@
-"""HTTP: /healthz (alive), /readyz (ready to work), /metrics (Prometheus), /lanes (the lanes)."""
+"""HTTP: /healthz, /readyz, /metrics (Prometheus), /lanes (the drain report), / (its page)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.log import server_logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from worker import page
 from worker.client import LaneView, lanes_table
 from worker.errors import HealthPortError
 from worker.metrics import Metrics
@@ -83,7 +84,10 @@ class HealthServer:
         metrics: Metrics,
         readiness: ReadinessCheck,
         lanes: LanesReport | None = None,
+        *,
+        host: str = "0.0.0.0",  # noqa: S104 (a container's health port)
     ) -> None:
+        self._host = host
         self._port = port
         self._metrics = metrics
         self._readiness = readiness
@@ -99,11 +103,12 @@ class HealthServer:
         app.router.add_get("/metrics", self._metrics_page)
         if self._lanes is not None:
             app.router.add_get("/lanes", self._lanes_page)
+            app.router.add_get("/", self._html_page)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, logger=_request_log
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host="0.0.0.0", port=self._port)  # noqa: S104 (a container's health port)
+        site = web.TCPSite(self._runner, host=self._host, port=self._port)
         try:
             await site.start()
         except OSError as exc:
@@ -111,8 +116,9 @@ class HealthServer:
             self._runner = None
             # Left as a bare OSError it would read as "the database is unreachable".
             raise HealthPortError(
-                f"cannot listen on health port {self._port} ({exc.strerror or exc}); set "
-                "LANE_WORKER_HEALTH_PORT to a free port, or to 0 to pick one."
+                f"cannot listen on health port {self._port} of {self._host} "
+                f"({exc.strerror or exc}); set LANE_WORKER_HEALTH_PORT to a free port (0 picks "
+                "one), or LANE_WORKER_HEALTH_HOST to an address of this machine."
             ) from exc
         server = site._server  # aiohttp exposes the bound port only through the server
         assert isinstance(server, asyncio.Server)
@@ -132,15 +138,27 @@ class HealthServer:
         report = await self._readiness()
         return web.json_response(report, status=200 if report.get("ready") else 503)
 
-    async def _lanes_page(self, request: web.Request) -> web.Response:
-        """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""
+    async def _report(self) -> list[LaneView] | str:
+        """The drain report, or the error's type when it cannot be read now."""
         assert self._lanes is not None
         try:
             # The pool retries an absent database for a minute; a page must answer sooner.
             with anyio.fail_after(LANES_TIMEOUT_S):
-                views = await self._lanes()
+                return await self._lanes()
         except Exception as exc:  # the database is away: say so, do not crash the page
-            return web.json_response({"error": type(exc).__name__}, status=503)
+            return type(exc).__name__
+
+    async def _html_page(self, _request: web.Request) -> web.Response:
+        views = await self._report()
+        if isinstance(views, str):
+            return web.Response(text=page.render_error(views), content_type="text/html", status=503)
+        return web.Response(text=page.render(views), content_type="text/html")
+
+    async def _lanes_page(self, request: web.Request) -> web.Response:
+        """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""
+        views = await self._report()
+        if isinstance(views, str):
+            return web.json_response({"error": views}, status=503)
         if request.query.get("format") == "text":
             return web.Response(text="\n".join(lanes_table(views)) + "\n")
         return web.json_response({"lanes": [v.as_json() for v in views]})

@@ -51,6 +51,10 @@ async def maintain(
                        exists (select 1 from absurd.queues q
                                 where q.queue_name = l.queue) as engine_queue
                   from {store.schema_sql}.releases l
+                 -- `lanes prune` dropped a pruned lane's queue on purpose (a submit may
+                 -- have created it again: then it is reconciled as any other).
+                 where l.pruned_at is null
+                    or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
                  order by l.queue"""
         )
         return failed, registry

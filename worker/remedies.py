@@ -271,3 +271,43 @@ class RunRemedies:
         await self.store.execute(conn, "move_run", run_id, to_queue, stamp)
         await spawn_run_task(conn, self.store, to_queue, run_id, run["max_attempts"])
         return None
+
+    async def prune_lanes(self, older_than_s: float, *, dry_run: bool = False) -> list[str]:
+        """Drop the engine queues of lanes retired over ``older_than_s`` ago with no open run.
+
+        The lane rows and every run stay (history: ``status``, ``runs``); only the
+        engine tables go. One transaction per lane, re-checked under the lane
+        row's lock. Returns the queues pruned (or, with ``dry_run``, that would be).
+        """
+        if not older_than_s >= 0:
+            raise InvalidRequestError("--older-than must be a duration of 0 or more.")
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.fetch(c, "prunable_lanes", float(older_than_s))
+        )
+        if dry_run:
+            return [r["queue"] for r in rows]
+        pruned = []
+        for row in rows:
+            queue = row["queue"]
+
+            async def prune(conn: Connection, queue: str = queue) -> bool:
+                if await self.store.fetchval(conn, "prune_lane", queue) is None:
+                    return False  # work arrived, or it was activated, meanwhile
+                # Dropping waits for any submit still writing to the queue's tables;
+                # one that committed meanwhile makes the whole prune roll back.
+                await conn.execute("select absurd.drop_queue($1)", queue)
+                if await self.store.fetchval(conn, "queue_has_open_runs", queue):
+                    raise _PruneRace
+                return True
+
+            try:
+                if await self.db.transaction(prune):
+                    pruned.append(queue)
+            except _PruneRace:
+                continue
+        return pruned
+
+
+class _PruneRace(Exception):
+    """A run arrived on a lane while it was being pruned: the prune is undone."""

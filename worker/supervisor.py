@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from worker import engine, lanes, logs
 from worker.app import App, load_app
@@ -140,8 +140,9 @@ class Supervisor:
         probes answer (/readyz 503, ``booting``) during the connect retry and boot.
         """
         health = HealthServer(
-            self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view
-        )
+            self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view,
+            host=self.settings.tuning.health_host,
+        )  # fmt: skip
         self.health_port = await health.start()
         try:
             try:
@@ -230,7 +231,9 @@ class Supervisor:
         self.lanes_client = LaneClient(db, self.store, env={}, schemas_installed=True)
         try:
             async with anyio.create_task_group() as side:
-                side.start_soon(self._signals)
+                # Started (the handler installed) before worker.ready is logged: an
+                # orchestrator may send SIGTERM the moment it reads that line.
+                await side.start(self._signals)
                 if not s.tuning.pgbouncer:
                     self.listener = Listener(s.database_url, self.wakeups, self._queues)
                     # It reconnects through outages by itself; only a crash comes out.
@@ -323,8 +326,9 @@ class Supervisor:
         # Each unfinished run unwinds its play and hands itself back (shielded).
         runs.cancel_scope.cancel()
 
-    async def _signals(self) -> None:
+    async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.open_signal_receiver(*DRAIN_SIGNALS) as received:
+            task_status.started()
             async for signum in received:
                 if self.stop_requested.is_set():
                     self.log.warning("worker.exit_now", signal=signal.Signals(signum).name)

@@ -73,6 +73,7 @@ KNOWN_VARIABLES = (
     "LANE_WORKER_PGBOUNCER",
     "LANE_WORKER_DEFER_ALERT_AFTER",
     "LANE_WORKER_DEFER_FAIL_AFTER",
+    "LANE_WORKER_HEALTH_HOST",
     "LANE_WORKER_TEST_DATABASE_URL",
 )
 # A variable added to worker/config.py later is fuzzed too (its name must then be in the

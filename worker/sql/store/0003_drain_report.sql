@@ -18,3 +18,7 @@ create index workers_queue_live_idx on {schema}.workers (queue, heartbeat_at)
 -- newest first without reading the whole history.
 alter table {schema}.runs add column retry_of uuid;
 create index runs_created_idx on {schema}.runs (created_at);
+
+-- `lanes prune` dropped the lane's engine queue (its tables); the lane row and
+-- its runs stay as history. Activating the lane again recreates the queue.
+alter table {schema}.releases add column pruned_at timestamptz;

@@ -10,7 +10,10 @@ on conflict (idempotency_key) do nothing
 returning run_id;
 
 -- name: run_by_idempotency_key
-select run_id, release_id, queue, play, input from {schema}.runs where idempotency_key = $1;
+-- same_input compares as jsonb does ($2: the new request's input): 1.0 equals 1,
+-- true does not.
+select run_id, release_id, queue, play, input = $2::jsonb as same_input
+  from {schema}.runs where idempotency_key = $1;
 
 -- name: set_run_task
 update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
@@ -268,12 +271,25 @@ on conflict (queue) do update
        release_ids = case when $3 = any(l.release_ids) then l.release_ids
                           else l.release_ids || $3 end,
        retired_at = case when excluded.status = 'retired' then coalesce(l.retired_at, now()) end,
+       -- set_release_status always comes with ensure_queue: the queue exists again.
+       pruned_at = null,
        updated_at = now()
 returning status;
 
 -- name: lane_names
--- The first spelling of every registered lane's release id, oldest first.
-select coalesce(release_ids[1], queue) as name from {schema}.releases order by created_at, queue;
+-- What `lanes retire`/`activate` accept without --force: every registered lane
+-- (its first spelling, oldest first), then engine queues no lane row names.
+select name from (
+  select coalesce(release_ids[1], queue) as name, 0 as kind, created_at
+    from {schema}.releases
+  union all
+  -- A queue only a submit created: its runs carry the release id it was stamped with.
+  select coalesce((select r.release_id from {schema}.runs r
+                    where r.queue = q.queue_name limit 1), q.queue_name), 1, null
+    from absurd.queues q
+   where not exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
+) known
+order by kind, created_at, name;
 
 -- name: lane_known
 -- Whether anything ever used this queue: a lane row (a worker booted, or an
@@ -312,10 +328,10 @@ select l.queue, l.status, l.release_ids, l.created_at,
 select {schema}.lane_needs_own($1);
 
 -- name: report_lanes
--- The drain report's lanes: every registered lane, its live workers (a
--- heartbeat within 60 s, no stop mark) with the plays each registers, and the
--- database's clock every age in the report is measured on.
-select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, now() as db_now,
+-- The drain report's lanes: every registered lane (a pruned one only while
+-- runs name it again), its live workers (a heartbeat within 60 s, no stop
+-- mark) with the plays each registers.
+select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
        coalesce((select jsonb_agg(jsonb_build_object('workerId', w.worker_id,
                                                      'plays', to_jsonb(w.plays))
                                   order by w.worker_id)
@@ -323,7 +339,37 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, now() as db
                   where w.queue = l.queue and w.stopped_at is null
                     and w.heartbeat_at > now() - interval '60 seconds'), '[]'::jsonb) as workers
   from {schema}.releases l
+ where l.pruned_at is null
+    or exists (select 1 from {schema}.runs r
+                where coalesce(r.adopted_queue, r.queue) = l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled'))
  order by l.created_at, l.queue;
+
+-- name: prunable_lanes
+-- Retired lanes, retired more than $1 seconds ago, not yet pruned, whose
+-- engine queue no open run uses (adopted runs keep their stamped queue's task).
+select l.queue, l.release_ids, l.retired_at
+  from {schema}.releases l
+ where l.status = 'retired' and l.pruned_at is null
+   and l.retired_at < now() - make_interval(secs => $1)
+   and not exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled'))
+ order by l.retired_at, l.queue;
+
+-- name: queue_has_open_runs
+select exists (select 1 from {schema}.runs
+                where queue = $1 and status not in ('completed', 'failed', 'cancelled'));
+
+-- name: prune_lane
+-- Under the lane row's lock, re-checked: still retired, still no open run.
+update {schema}.releases l
+   set pruned_at = now(), updated_at = now()
+ where l.queue = $1 and l.status = 'retired' and l.pruned_at is null
+   and not exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled'))
+returning l.queue;
 
 -- name: report_runs
 -- The drain report's runs: open runs only (the partial indexes), grouped by

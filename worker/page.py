@@ -1,0 +1,96 @@
+"""The lanes page (``/`` on the health port): the drain report as one small HTML page.
+
+For people who would rather look than read JSON: one row per lane with its
+status, counts, verdict and blockers. No build step, no script, no external
+asset; it refreshes itself. Every value is escaped: release ids and remedies
+come from the database and the environment.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from worker.report import LaneView
+
+REFRESH_S = 5
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
+h1{font-size:1.2rem;margin:0 0 .2rem}
+p.note{color:#666;margin:0 0 1rem}
+table{border-collapse:collapse;width:100%}
+th,td{border-bottom:1px solid #ddd;padding:.35rem .5rem;text-align:left;vertical-align:top}
+th{background:#f4f4f4;font-weight:600}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.claiming{color:#0b5394}.draining{color:#b45f06}.drained{color:#38761d}
+.unregistered{color:#990000}
+ul{margin:0;padding-left:1rem}
+code{font-size:12px}
+"""
+COUNT_COLUMNS = (
+    ("inFlight", "in flight"),
+    ("fresh", "fresh"),
+    ("retrying", "retrying"),
+    ("handedBack", "handed back"),
+    ("parkedSleep", "parked (sleep)"),
+    ("parkedEvent", "parked (event)"),
+    ("deferred", "deferred"),
+)
+
+
+def _row(view: LaneView) -> str:
+    counts = "".join(
+        f'<td class="n" data-count="{key}">{view.counts.get(key, 0)}</td>'
+        for key, _ in COUNT_COLUMNS
+    )
+    blockers = "".join(
+        f'<li data-reason="{escape(b.reason)}"><b>{escape(b.reason)}</b> ({b.count}): '
+        f"{escape(b.remedy)}</li>"
+        for b in view.blocked_by
+    )
+    verdict = "yes" if view.safe_to_stop else "no"
+    status = escape(view.status)
+    return (
+        f'<tr data-queue="{escape(view.queue)}" data-status="{status}" '
+        f'data-safe-to-stop="{verdict}">'
+        f'<td data-field="releaseId">{escape(view.release_id)}</td>'
+        f"<td><code>{escape(view.queue)}</code></td>"
+        f'<td class="{status}" data-field="status">{status}</td>'
+        f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
+        f"{counts}"
+        f'<td data-field="safeToStop">{verdict}</td>'
+        f"<td>{f'<ul>{blockers}</ul>' if blockers else ''}</td>"
+        "</tr>"
+    )
+
+
+def render(views: list[LaneView]) -> str:
+    """Return the whole page for ``views`` (the drain report)."""
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in COUNT_COLUMNS)
+    rows = "".join(_row(v) for v in views) or (
+        '<tr><td colspan="13">no lanes registered (a worker registers its lane at boot).</td></tr>'
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>lane-worker lanes</title><style>{_STYLE}</style></head><body>"
+        "<h1>lane-worker lanes</h1>"
+        f'<p class="note">The drain report, refreshed every {REFRESH_S} s. A lane is safe to '
+        "stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
+        "<a href=/lanes?format=text>/lanes?format=text</a>.</p>"
+        "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
+        f"{head}<th>safe to stop</th><th>blocked by</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></body></html>"
+    )
+
+
+def render_error(reason: str) -> str:
+    """Return the page shown while the report cannot be read (booting, database away)."""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+        f"<title>lane-worker lanes</title><style>{_STYLE}</style></head><body>"
+        "<h1>lane-worker lanes</h1>"
+        f'<p class="note" data-error="{escape(reason)}">The report cannot be read right now '
+        f"({escape(reason)}); this page tries again every {REFRESH_S} s.</p></body></html>"
+    )
