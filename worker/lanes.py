@@ -228,6 +228,16 @@ def assert_release_lane_matches(run_id: str, run_release_id: str, worker_release
     )
 
 
+# The own loop drains the release's queue; a continuation loop adopts from (or
+# finishes its adoptees on) another lane's queue.
+LoopKind = Literal["own", "continuation"]
+
+
+def loop_kind(queue: str, own_queue: str) -> LoopKind:
+    """Return the kind of claim loop a worker whose lane is ``own_queue`` runs on ``queue``."""
+    return "own" if queue == own_queue else "continuation"
+
+
 def continuation_worker_id(worker_base: str, queue: str) -> str:
     """Return the engine worker id of a continuation loop on ``queue``.
 

@@ -17,7 +17,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from worker import engine
+from worker import engine, lanes
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
 from worker.runtime import Runtime
@@ -93,6 +93,7 @@ class Poller:
         *,
         runtime: Runtime,
         queue: str,
+        kind: lanes.LoopKind,
         capacity: Capacity,
         wakeup: asyncio.Event,
         poll_interval_s: float,
@@ -102,7 +103,7 @@ class Poller:
     ) -> None:
         self.runtime = runtime
         self.queue = queue
-        self.kind = "own" if queue == runtime.queue else "continuation"
+        self.kind = kind
         self.capacity = capacity
         self.wakeup = wakeup
         self.poll_interval_s = poll_interval_s

@@ -161,7 +161,7 @@ class Runtime:
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
-        if queue == self.queue:
+        if lanes.loop_kind(queue, self.queue) == "own":
             return self.worker_base
         return lanes.continuation_worker_id(self.worker_base, queue)
 
@@ -176,7 +176,7 @@ class Runtime:
         """
         if self.draining:
             return engine.CLAIM_DRAIN
-        if queue == self.queue:
+        if lanes.loop_kind(queue, self.queue) == "own":
             return engine.CLAIM_OWN if self.foreign_adoptees else None
         return engine.CLAIM_MINE if queue in self.claiming_queues else engine.CLAIM_ADOPT
 
@@ -249,7 +249,7 @@ class Runtime:
         adopter: str | None = row["adopted_release_id"]
         effective = adopter or row["release_id"]
         bound = bound.bind(run_id=str(run_id), worker_id=self.worker_id_for(claimed.queue))
-        own_loop = claimed.queue == self.queue
+        own_loop = lanes.loop_kind(claimed.queue, self.queue) == "own"
         disposition: lanes.LaneDisposition
         if own_loop:
             try:

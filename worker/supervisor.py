@@ -26,7 +26,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from worker import engine, lanes, logs
+from worker import engine, logs
 from worker.app import App, load_app
 from worker.client import LaneClient, LaneView
 from worker.config import EXIT_CONFIG, Settings
@@ -35,9 +35,10 @@ from worker.dburl import url_secrets
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
 from worker.health import HealthServer, NotBootedError
 from worker.listener import Listener, Wakeups
+from worker.loops import LoopRegistry, wanted_continuations
 from worker.maintenance import maintain
 from worker.metrics import Metrics
-from worker.poller import Capacity, Poller
+from worker.poller import Capacity
 from worker.runtime import HAND_BACK_TIMEOUT_S, Runtime
 from worker.store import Store
 
@@ -113,8 +114,6 @@ class Supervisor:
         self.wakeups = Wakeups()
         self.capacity = Capacity(settings.tuning.concurrency)
         self.store = Store(settings.scheduler_schema)
-        self.pollers: dict[str, Poller] = {}
-        self.polled_queues: set[str] = set()  # every queue a loop claimed from
         self.guard_error: str | None = None
         # Side loops whose last pass failed on a database outage: loop -> error type.
         self.side_loop_outages: dict[str, str] = {}
@@ -127,9 +126,17 @@ class Supervisor:
         # Set once boot has installed the schemas: a page view must never run a migration.
         self.lanes_client: LaneClient | None = None
         self.health_port: int | None = None  # bound first thing in main
-        self.listener: Listener | None = None
         self.log = log.bind(
             release_id=settings.release_id, queue=settings.queue, worker_id=self.worker_id
+        )
+        self.loops = LoopRegistry(
+            own_queue=settings.queue,
+            capacity=self.capacity,
+            wakeups=self.wakeups,
+            poll_interval_s=settings.tuning.poll_interval_s,
+            metrics=self.metrics,
+            on_guard_failure=self._guard_failed,
+            log=self.log,
         )
 
     async def main(self) -> int:
@@ -235,13 +242,14 @@ class Supervisor:
                 # orchestrator may send SIGTERM the moment it reads that line.
                 await side.start(self._signals)
                 if not s.tuning.pgbouncer:
-                    self.listener = Listener(s.database_url, self.wakeups, self._queues)
+                    listener = Listener(s.database_url, self.wakeups, self.loops.queues)
+                    self.loops.listener = listener
                     # It reconnects through outages by itself; only a crash comes out.
-                    side.start_soon(self._side_pass, "listener", self.listener.run)
+                    side.start_soon(self._side_pass, "listener", listener.run)
                 side.start_soon(self._heartbeats, db)
                 side.start_soon(self._maintenance, db)
                 async with anyio.create_task_group() as runs:
-                    self._attach(runtime, s.queue, runs, side)
+                    self.loops.attach(runtime, s.queue, runs, side)
                     side.start_soon(self._adoption_refresh, db, runtime, runs, side)
                     self.log.info(
                         "worker.ready",
@@ -278,7 +286,7 @@ class Supervisor:
     async def _give_back_leftovers(self, runtime: Runtime) -> None:
         """Hand back claims that committed while their loop was being cancelled."""
         try:
-            await runtime.give_back_leftovers(sorted(self.polled_queues))
+            await runtime.give_back_leftovers(sorted(self.loops.polled_queues))
         except Exception as exc:
             self.log.warning("worker.leftover_hand_back_failed", error=repr(exc))
 
@@ -314,11 +322,9 @@ class Supervisor:
         """Stop claiming, let in-flight runs finish within the window, hand back the rest."""
         drain_s = self.settings.tuning.drain_s
         self.log.info("worker.stopping", in_flight=self.capacity.in_use, drain_s=drain_s)
-        for poller in self.pollers.values():
-            poller.stop("shutdown")
+        self.loops.stop_all("shutdown")
         with anyio.move_on_after(POLLER_STOP_GRACE_S):
-            for poller in list(self.pollers.values()):
-                await poller.finished.wait()
+            await self.loops.wait_finished()
         with anyio.move_on_after(drain_s):
             await self.capacity.wait_idle()
         if self.capacity.in_use:
@@ -335,42 +341,6 @@ class Supervisor:
                     os._exit(EXIT_FAILURE)
                 self.log.info("worker.signal", signal=signal.Signals(signum).name)
                 self.stop_requested.set()
-
-    def _queues(self) -> set[str]:
-        return {q for q, p in self.pollers.items() if not p.stopped.is_set()}
-
-    def _attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> None:
-        poller = Poller(
-            runtime=runtime,
-            queue=queue,
-            capacity=self.capacity,
-            wakeup=self.wakeups.for_queue(queue),
-            poll_interval_s=self.settings.tuning.poll_interval_s,
-            metrics=self.metrics,
-            runs=runs,
-            on_guard_failure=self._guard_failed,
-        )
-        self.pollers[queue] = poller
-        self.polled_queues.add(queue)
-        side.start_soon(self._run_poller, poller)
-        if poller.kind == "continuation":
-            self.metrics.adoptable_queues.set(len(self._continuations()))
-            self.log.info("loop.attached", queue=queue)
-        if self.listener is not None:
-            self.listener.queues_changed()
-
-    async def _run_poller(self, poller: Poller) -> None:
-        await poller.run()
-        if poller.kind == "continuation" and poller.detach_reason != "shutdown":
-            if self.pollers.get(poller.queue) is poller:  # not a loop attached since
-                self.pollers.pop(poller.queue)
-            self.metrics.adoptable_queues.set(len(self._continuations()))
-            self.log.info("loop.detached", queue=poller.queue, reason=poller.detach_reason)
-            if self.listener is not None:
-                self.listener.queues_changed()
-
-    def _continuations(self) -> list[str]:
-        return [q for q, p in self.pollers.items() if p.kind == "continuation"]
 
     def _guard_failed(self, message: str) -> None:
         self.guard_error = message
@@ -409,35 +379,11 @@ class Supervisor:
         )
         # A loop on every queue that holds runs this release adopted (its own work,
         # whatever that lane's status), and, while this lane claims, on every
-        # retired lane with open runs (to adopt its parked runs as they come due).
-        wanted = {q for q, lane in registry.items() if lane["mine_open"] and q != s.queue}
-        if self.lane_state == "claiming" and own is not None:
-            # Only from older lanes: releases roll forward, never back.
-            adoptable = [
-                r
-                for r in registry.values()
-                if r["status"] == "retired"
-                and r["has_open"]
-                and r["created_at"] < own["created_at"]
-            ]
-            wanted |= set(
-                lanes.adoption_queues(
-                    s.release_id, [i for r in adoptable for i in r["release_ids"]]
-                )
-            )
-        for queue in sorted(wanted - set(self._continuations())):
-            if not self.stop_requested.is_set():
-                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
-                self._attach(runtime, queue, runs, side)
-        for queue in self._continuations():
-            if queue not in wanted:
-                lane = registry.get(queue)
-                reason = (
-                    "lane gone" if lane is None
-                    else "lane drained" if lane["status"] == "retired"
-                    else "lane claims"
-                )  # fmt: skip
-                self.pollers[queue].stop(reason)
+        # older retired lane with open runs (to adopt its parked runs as they come due).
+        wanted = wanted_continuations(registry, s.queue, s.release_id, self.lane_state)
+        await self.loops.follow(
+            db, runtime, registry, wanted, runs, side, stopping=self.stop_requested.is_set()
+        )
 
     async def _lane_registry(self, conn: Connection) -> list[Any]:
         return await self.store.fetch(conn, "lane_registry", self.settings.queue)
@@ -507,13 +453,11 @@ class Supervisor:
                     await self.db.fetchval("select 1")
             except Exception:
                 database = False
-        own = self.pollers.get(self.settings.queue)
-        own_running = own is not None and not own.stopped.is_set()
-        loops_ok = own_running
+        own_running = self.loops.own_running()
         ready = (
             not booting
             and database
-            and loops_ok
+            and own_running
             and self.guard_error is None
             and not self.side_loop_outages
             and not self.stop_requested.is_set()
@@ -524,10 +468,10 @@ class Supervisor:
             "database": database,
             "ownLoop": "running" if own_running else "stopped",
             "lane": None if booting else self.lane_state,  # unknown before registration
-            "continuationLoops": sorted(self._continuations()),
+            "continuationLoops": sorted(self.loops.continuations()),
             "laneGuardError": self.guard_error,
             "sideLoopOutages": dict(sorted(self.side_loop_outages.items())),
-            "listening": bool(self.listener and self.listener.connected),
+            "listening": bool(self.loops.listener and self.loops.listener.connected),
             "inFlight": self.capacity.in_use,
             "releaseId": self.settings.release_id,
             "queue": self.settings.queue,

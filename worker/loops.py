@@ -1,0 +1,157 @@
+"""The loop registry: which claim loops one worker runs, attaching and detaching them.
+
+One own loop on the release's queue, plus one ``:continuations`` loop per queue
+the lane registry says this release must watch: queues holding runs it adopted
+(whatever their lane's status), and, while its own lane claims, older retired
+lanes with open runs. The loop kind is decided here, once, when a loop is
+attached, and handed to the ``Poller``; readiness reads its facts from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import structlog
+from anyio.abc import TaskGroup
+
+from worker import engine, lanes
+from worker.db import Database
+from worker.listener import Listener, Wakeups
+from worker.metrics import Metrics
+from worker.poller import Capacity, Poller
+from worker.runtime import Runtime
+
+
+def wanted_continuations(
+    registry: Mapping[str, Any], own_queue: str, release_id: str, lane_state: str
+) -> set[str]:
+    """Return the queues this worker must run a continuation loop on, from the lane registry.
+
+    ``registry`` maps each lane's queue to its ``lane_registry`` row.
+    """
+    own = registry.get(own_queue)
+    wanted = {q for q, lane in registry.items() if lane["mine_open"] and q != own_queue}
+    if lane_state == "claiming" and own is not None:
+        # Only from older lanes: releases roll forward, never back.
+        adoptable = [
+            r
+            for r in registry.values()
+            if r["status"] == "retired" and r["has_open"] and r["created_at"] < own["created_at"]
+        ]
+        wanted |= set(
+            lanes.adoption_queues(release_id, [i for r in adoptable for i in r["release_ids"]])
+        )
+    return wanted
+
+
+def _detach_reason(lane: Any) -> str:
+    if lane is None:
+        return "lane gone"
+    return "lane drained" if lane["status"] == "retired" else "lane claims"
+
+
+class LoopRegistry:
+    """The running claim loops of one worker, by queue."""
+
+    def __init__(
+        self,
+        *,
+        own_queue: str,
+        capacity: Capacity,
+        wakeups: Wakeups,
+        poll_interval_s: float,
+        metrics: Metrics,
+        on_guard_failure: Callable[[str], None],
+        log: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        self.log = log
+        self.own_queue = own_queue
+        self.capacity = capacity
+        self.wakeups = wakeups
+        self.poll_interval_s = poll_interval_s
+        self.metrics = metrics
+        self.on_guard_failure = on_guard_failure
+        self.pollers: dict[str, Poller] = {}
+        self.polled_queues: set[str] = set()  # every queue a loop claimed from
+        self.listener: Listener | None = None
+
+    def queues(self) -> set[str]:
+        """Return the queues whose loops still claim (what LISTEN follows)."""
+        return {q for q, p in self.pollers.items() if not p.stopped.is_set()}
+
+    def continuations(self) -> list[str]:
+        """Return the queues with a continuation loop."""
+        return [q for q, p in self.pollers.items() if p.kind == "continuation"]
+
+    def own_running(self) -> bool:
+        """Tell whether the own loop runs (readiness)."""
+        own = self.pollers.get(self.own_queue)
+        return own is not None and not own.stopped.is_set()
+
+    def attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> Poller:
+        """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""
+        kind = lanes.loop_kind(queue, self.own_queue)
+        poller = Poller(
+            runtime=runtime,
+            queue=queue,
+            kind=kind,
+            capacity=self.capacity,
+            wakeup=self.wakeups.for_queue(queue),
+            poll_interval_s=self.poll_interval_s,
+            metrics=self.metrics,
+            runs=runs,
+            on_guard_failure=self.on_guard_failure,
+        )
+        self.pollers[queue] = poller
+        self.polled_queues.add(queue)
+        side.start_soon(self._run, poller)
+        if kind == "continuation":
+            self.metrics.adoptable_queues.set(len(self.continuations()))
+            self.log.info("loop.attached", queue=queue)
+        self._queues_changed()
+        return poller
+
+    async def _run(self, poller: Poller) -> None:
+        await poller.run()
+        if poller.kind == "continuation" and poller.detach_reason != "shutdown":
+            if self.pollers.get(poller.queue) is poller:  # not a loop attached since
+                self.pollers.pop(poller.queue)
+            self.metrics.adoptable_queues.set(len(self.continuations()))
+            self.log.info("loop.detached", queue=poller.queue, reason=poller.detach_reason)
+            self._queues_changed()
+
+    def _queues_changed(self) -> None:
+        if self.listener is not None:
+            self.listener.queues_changed()
+
+    async def follow(
+        self,
+        db: Database,
+        runtime: Runtime,
+        registry: Mapping[str, Any],
+        wanted: Iterable[str],
+        runs: TaskGroup,
+        side: TaskGroup,
+        *,
+        stopping: bool,
+    ) -> None:
+        """Attach a loop on each wanted queue that lacks one; stop the loops no longer wanted."""
+        wanted = set(wanted)
+        for queue in sorted(wanted - set(self.continuations())):
+            if not stopping:
+                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
+                self.attach(runtime, queue, runs, side)
+        for queue in self.continuations():
+            if queue not in wanted:
+                self.pollers[queue].stop(_detach_reason(registry.get(queue)))
+
+    def stop_all(self, reason: str) -> None:
+        """Stop every loop claiming (in-flight runs go on)."""
+        for poller in self.pollers.values():
+            poller.stop(reason)
+
+    async def wait_finished(self) -> None:
+        """Wait until every loop has returned."""
+        for poller in list(self.pollers.values()):
+            await poller.finished.wait()
