@@ -6,8 +6,14 @@ SHOWN_CHARS = 100
 
 
 def shown(value: str) -> str:
-    """Quote a value someone typed for a message: at most 100 characters of it."""
-    return repr(value if len(value) <= SHOWN_CHARS else value[:SHOWN_CHARS] + "...")
+    """Quote a value someone typed for a message: at most 100 characters of it, as shown.
+
+    Cut after quoting, so escapes (a backslash shows as two) count towards the 100.
+    """
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS + 2:
+        return text
+    return f"{text[: SHOWN_CHARS + 1]}...{text[0]}"
 
 
 class LaneWorkerError(Exception):

@@ -101,7 +101,8 @@ class _Tally:
     deferred: int = 0
     oldest_wait: datetime | None = None
     oldest_deferral: datetime | None = None
-    own: dict[str, tuple[int, list[str], list[str]]] = field(default_factory=dict)
+    # reason -> (count, the oldest (created_at, run id) pairs, plays)
+    own: dict[str, tuple[int, list[tuple[datetime, str]], list[str]]] = field(default_factory=dict)
     release_id: str | None = None  # as its runs were stamped: for a lane no worker registered
 
     def add(self, row: Any) -> None:
@@ -114,9 +115,11 @@ class _Tally:
         self.oldest_deferral = _earliest(self.oldest_deferral, row["oldest_deferral"])
         if row["needs_own"]:
             reason = "parkedNotAdoptable" if bucket in PARKED else bucket
-            count, ids, plays = self.own.get(reason, (0, [], []))
-            ids = (ids + [str(i) for i in row["run_ids"]])[:RUN_IDS_SHOWN]
-            self.own[reason] = (count + row["runs"], ids, sorted({*plays, *row["plays"]}))
+            count, oldest, plays = self.own.get(reason, (0, [], []))
+            # Two buckets can feed one reason (sleeps and waits): keep the oldest overall.
+            pairs = zip(row["run_created"], (str(i) for i in row["run_ids"]), strict=True)
+            oldest = sorted([*oldest, *pairs])[:RUN_IDS_SHOWN]
+            self.own[reason] = (count + row["runs"], oldest, sorted({*plays, *row["plays"]}))
 
 
 def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -168,10 +171,11 @@ def _blockers(status: str, release: str, live: int, tally: _Tally) -> tuple[Bloc
         found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [])))
     order = [*BUCKETS, "parkedNotAdoptable"]
     for reason in sorted(tally.own, key=order.index):
-        count, ids, plays = tally.own[reason]
+        count, oldest, plays = tally.own[reason]
         if status == "claiming" and reason == "parkedNotAdoptable":
             continue  # a claiming lane's parked runs are its own to resume: not a blocker
-        found.append(Blocker(reason, count, _remedy(reason, release, live, plays), tuple(ids)))
+        ids = tuple(run_id for _, run_id in oldest)
+        found.append(Blocker(reason, count, _remedy(reason, release, live, plays), ids))
     return tuple(found)
 
 

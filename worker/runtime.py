@@ -428,13 +428,17 @@ class Runtime:
         streak = await self.db.transaction(put_back)
         claim.ended = True
         if streak is not None:
-            self._report_streak(streak, claimed.queue, run_id)
+            self._report_streak(streak, claimed, run_id)
             if streak.failed is not None:
                 return "failed"
         return outcome
 
-    def _report_streak(self, streak: Streak, queue: str, run_id: uuid.UUID) -> None:
-        bound = log.bind(run_id=str(run_id), queue=queue, worker_id=self.worker_id_for(queue))
+    def _report_streak(self, streak: Streak, claimed: engine.ClaimedRun, run_id: uuid.UUID) -> None:
+        queue = claimed.queue
+        bound = log.bind(
+            queue=queue, release_id=self.release_id, task_id=str(claimed.task_id),
+            run_id=str(run_id), worker_id=self.worker_id_for(queue),
+        )  # fmt: skip
         if streak.alert:
             bound.warning(
                 "run.deferred_too_long", defer_count=streak.count, deferred_s=round(streak.age_s),

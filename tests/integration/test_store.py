@@ -147,6 +147,10 @@ async def test_idempotency_key_is_unique(conn: asyncpg.Connection[asyncpg.Record
     first = await insert_run(store, conn, "k-1")
     assert first is not None
     assert await insert_run(store, conn, "k-1") is None
-    row = await store.fetchrow(conn, "run_by_idempotency_key", "k-1")
+    row = await store.fetchrow(conn, "run_by_idempotency_key", "k-1", {})
     assert row is not None
     assert row["run_id"] == first
+    assert row["same_input"] is True
+    other = await store.fetchrow(conn, "run_by_idempotency_key", "k-1", {"a": 1})
+    assert other is not None
+    assert other["same_input"] is False

@@ -400,6 +400,7 @@ with lane as (
 )
 select lane, bucket, needs_own, count(*) as runs,
        (array_agg(run_id order by created_at, run_id))[1:20] as run_ids,
+       (array_agg(created_at order by created_at, run_id))[1:20] as run_created,
        array_agg(distinct play order by play) as plays,
        min(updated_at) as oldest_update,
        count(*) filter (where defer_count > 0) as deferred,
