@@ -1,0 +1,564 @@
+"""Deploy day with two real daemons, judged by the drain report and `lanes wait`.
+
+Release A's daemon runs with one slot (LANE_WORKER_CONCURRENCY=1), so a run held
+mid-step keeps every later run of A fresh and its retry pending for as long as the
+test wants: the report's counts are then exactly what the test put there. The
+report is read the operator's two ways, `lane-worker lanes --json` and a daemon's
+/lanes, which must agree. This module is also the daemons' app (`--app
+test_lanes_wait:app`), so its plays are next to the test that drives them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+from daemon import E2E_DIR, REPO, Daemon, Daemons, queue_of
+from fault_apps import wait_for_gate
+from runtime_harness import SCHEMA, connect, eventually, open_client
+
+from worker import App, TaskContext, lanes
+
+A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
+# How the workers call themselves (sanitized): the report's releaseId, attempts and logs.
+A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
+B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+QA, QB = queue_of(A), queue_of(B)
+# Many attempts: the run that fails until told otherwise stays in retry backoff.
+CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
+APP = "test_lanes_wait:app"
+# The daemons import this module, which imports the harness one directory up.
+DAEMON_PYTHONPATH = os.pathsep.join((str(E2E_DIR), str(E2E_DIR.parent)))
+# Long enough to stay parked until A is drained (under 3 s after it parks on a 2-core
+# machine; the test prints it), short enough that B's adoption of it is seen soon.
+NAP_S = 15.0
+GATE_LIMIT_S = 120.0
+BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
+AGES = ("oldestWaitSeconds", "oldestDeferralSeconds")
+LIVENESS_S = 60  # the report counts a worker live for 60 s after its last heartbeat
+
+# -- the daemons' app -------------------------------------------------------------------------
+
+app = App()
+
+
+@app.play("plain")
+async def plain(ctx: TaskContext, params: Any) -> dict[str, Any]:
+    """One step; returns who ran it."""
+    return {"release": await ctx.step("echo", lambda: ctx.release_id)}
+
+
+@app.play("nap")
+async def nap(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+    """A durable sleep of ``seconds``, then a step."""
+    await ctx.sleep("nap", float(params["seconds"]))
+    return {"release": await ctx.step("after", lambda: ctx.release_id)}
+
+
+@app.play("waiter")
+async def waiter(ctx: TaskContext, params: Any) -> dict[str, Any]:
+    """Wait for event ``go``, then a step."""
+    reply = await ctx.wait_for_event("gate", "go", timeout=600)
+    return {"release": await ctx.step("after", lambda: ctx.release_id), "by": reply.get("by")}
+
+
+@app.play("fail-until")
+async def fail_until(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+    """A step that fails until the file ``params["pass"]`` exists (a flaky upstream)."""
+
+    def attempt() -> str:
+        if not Path(params["pass"]).exists():
+            raise RuntimeError("upstream is down")
+        return ctx.release_id
+
+    return {"release": await ctx.step("try", attempt)}
+
+
+@app.play("gated")
+async def gated(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+    """A step that holds until the file ``params["gate"]`` exists (at most 120 s)."""
+
+    async def held() -> str:
+        await wait_for_gate(Path(params["gate"]), GATE_LIMIT_S)
+        return ctx.release_id
+
+    return {"release": await ctx.step("held", held)}
+
+
+# -- the operator's views --------------------------------------------------------------------
+
+
+def cli_env(database_url: str) -> dict[str, str]:
+    """Return an operator's environment: the database, nothing else."""
+    return {"PATH": os.environ.get("PATH", ""), "WORKFLOW_RUNTIME_POSTGRES": database_url}
+
+
+def lane_worker_argv(*args: str) -> list[str]:
+    """Return the command line of ``lane-worker ARGS``."""
+    return [sys.executable, "-m", "worker", *args]
+
+
+async def lane_worker(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``lane-worker ARGS`` as an operator does; return what it did."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        lane_worker_argv(*args),
+        cwd=REPO,
+        env=cli_env(database_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def lane_worker_json(database_url: str, *args: str) -> Any:
+    """Run ``lane-worker ARGS --json``, which must succeed; return its JSON object."""
+    done = await lane_worker(database_url, *args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    return json.loads(done.stdout)
+
+
+async def http_lanes(daemon: Daemon, *, text: bool = False) -> Any:
+    """Return a daemon's /lanes page: JSON, or with ``text`` the table (`?format=text`)."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    url = f"http://127.0.0.1:{daemon.health_port}/lanes" + ("?format=text" if text else "")
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        assert response.status == 200, await response.text()
+        return await response.text() if text else await response.json()
+
+
+def without_ages(report: Any) -> Any:
+    """Return a report without its ages, which move with the moment it was read."""
+    stripped = copy.deepcopy(report)
+    for lane in stripped.get("lanes", [stripped]):
+        for age in AGES:
+            value = lane["counts"].pop(age)
+            assert value is None or value >= 0, (age, value)
+    return stripped
+
+
+async def report(database_url: str, *daemons: Daemon) -> dict[str, dict[str, Any]]:
+    """Read `lanes --json` and each daemon's /lanes, check that they agree; return by queue."""
+    printed = await lane_worker_json(database_url, "lanes")
+    for daemon in daemons:
+        served = await http_lanes(daemon)
+        assert without_ages(served) == without_ages(printed), f"/lanes of {daemon.name}"
+    return {lane["queue"]: lane for lane in printed["lanes"]}
+
+
+def counts(lane: dict[str, Any]) -> dict[str, int]:
+    """Return a lane's bucket counts and its deferred count."""
+    return {key: lane["counts"][key] for key in (*BUCKETS, "deferred")}
+
+
+def expected(**given: int) -> dict[str, int]:
+    """Return the counts of a lane holding ``given`` (every other bucket 0)."""
+    assert not set(given) - {*BUCKETS, "deferred"}, given
+    return {**dict.fromkeys((*BUCKETS, "deferred"), 0), **given}
+
+
+def blockers(lane: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
+    """Return a lane's blockers as (reason, count, run ids)."""
+    return [(b["reason"], b["count"], b["runIds"]) for b in lane["blockedBy"]]
+
+
+def claiming_blockers(lane: dict[str, Any], runs: list[tuple[str, int, list[str]]]) -> None:
+    """Assert a claiming lane is blocked by `claiming` first.
+
+    What else it lists is not specified for a claiming lane (its own workers run
+    everything on it); if it lists its runs, they must be exactly ``runs``.
+    """
+    found = blockers(lane)
+    assert found[0] == ("claiming", 0, []), found
+    assert found[1:] in ([], runs), found
+
+
+def worker_of(daemon: Daemon) -> dict[str, Any]:
+    """Return a daemon's entry in its lane's `workers`."""
+    return {"workerId": daemon.worker_id, "plays": sorted(app.plays)}
+
+
+async def store_rows(
+    conn: asyncpg.Connection[Any], run_ids: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Return the store rows of ``run_ids`` (status, finished_at), by run id."""
+    rows = await conn.fetch(
+        f"select run_id::text, status, finished_at from {SCHEMA}.runs"
+        " where run_id = any($1::uuid[])",
+        run_ids,
+    )
+    return {row["run_id"]: dict(row) for row in rows}
+
+
+async def open_runs(conn: asyncpg.Connection[Any], run_ids: list[str]) -> int:
+    """Return how many of ``run_ids`` have not finished."""
+    rows = await store_rows(conn, run_ids)
+    return sum(row["finished_at"] is None for row in rows.values())
+
+
+async def report_read_by_new_client(conn: asyncpg.Connection[Any], known_pids: set[int]) -> bool:
+    """Tell whether a client connection opened after ``known_pids`` has read a lanes report.
+
+    The report is one repeatable-read, read-only transaction; a `lanes wait` that has
+    read it at least once has decided on the lane at least once.
+    """
+    rows = await conn.fetch(
+        "select pid, query from pg_stat_activity"
+        " where datname = current_database() and application_name = 'lane-worker-client'"
+    )
+    return any(
+        row["pid"] not in known_pids
+        and (
+            row["query"].startswith("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            or row["query"] == "COMMIT;"
+        )
+        for row in rows
+    )
+
+
+async def stage_a_with_every_kind_of_work(
+    pool: Daemons, database_url: str, tmp_path: Path, *, nap_s: float = NAP_S, **a_env: str
+) -> dict[str, Any]:
+    """Start A (one slot) and B; leave A parked, retrying, in-flight and fresh runs.
+
+    Returns the daemons, the run ids by kind and the files that release the held runs.
+    """
+    passed, gate = tmp_path / "pass", tmp_path / "gate"
+    a = pool.start(
+        A, name="A", app=APP, PYTHONPATH=DAEMON_PYTHONPATH, LANE_WORKER_CONCURRENCY="1", **a_env
+    )
+    await a.ready()  # A's lane registers first: B is the newer release
+    async with open_client(database_url, CLIENT_ENV) as client:
+        waiter_run = await client.submit("waiter")
+        await a.wait_for("run.parked", run_id=waiter_run.run_id)
+        b = pool.start(B, name="B", app=APP, PYTHONPATH=DAEMON_PYTHONPATH)
+        await b.ready()
+
+        lanes_now = await report(database_url, a, b)
+        lane_a, lane_b = lanes_now[QA], lanes_now[QB]
+        assert list(lanes_now) == [QA, QB]
+        assert (lane_a["releaseId"], lane_a["status"]) == (A_ID, "claiming")
+        assert counts(lane_a) == expected(parkedEvent=1)
+        assert lane_a["counts"]["oldestWaitSeconds"] >= 0
+        assert (lane_a["liveWorkers"], lane_a["workers"]) == (1, [worker_of(a)])
+        claiming_blockers(lane_a, [])
+        assert (lane_b["releaseId"], lane_b["status"]) == (B_ID, "claiming")
+        assert counts(lane_b) == expected()
+        assert (lane_b["liveWorkers"], lane_b["workers"]) == (1, [worker_of(b)])
+
+        flaky = await client.submit("fail-until", {"pass": str(passed)})
+        await a.wait_for("run.attempt_failed", run_id=flaky.run_id)
+        nap_run = await client.submit("nap", {"seconds": nap_s})
+        await a.wait_for("run.parked", run_id=nap_run.run_id)
+        held = await client.submit("gated", {"gate": str(gate)})
+        await a.wait_for("run.started", run_id=held.run_id)  # A's only slot is taken now
+
+        async def flaky_retrying() -> bool:
+            return (await client.status(flaky.run_id)).status == "retrying"
+
+        await eventually(flaky_retrying, what="the flaky run waiting for its retry")
+        fresh = [await client.submit("plain", {"n": n}) for n in range(2)]
+    return {
+        "a": a,
+        "b": b,
+        "waiter": waiter_run.run_id,
+        "nap": nap_run.run_id,
+        "flaky": flaky.run_id,
+        "held": held.run_id,
+        "fresh": [run.run_id for run in fresh],
+        "pass": passed,
+        "gate": gate,
+    }
+
+
+# -- the runbook ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+async def test_lanes_wait_exits_when_a_has_finished_its_own_runs_then_b_adopts_the_parked(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Retire A with fresh runs and a retry: A finishes them, `lanes wait A` exits 0 then."""
+    async with Daemons(database_url) as pool:
+        staged = await stage_a_with_every_kind_of_work(pool, database_url, tmp_path)
+        a, b = staged["a"], staged["b"]
+        fresh, flaky, held = staged["fresh"], staged["flaky"], staged["held"]
+        own = [held, flaky, *fresh]  # what only A may run
+
+        lanes_now = await report(database_url, a, b)
+        lane_a = lanes_now[QA]
+        assert lane_a["status"] == "claiming"
+        assert counts(lane_a) == expected(
+            inFlight=1, fresh=2, retrying=1, parkedSleep=1, parkedEvent=1
+        )
+        claiming_blockers(
+            lane_a, [("inFlight", 1, [held]), ("fresh", 2, fresh), ("retrying", 1, [flaky])]
+        )
+        assert counts(lanes_now[QB]) == expected()
+
+        # Nothing would drain a lane that still claims: `lanes wait` says so at once.
+        started = time.monotonic()
+        claiming = await lane_worker(database_url, "lanes", "wait", A, "--timeout", "60")
+        assert claiming.returncode == 1, (claiming.stdout, claiming.stderr)
+        assert "still claims new runs" in claiming.stderr
+        assert f"lane-worker lanes retire {A_ID}" in claiming.stderr
+        assert time.monotonic() - started < 30  # not after its timeout
+
+        retired = await lane_worker_json(database_url, "lanes", "retire", A)
+        assert (retired["queue"], retired["status"], retired["known"]) == (QA, "retired", True)
+        await a.wait_for("lane.draining")
+        await b.wait_for("loop.attached", queue=QA)
+        lane_a = (await report(database_url, a, b))[QA]
+        assert lane_a["status"] == "draining"
+        assert lane_a["safeToStop"] is False
+        assert counts(lane_a) == expected(
+            inFlight=1, fresh=2, retrying=1, parkedSleep=1, parkedEvent=1
+        )
+        assert lane_a["adoptable"] == 2  # B is live and registers both plays
+        assert blockers(lane_a) == [
+            ("inFlight", 1, [held]),
+            ("fresh", 2, fresh),
+            ("retrying", 1, [flaky]),
+        ]
+        for blocker in lane_a["blockedBy"]:
+            assert f"{A_ID}'s 1 live worker(s)" in blocker["remedy"], blocker
+        shown = await lane_worker_json(database_url, "lanes", "show", A)
+        assert without_ages(shown) == without_ages(lane_a)
+
+        # `lanes wait A` is running before A can finish anything.
+        watcher = await connect(database_url)
+        try:
+            known_pids = {
+                row["pid"]
+                for row in await watcher.fetch(
+                    "select pid from pg_stat_activity where datname = current_database()"
+                )
+            }
+            waiting = await asyncio.to_thread(
+                subprocess.Popen,
+                lane_worker_argv("lanes", "wait", A, "--timeout", "60", "--json"),
+                cwd=REPO,
+                env=cli_env(database_url),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+
+                async def wait_has_read_the_report() -> bool:
+                    if waiting.poll() is not None:
+                        out, err = waiting.communicate()
+                        raise AssertionError(
+                            f"`lanes wait` exited {waiting.returncode} while A still held its "
+                            f"own runs: {out} {err}"
+                        )
+                    return await report_read_by_new_client(watcher, known_pids)
+
+                await eventually(
+                    wait_has_read_the_report, what="`lanes wait` to read the report once"
+                )
+                # It has decided on the lane while all of A's own runs were held open.
+                assert waiting.poll() is None
+                assert await open_runs(watcher, own) == len(own)
+                staged["pass"].touch()  # the retry will succeed
+                staged["gate"].touch()  # the in-flight run ends, then A takes the rest
+
+                deadline = time.monotonic() + 60
+                while True:
+                    # In this order: a run still open after wait was seen gone was open
+                    # when it exited.
+                    exited = waiting.poll() is not None
+                    exit_seen_at = time.time()
+                    still_open = await open_runs(watcher, own)
+                    if exited:
+                        assert still_open == 0, f"`lanes wait` exited with {still_open} open"
+                        break
+                    assert time.monotonic() < deadline, "`lanes wait` did not exit in 60 s"
+                    await asyncio.sleep(0.05)
+                rows = await store_rows(watcher, own)
+            finally:
+                if waiting.poll() is None:
+                    waiting.kill()
+                out, err = await asyncio.to_thread(waiting.communicate, timeout=30)
+        finally:
+            await watcher.close()
+        assert waiting.returncode == 0, err
+        assert err == ""
+        said = json.loads(out)
+        assert (said["queue"], said["status"], said["safeToStop"]) == (QA, "drained", True)
+        assert said["blockedBy"] == []
+        assert {row["status"] for row in rows.values()} == {"completed"}
+        last_finished: datetime = max(row["finished_at"] for row in rows.values())
+        assert last_finished.timestamp() <= exit_seen_at
+        # It polls every 0.5 s: "as soon as" with room for a slow machine.
+        assert exit_seen_at - last_finished.timestamp() < 10
+        (nap_parked,) = a.events("run.parked", run_id=staged["nap"])
+        print(
+            f"`lanes wait` exited {exit_seen_at - last_finished.timestamp():.2f} s after A's "
+            f"last run ended, {time.monotonic() - nap_parked['_mono']:.1f} s after the nap "
+            f"parked ({NAP_S:g} s)"
+        )
+
+        async with open_client(database_url, CLIENT_ENV) as client:
+            for run_id in own:
+                status = await client.status(run_id)
+                assert {x.release_id for x in status.attempts} == {A_ID}, run_id
+                assert status.output["release"] == A_ID
+            await a.wait_for("lane.drained")
+            lanes_now = await report(database_url, a, b)
+            lane_a = lanes_now[QA]
+            assert (lane_a["status"], lane_a["safeToStop"], lane_a["blockedBy"]) == (
+                "drained",
+                True,
+                [],
+            )
+            assert counts(lane_a) == expected(parkedSleep=1, parkedEvent=1)  # left to B
+            assert lane_a["adoptable"] == 2
+            assert lane_a["counts"]["oldestWaitSeconds"] > 0
+            assert counts(lanes_now[QB]) == expected()
+
+            # B adopts A's parked runs as they come due: a signal, the end of the nap.
+            assert (await client.signal(staged["waiter"], "go", {"by": "test"})).delivered
+            for run_id, timeout_s in ((staged["waiter"], 20.0), (staged["nap"], NAP_S + 20)):
+                adopted = await b.wait_for("run.adopted", run_id=run_id, timeout_s=timeout_s)
+                assert adopted["queue"] == QA
+                await b.wait_for("run.completed", run_id=run_id)
+                status = await client.status(run_id)
+                assert status.adopted_release_id == B_ID
+                assert status.output["release"] == B_ID
+                assert [(x.release_id, x.disposition, x.outcome) for x in status.attempts] == [
+                    (A_ID, "own", "parked"),
+                    (B_ID, "adopt", "completed"),
+                ]
+        lanes_now = await report(database_url, a, b)
+        assert counts(lanes_now[QA]) == expected()
+        assert lanes_now[QA]["counts"]["adoptedBy"] == {}
+        assert lanes_now[QA]["status"] == "drained"
+        assert counts(lanes_now[QB]) == expected()
+
+        for daemon in (a, b):
+            daemon.terminate()
+        for daemon in (a, b):
+            assert await daemon.wait_exit(timeout_s=30) == 0
+            assert daemon.malformed_lines() == []
+
+
+@pytest.mark.timeout(120)
+async def test_a_machine_killed_before_its_lane_drained_leaves_named_stranded_runs(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL A while draining: `lanes show A` names each stranded run; `lanes wait` exits 1."""
+    async with Daemons(database_url) as pool:
+        # A long lease: the killed machine's in-flight run stays in flight for this test;
+        # a long nap: B adopts nothing while the test reads the report.
+        staged = await stage_a_with_every_kind_of_work(
+            pool, database_url, tmp_path, nap_s=600, LANE_WORKER_CLAIM_TIMEOUT="600"
+        )
+        a, b = staged["a"], staged["b"]
+        fresh, flaky, held = staged["fresh"], staged["flaky"], staged["held"]
+        stranded = [
+            ("inFlight", 1, [held]),
+            ("fresh", 2, fresh),
+            ("retrying", 1, [flaky]),
+        ]
+        retired = await lane_worker(database_url, "lanes", "retire", A)
+        assert retired.returncode == 0, retired.stderr
+        await a.wait_for("lane.draining")
+        a.kill()  # stopped before drained: the runbook's mistake
+        assert await a.wait_exit(timeout_s=15) == -9
+
+        # Its last heartbeat is seconds old: for up to a minute the report still
+        # counts the dead machine as live, and says its worker will run them.
+        shown = await lane_worker_json(database_url, "lanes", "show", A)
+        assert (shown["status"], shown["safeToStop"], shown["liveWorkers"]) == (
+            "draining",
+            False,
+            1,
+        )
+        assert blockers(shown) == stranded
+        assert counts(shown) == expected(
+            inFlight=1, fresh=2, retrying=1, parkedSleep=1, parkedEvent=1
+        )
+
+        # A minute later (aged in the store instead of waited for) no worker of A is live.
+        conn = await connect(database_url)
+        try:
+            aged = await conn.execute(
+                f"update {SCHEMA}.workers"
+                " set heartbeat_at = now() - make_interval(secs => $2) where queue = $1",
+                QA,
+                LIVENESS_S + 1,
+            )
+        finally:
+            await conn.close()
+        assert aged == "UPDATE 1"
+        shown = await lane_worker_json(database_url, "lanes", "show", A)
+        assert (shown["status"], shown["liveWorkers"], shown["workers"]) == ("draining", 0, [])
+        assert blockers(shown) == stranded
+        for blocker in shown["blockedBy"]:
+            assert blocker["remedy"].startswith(f"no live worker of {A_ID}: start one"), blocker
+        remedy = {b["reason"]: b["remedy"] for b in shown["blockedBy"]}
+        assert "lease expires" in remedy["inFlight"]
+        # README: runs that never started can move to B; started ones are failed and retried.
+        assert f"lane-worker lanes move {A_ID} --to" in remedy["fresh"]
+        for reason in ("inFlight", "retrying"):
+            assert "lane-worker runs fail RUN_ID" in remedy[reason], remedy[reason]
+            assert "lane-worker runs retry RUN_ID" in remedy[reason], remedy[reason]
+        served = {lane["queue"]: lane for lane in (await http_lanes(b))["lanes"]}
+        assert without_ages(served[QA]) == without_ages(shown)
+        # The table: one row per lane, then what blocks each lane that is not claiming.
+        table = await lane_worker(database_url, "lanes")
+        assert table.returncode == 0, table.stderr
+        rows = [line.split() for line in table.stdout.splitlines()]
+        assert rows[0] == [
+            "RELEASE", "QUEUE", "STATUS", "LIVE", "IN-FLIGHT", "FRESH", "RETRYING",
+            "HANDED-BACK", "PARKED", "DEFERRED", "SAFE-TO-STOP",
+        ]  # fmt: skip
+        assert rows[1] == [A_ID, QA, "draining", "0", "1", "2", "1", "0", "2", "0", "no"]
+        assert rows[2] == [B_ID, QB, "claiming", "1", "0", "0", "0", "0", "0", "0", "no"]
+        assert f"{A_ID}: blocked by inFlight (1): no live worker of {A_ID}" in table.stdout
+        assert f"{A_ID}: blocked by retrying (1): no live worker of {A_ID}" in table.stdout
+        served_text = await http_lanes(b, text=True)
+        assert served_text == table.stdout
+        text = await lane_worker(database_url, "lanes", "show", A)
+        assert text.returncode == 0, text.stderr
+        assert "blocked by fresh (2): no live worker of" in text.stdout
+        for run_id in (held, flaky, *fresh):
+            assert run_id in text.stdout
+
+        waited = await lane_worker(database_url, "lanes", "wait", A, "--timeout", "2")
+        assert waited.returncode == 1, (waited.stdout, waited.stderr)
+        (line,) = waited.stderr.splitlines()
+        assert line.startswith(f"lane-worker: lane {QA} (release {A_ID}) is still draining")
+        assert "(inFlight 1; fresh 2; retrying 1)" in line
+        waited = await lane_worker(database_url, "lanes", "wait", A, "--timeout", "1", "--json")
+        assert waited.returncode == 1, (waited.stdout, waited.stderr)
+        assert blockers(json.loads(waited.stdout)) == stranded
+
+        unknown = await lane_worker(database_url, "lanes", "wait", "lw-typo", "--timeout", "1")
+        assert unknown.returncode == 1, (unknown.stdout, unknown.stderr)
+        assert "no lane has release 'lw-typo'" in unknown.stderr
+
+        # B never ran any of them: they are A's.
+        async with open_client(database_url, CLIENT_ENV) as client:
+            for run_id in (held, flaky, *fresh):
+                assert not b.events(run_id=run_id, event="run.started")
+                status = await client.status(run_id)
+                assert status.status != "completed"
+                assert {x.release_id for x in status.attempts} <= {A_ID}
+        b.terminate()
+        assert await b.wait_exit(timeout_s=30) == 0
+        assert b.malformed_lines() == []
