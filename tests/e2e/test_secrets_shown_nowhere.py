@@ -94,7 +94,6 @@ class Secret:
         return f"{self.form}-{'enc' if self.encoded else 'raw'}-{self.password}"
 
 
-
 REFUSED = [
     Secret("S3cret/Pw", encoded=False, form="userinfo"),
     Secret("kX9#p/Q?z@Lm:4%w", encoded=False, form="userinfo"),

@@ -116,7 +116,6 @@ CASES = tuple(
 )
 
 
-
 def _no_marks(case: Case) -> list[pytest.MarkDecorator]:
     return []
 
