@@ -778,10 +778,19 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
 
 @runs_group.command("retry")
 @click.argument("run_id")
+@click.option("--to", "to_release", type=RELEASE_ID, metavar="RELEASE",
+              help="Retry on this claiming release (default: the newest claiming release "
+                   "with a live worker that registers the play).")  # fmt: skip
 @json_option
-def retry_run(run_id: str, as_json: bool) -> None:
-    """Submit a new run with an ended run's play and input, on the newest claiming release."""
-    new_id, release_id, queue = _with_client(lambda client: client.retry_run(run_id))
+def retry_run(run_id: str, to_release: str | None, as_json: bool) -> None:
+    """Submit a new run with an ended run's play and input, on a release that can run it.
+
+    Refused while the run is open or an attempt of it may still execute a step.
+    The new run's retryOf names the old one.
+    """
+    new_id, release_id, queue = _with_client(
+        lambda client: client.retry_run(run_id, to_release=to_release)
+    )
     report = {"runId": new_id, "releaseId": release_id, "queue": queue, "retryOf": run_id}
     _emit(as_json, report, new_id)
 

@@ -37,8 +37,8 @@ from worker.remedies import RunRemedies, parse_run_id, spawn_run_task
 from worker.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.report import lanes_table as lanes_table
 from worker.report import read_report
-from worker.runtime import notify
 from worker.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
+from worker.tasks import notify
 
 
 @dataclass(frozen=True)
@@ -358,7 +358,14 @@ class LaneClient(RunRemedies):
             await spawn_run_task(conn, self.store, queue, run_id, self._max_attempts)
             return SubmittedRun(str(run_id), release_id, queue)
 
-        return await self.db.transaction(submit)
+        try:
+            return await self.db.transaction(submit)
+        except asyncpg.UndefinedTableError:
+            # `lanes prune` dropped the queue since this process made it ready:
+            # make it again (a pruned lane that gets work is a lane again), once.
+            self._ready.pop(queue, None)
+            await self.ensure_queue(queue)
+            return await self.db.transaction(submit)
 
     async def _run_row(self, conn: Connection, run_id: str) -> Any:
         row = await self.store.fetchrow(conn, "get_run", parse_run_id(run_id))

@@ -42,6 +42,8 @@ WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
 _PG_IDENTIFIER_MAX_BYTES = 63
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The engine's schemas and Postgres's own: store tables there would mix with theirs.
+_RESERVED_SCHEMAS = frozenset({"absurd", "lane_worker", "public", "information_schema"})
 
 LogFormat = Literal["json", "console", "auto"]
 SuffixSource = Literal["DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_DEPLOY_VERSION", "default"]
@@ -373,8 +375,15 @@ def database_url_refusal(problem: str) -> str:
 
 def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
     schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
+    if schema.lower() in _RESERVED_SCHEMAS or schema.lower().startswith("pg_"):
+        problems.refuse(
+            lanes.SCHEDULER_SCHEMA_ENV,
+            f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is a schema the engine or Postgres "
+            "owns: choose a schema of the run-state store's own, or unset it for the "
+            f"production default {lanes.PROD_DEFAULT_SCHEMA}.",
+        )
     # The pattern is ASCII, so a name it matches has as many bytes as characters.
-    if not _SCHEMA_NAME.fullmatch(schema) or len(schema) > _PG_IDENTIFIER_MAX_BYTES:
+    elif not _SCHEMA_NAME.fullmatch(schema) or len(schema) > _PG_IDENTIFIER_MAX_BYTES:
         problems.refuse(
             lanes.SCHEDULER_SCHEMA_ENV,
             f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is not a usable schema name: set it to "

@@ -67,9 +67,18 @@ def connect_refusal(exc: BaseException, url: str) -> LaneConfigError | None:
             "(sslmode=require or verify-*): enable TLS on the server, or set sslmode=prefer "
             "or disable in the URL."
         )
-    elif isinstance(exc, asyncpg.ClientConfigurationError):
+    elif isinstance(exc, asyncpg.ClientConfigurationError | FileNotFoundError | PermissionError):
+        # Also a certificate or key file (sslrootcert, sslcert) the URL names but that is
+        # missing or unreadable: no retry brings it.
         detail = mask_secrets(str(exc), url_secrets(url))
         said = f"{DATABASE_URL_ENV} cannot be used as written ({detail}): fix the URL's parameters."
+    elif isinstance(exc, asyncpg.UndefinedObjectError | asyncpg.InvalidParameterValueError):
+        # A query parameter the server takes as a setting it does not know (a typo:
+        # sslmod=require), or a value it refuses.
+        detail = mask_secrets(str(exc), url_secrets(url))
+        said = (
+            f"{DATABASE_URL_ENV} has a parameter the server refuses ({detail}): fix or remove it."
+        )
     else:
         return None
     return LaneConfigError(said, variable=DATABASE_URL_ENV)
@@ -77,7 +86,7 @@ def connect_refusal(exc: BaseException, url: str) -> LaneConfigError | None:
 
 def is_transient(exc: BaseException) -> bool:
     """Tell whether retrying the same unit of work on a fresh connection can succeed."""
-    if _rejects_tls(exc):
+    if _rejects_tls(exc) or isinstance(exc, FileNotFoundError | PermissionError):
         return False
     if isinstance(exc, _TRANSIENT_POSTGRES):
         return True

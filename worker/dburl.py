@@ -9,6 +9,7 @@ when the two could disagree; only a URL that passes is ever handed to asyncpg.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -85,8 +86,15 @@ def url_problem(url: str) -> str | None:
     problem = _query_problem(query)
     if problem is not None:
         return f"has {problem}: fix it, or {_ENCODE_HINT}"
+    if _key_after_password(query):
+        return (
+            "has a parameter after password= that is not a connection setting: "
+            "percent-encode any '&' in the password as %26"
+        )
     try:  # what redact_url and url_secrets will split it with must agree it is a URL
-        urlsplit(url).port  # noqa: B018 (the property validates)
+        parts = urlsplit(url)
+        if "," not in hostspec:  # a host list has one port each, checked above
+            parts.port  # noqa: B018 (the property validates)
     except ValueError:
         return "has a host that is not host:port or [ipv6]:port"
     return None
@@ -103,6 +111,28 @@ def _encodable(text: str) -> bool:
 # Query keys whose values may hold an '@' (a user name like user@tenant). In any
 # other key's value an '@' is a password's '?' that moved the query's start.
 _AT_KEYS = ("user", "password", "dbname", "database")
+
+
+# What may follow a password= parameter. Any other key there is most likely the
+# rest of a password holding an unencoded '&' (and would be sent as a setting).
+_CONNECTION_KEYS = frozenset({
+    "host", "hostaddr", "port", "dbname", "database", "user", "password", "passfile",
+    "options", "application_name", "fallback_application_name", "connect_timeout",
+    "client_encoding", "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
+    "ssl_min_protocol_version", "ssl_max_protocol_version", "target_session_attrs",
+    "krbsrvname", "gssencmode", "service", "keepalives", "keepalives_idle",
+    "keepalives_interval", "keepalives_count", "tcp_user_timeout", "server_settings",
+})  # fmt: skip
+
+
+def _key_after_password(query: str) -> bool:
+    seen = False
+    for part in query.split("&"):
+        key = part.partition("=")[0]
+        if seen and key not in _CONNECTION_KEYS:
+            return True
+        seen = seen or key == "password"
+    return False
 
 
 def _misplaced_at(query: str) -> bool:
@@ -161,6 +191,8 @@ def url_secrets(url: str) -> tuple[str, ...]:
     found += [
         v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password"
     ]
+    # And as an error message may quote them: inside repr() or JSON (escaped).
+    found += [repr(s)[1:-1] for s in found] + [json.dumps(s)[1:-1] for s in found]
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted({s for s in found if s}, key=len, reverse=True))
 

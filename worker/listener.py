@@ -16,7 +16,7 @@ import structlog
 
 from worker.client import LANES_CHANNEL
 from worker.db import is_transient
-from worker.runtime import notify_channel
+from worker.tasks import notify_channel
 
 log = structlog.get_logger("lane_worker.listener")
 

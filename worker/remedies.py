@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
+
 from worker import checkpoint, engine, lanes
-from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError
-from worker.runtime import PLAY_RUN_TASK, RETRY_STRATEGY, notify
-from worker.store import TERMINAL_STATUSES, Store
+from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
+from worker.store import TERMINAL_STATUSES, Store, quote_ident
+from worker.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 
 if TYPE_CHECKING:
     from worker.db import Connection, Database
@@ -86,6 +88,12 @@ async def spawn_run_task(
     await store.execute(conn, "set_run_task", run_id, spawned.task_id)
     await notify(conn, queue, run_id)
     return spawned.task_id
+
+
+def _is_dev(release_id: str) -> bool:
+    """Tell whether a release id names a dev lane (``dev`` or ``dev-<suffix>``)."""
+    trimmed = (release_id or "").strip()
+    return trimmed == lanes.DEV_RELEASE_ID or trimmed.startswith(lanes.DEV_RELEASE_PREFIX)
 
 
 def parse_run_id(run_id: str) -> uuid.UUID:
@@ -175,12 +183,16 @@ class RunRemedies:
         await self.check_schemas()
         return await self.db.transaction(fail)
 
-    async def retry_run(self, run_id: str) -> tuple[str, str, str]:
-        """Submit a new run with the ended run's play and input on the newest claiming lane.
+    async def retry_run(
+        self, run_id: str, *, to_release: str | None = None
+    ) -> tuple[str, str, str]:
+        """Submit a new run with the ended run's play and input, on a lane that can run it.
 
-        Returns (new run id, its release id, its queue); the new run's ``retryOf``
-        names the old one. A run that has not ended is refused (``RunStillOpenError``):
-        fail or cancel it first, so the work never runs twice.
+        The target is ``to_release``'s lane, or else the newest claiming lane with a
+        live worker that registers the play (a dev lane only for a run of a dev
+        lane). Returns (new run id, its release id, its queue); the new run's
+        ``retryOf`` names the old one. Refused (``RunStillOpenError``) while the
+        run has not ended, or while an attempt of it may still be executing.
         """
         await self.check_schemas()
         new_id = uuid.uuid4()
@@ -192,13 +204,13 @@ class RunRemedies:
                     f"run {old['run_id']} is {old['status']}: fail it (lane-worker runs fail "
                     f"{old['run_id']} --reason ...) or cancel it first, so it never runs twice."
                 )
-            lane = await self.store.fetchrow(conn, "newest_claiming_lane")
-            if lane is None:
-                raise NoClaimingLaneError(
-                    "no release lane claims new runs, so nothing would run the retry; start a "
-                    "release (its workers register its lane) or run `lane-worker lanes activate`."
+            if await self._attempt_in_flight(conn, old):
+                raise RunStillOpenError(
+                    f"run {old['run_id']} ended, but an attempt of it may still be executing a "
+                    "step (it stops at its next step boundary, or when its lease expires); "
+                    "retry once `lane-worker status` shows no attempt in progress."
                 )
-            release_id, queue = lane["release_id"] or lane["queue"], lane["queue"]
+            release_id, queue = await self._retry_target(conn, old, to_release)
             launch = {**(old["launch"] or {}), "absurdReleaseId": release_id,
                       "runId": str(new_id), "retryOf": str(old["run_id"])}  # fmt: skip
             await self.store.fetchval(
@@ -209,6 +221,58 @@ class RunRemedies:
             return str(new_id), release_id, queue
 
         return await self.db.transaction(retry)
+
+    async def _attempt_in_flight(self, conn: Connection, run: Any) -> bool:
+        """Tell whether an attempt of ``run`` may still be executing: its engine claim holds."""
+        engine_runs = [
+            r["engine_run_id"] for r in await self.store.fetch(conn, "open_attempts", run["run_id"])
+        ]
+        if not engine_runs:
+            return False
+        table = quote_ident(f"r_{run['queue']}")
+        try:
+            held: bool = await conn.fetchval(
+                f"select exists (select 1 from absurd.{table} where run_id = any($1::uuid[])"
+                " and claim_expires_at > absurd.current_time())",
+                engine_runs,
+            )
+        except asyncpg.UndefinedTableError:  # the lane was pruned: nothing runs there
+            return False
+        return held
+
+    async def _retry_target(
+        self, conn: Connection, old: Any, to_release: str | None
+    ) -> tuple[str, str]:
+        play = old["play"]
+        if to_release is not None:
+            queue = lanes.queue_name_for_release(to_release)
+            lane = await self.store.fetchrow(conn, "lane_row", queue)
+            why = await self._cannot_run(conn, lane, queue, play)
+            if why:
+                raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
+            assert lane is not None
+            return lane["release_ids"][0] if lane["release_ids"] else to_release.strip(), queue
+        dev_run = _is_dev(old["release_id"])
+        for lane in await self.store.fetch(conn, "claiming_lanes_for_play", play):
+            if dev_run or not _is_dev(lane["release_id"]):
+                return lane["release_id"], lane["queue"]
+        raise NoClaimingLaneError(
+            f"no claiming release has a live worker that registers play {play!r}, so nothing "
+            "would run the retry; start one, or name a release with --to."
+        )
+
+    async def _cannot_run(self, conn: Connection, lane: Any, queue: str, play: str) -> str:
+        """Say why runs of ``play`` put on lane ``queue`` would not run there, or ''."""
+        if lane is None or lane["status"] != "claiming":
+            state = "not a registered lane" if lane is None else "retired"
+            return f"lane {queue} is {state}; runs go only to a lane that claims new runs"
+        plays = await self.store.fetchval(conn, "live_plays", queue)
+        if play not in plays:
+            return (
+                f"no live worker of lane {queue} registers play {play!r} (its live workers "
+                f"register: {', '.join(sorted(plays)) or 'none'})"
+            )
+        return ""
 
     async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
         """Move the runs of ``from_release``'s lane that never started to ``to_release``'s.
@@ -223,6 +287,12 @@ class RunRemedies:
         if from_queue == to_queue:
             raise InvalidRequestError(f"{from_release!r} and {to_release!r} name one lane.")
         await self.check_schemas()
+        if not await self.db.run(lambda c: self.store.fetchval(c, "lane_known", from_queue)):
+            raise UnknownLaneError(
+                f"no lane has ever had release {from_release.strip()!r} (queue {from_queue}); "
+                "check the id against `lane-worker lanes`.",
+                known=(),
+            )
         target = await self.db.run(lambda c: self.store.fetchrow(c, "lane_row", to_queue))
         if target is None or target["status"] != "claiming":
             state = "not a registered lane" if target is None else "retired"
@@ -251,8 +321,13 @@ class RunRemedies:
     ) -> str | None:
         """Move one run; return None when moved, '' when it ended meanwhile, else why not."""
         run = await self._locked_run(conn, str(run_id))
-        if run["status"] in TERMINAL_STATUSES or run["queue"] != from_queue:
+        if run["status"] in TERMINAL_STATUSES:
             return ""
+        if run["queue"] != from_queue:
+            return (
+                f"{from_queue}'s release adopted it from {run['queue']}: its steps ran on "
+                "that release's code; fail it and retry it (lane-worker runs fail / runs retry)"
+            )
         if (
             run["status"] != "queued"
             or run["current_attempt_id"] is not None
@@ -265,6 +340,10 @@ class RunRemedies:
                 "attempt(s)): its steps ran on that release's code; fail it and retry it "
                 "(lane-worker runs fail / runs retry)"
             )
+        lane = await self.store.fetchrow(conn, "lane_row", to_queue)
+        why = await self._cannot_run(conn, lane, to_queue, run["play"])
+        if why:
+            return why
         if run["task_id"] is not None:
             # A worker that claimed the old task finds the run moved and stops.
             await engine.cancel(conn, from_queue, run["task_id"])

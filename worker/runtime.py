@@ -1,10 +1,12 @@
-"""Executing claimed runs: plays, lane dispositions, completion, failure, reconciliation.
+"""Executing claimed runs: lane dispositions, attempts, plays, put-backs.
 
 ``Runtime.handle`` takes one claimed engine run from start to its next durable
 point: decide the lane disposition, record the attempt, then execute the play
 (own / adopt) or put the run back without spending an attempt (defer /
 refuse). Every engine transition commits in one transaction with the store
-writes that go with it, fenced by the attempt row.
+writes that go with it, fenced by the attempt row. How an attempt ends lives
+in ``worker/settle.py``, how a claim is given back in ``worker/handback.py``;
+both are mixed into ``Runtime``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from worker.app import App
 from worker.config import Tuning
 from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
 from worker.db import Connection, Database, is_transient
-from worker.dburl import mask_secrets, url_secrets
+from worker.dburl import url_secrets
 from worker.deferral import Streak, count_deferral
 from worker.errors import (
     FatalRunError,
@@ -36,70 +38,18 @@ from worker.errors import (
     UnknownBoundaryError,
     UnknownPlayError,
 )
+from worker.handback import Claim, HandBack, really_cancelled
 from worker.jsonvalue import require_json
 from worker.metrics import Metrics
-from worker.reconcile import cancelled_fact, reconcile_queue
-from worker.store import Store, quote_ident
+from worker.reconcile import reconcile_queue
+from worker.settle import Settlement, error_reason
+from worker.store import TERMINAL_STATUSES, Store
+from worker.tasks import PLAY_RUN_TASK as PLAY_RUN_TASK  # re-exported, as before
+from worker.tasks import notify
 
 log = structlog.get_logger("lane_worker.runtime")
 
-PLAY_RUN_TASK = "play-run"
-# Always a delay > 0, so every retry is a `sleeping` run that passes the
-# continuation fence (and is deferred there, never adopted).
-HAND_BACK_TIMEOUT_S = 10.0
-RETRY_STRATEGY: dict[str, Any] = {
-    "kind": "exponential",
-    "base_seconds": 1,
-    "factor": 2,
-    "max_seconds": 300,
-}
 T = TypeVar("T")
-
-
-def notify_channel(queue: str) -> str:
-    """Return the NOTIFY channel a queue's workers listen on."""
-    return f"lane_worker_{queue}"
-
-
-async def notify(conn: Connection, queue: str, run_id: uuid.UUID | str) -> None:
-    """Wake the workers of ``queue`` (delivered when the transaction commits)."""
-    await conn.execute("select pg_notify($1, $2)", notify_channel(queue), str(run_id))
-
-
-# A stored error message is for people; a multi-megabyte one only bloats rows.
-MAX_ERROR_MESSAGE_CHARS = 8000
-
-
-def _reason(exc: BaseException) -> dict[str, Any]:
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not stop the failure being recorded
-        message = f"<{type(exc).__name__} whose message could not be read>"
-    # jsonb refuses NUL characters, and UTF-8 lone surrogates (a file name decoded
-    # with surrogateescape, say): escape both, so the failure can be stored.
-    message = message.replace("\x00", "\\u0000")[:MAX_ERROR_MESSAGE_CHARS]
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return {"name": type(exc).__name__, "message": message}
-
-
-def _really_cancelled() -> bool:
-    """Tell whether this task is being cancelled (a drain), not handed a stray CancelledError."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-# A claim given back after an unexpected error waits this long before it is due
-# again: an error that repeats must not become a busy loop of claims.
-ERROR_HAND_BACK_DELAY_S = 10.0
-
-
-@dataclass
-class _Claim:
-    """What is known so far of one claim being handled; decides its give-back."""
-
-    run_id: uuid.UUID | None = None
-    attempt_id: int | None = None
-    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,7 +61,6 @@ class _Begun:
     current_wait: dict[str, Any] | None
     step_keys: int | None
     clock: DbClock
-    moved: bool = False  # `lanes move` gave the run another engine task: this claim is stale
 
 
 @dataclass(frozen=True)
@@ -122,7 +71,7 @@ class Handled:
     outcome: str
 
 
-class Runtime:
+class Runtime(HandBack, Settlement):
     """Executes claimed runs for one worker of one release."""
 
     def __init__(
@@ -222,7 +171,7 @@ class Runtime:
         ``on_refuse`` runs as soon as a refusal is decided, before the run is
         handed back, so the loop stops before it could claim the run again.
         """
-        claim = _Claim()
+        claim = Claim()
         try:
             handled = await self._handle(claimed, claim, on_refuse)
         except BaseException as exc:
@@ -232,13 +181,30 @@ class Runtime:
         return handled
 
     async def _handle(
-        self, claimed: engine.ClaimedRun, claim: _Claim, on_refuse: Callable[[], None] | None
+        self, claimed: engine.ClaimedRun, claim: Claim, on_refuse: Callable[[], None] | None
     ) -> Handled:
         row = await self.db.run(lambda c: self.store.fetchrow(c, "lane_state", claimed.task_id))
         bound = log.bind(
             queue=claimed.queue, release_id=self.release_id, task_id=str(claimed.task_id)
         )
         if row is None:
+            moved = await self._moved_to(claimed)
+            if moved is not None:
+                # `lanes move` gave the run a new task on another lane and cancelled
+                # this one after it was claimed: record the claim (the task fence
+                # takes nothing over), end it as a lost lease, run nothing.
+                moved_run, to_queue = moved
+                claim.run_id = moved_run
+                attempt_id = (await self._begin(claimed, claim, moved_run, "own")).attempt_id
+                reason = {"reason": f"moved to {to_queue}"}
+                await self.db.run(
+                    lambda c: self.store.execute(
+                        c, "finish_attempt", attempt_id, "lease_lost", reason
+                    )
+                )
+                claim.ended = True
+                bound.bind(run_id=str(moved_run)).info("run.moved_away", to_queue=to_queue)
+                return Handled("own", "lease_lost")
             # An engine task without a launch row cannot be executed by anyone.
             await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
             claim.ended = True
@@ -336,22 +302,53 @@ class Runtime:
             clock=begun.clock,
             step_keys=begun.step_keys,
         )
-        if begun.moved:
-            # Moved to another lane between the claim and the fence move: the old
-            # engine task is cancelled and the run is the other lane's now.
-            bound.info("run.moved_away")
-            await self._finish(handle, "lease_lost", {"reason": "moved to another lane"})
-            outcome = "lease_lost"
-        elif begun.checkpoint is None:
-            # Cancelled between the claim and the fence move: nothing left to run.
-            outcome = await self._observe_cancel(handle, bound)
+        if begun.checkpoint is None:
+            # Not taken over: settled, or moved to another lane, between the claim
+            # and the fence move (possibly while this statement waited on the row).
+            outcome = await self._not_taken(handle, claimed, bound)
         else:
             outcome = await self._execute(handle, claimed, row, begun, bound)
         claim.ended = True
         return Handled(disposition.kind, outcome)
 
+    async def _moved_to(self, claimed: engine.ClaimedRun) -> tuple[uuid.UUID, str] | None:
+        """Return the run and the queue a claimed task's run was moved to, or None."""
+        params = claimed.params if isinstance(claimed.params, dict) else {}
+        try:
+            run_id = uuid.UUID(str(params.get("runId")))
+        except ValueError:
+            return None
+        row = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", run_id))
+        if row is None or row["task_id"] == claimed.task_id:
+            return None
+        return run_id, str(row["queue"])
+
+    async def _not_taken(
+        self, h: RunHandle, claimed: engine.ClaimedRun, bound: structlog.typing.FilteringBoundLogger
+    ) -> str:
+        """End an attempt whose begin did not take the run over, as its row now reads.
+
+        Read afresh: ``begin_attempt``'s own snapshot predates the lock it waited for.
+        Nothing is settled here: whoever ended or moved the run wrote its state.
+        """
+        row = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", h.run_id))
+        if row is not None and row["task_id"] != claimed.task_id:
+            bound.info("run.moved_away", to_queue=row["queue"])
+            await self._finish(h, "lease_lost", {"reason": f"moved to {row['queue']}"})
+            return "lease_lost"
+        if row is None or row["status"] in TERMINAL_STATUSES:
+            status = row["status"] if row is not None else "gone"
+            bound.info("run.ended_elsewhere", status=status)
+            outcome = "cancelled" if status == "cancelled" else "lease_lost"
+            await self._finish(h, outcome, {"reason": f"the run is {status}"})
+            return outcome
+        # Open and still this task's: nothing took it, so give the claim back.
+        await self._finish(h, "handed_back", {"reason": "not taken over"})
+        await self.give_back(claimed, None)
+        return "handed_back"
+
     async def _begin(
-        self, claimed: engine.ClaimedRun, claim: _Claim, run_id: uuid.UUID, kind: str
+        self, claimed: engine.ClaimedRun, claim: Claim, run_id: uuid.UUID, kind: str
     ) -> _Begun:
         """Record the claim; for own/adopt also move the fence and return the envelope."""
 
@@ -385,13 +382,12 @@ class Runtime:
             current_wait=row["current_wait"],
             step_keys=row["step_keys"],
             clock=DbClock(row["db_now_ms"], sent_s),
-            moved=row["moved"],
         )
 
     async def _put_back(
         self,
         claimed: engine.ClaimedRun,
-        claim: _Claim,
+        claim: Claim,
         kind: str,
         outcome: str,
         *,
@@ -450,105 +446,6 @@ class Runtime:
         if streak.failed is not None:
             bound.error("run.failed_for_good", error=streak.failed)
 
-    async def give_back(
-        self, claimed: engine.ClaimedRun, attempt_id: int | None, *, delay_s: float = 0.0
-    ) -> bool:
-        """Give an unfinished claim back, due in ``delay_s``: no attempt spent; say if it was.
-
-        Fenced by the claim's attempt row: when the attempt already ended (the
-        run parked, completed, failed or was put back, and the caller did not
-        hear of it), nothing changes. A claim with no attempt row yet (it ended
-        before recording one) is given back by its engine lease alone.
-        """
-        worker_id = self.worker_id_for(claimed.queue)
-
-        async def give(conn: Connection) -> bool:
-            # The engine row first: the same lock order as every other final write.
-            held = await engine.lock_if_held(conn, claimed.queue, claimed.run_id, worker_id)
-            closed = await self.store.fetch(
-                conn, "hand_back_claim", claimed.task_id, claimed.run_id, worker_id,
-                "handed_back" if held else "lease_lost",
-            )  # fmt: skip
-            if attempt_id is not None and attempt_id not in {r["attempt_id"] for r in closed}:
-                return False
-            if held:
-                await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)
-                if delay_s <= 0:
-                    await notify(conn, claimed.queue, claimed.task_id)
-            return held
-
-        given: bool = await self.db.transaction(give)
-        return given
-
-    async def give_back_leftovers(self, queues: list[str]) -> int:
-        """Give back every engine run this worker still holds on ``queues``; return how many.
-
-        Called once claiming and handling have stopped: a claim that committed
-        while its loop was being cancelled never reached a handler, and would
-        otherwise wait for its lease to expire (spending an attempt).
-        """
-        given = 0
-        for queue in queues:
-            worker_id = self.worker_id_for(queue)
-            rows = await self.db.fetch(
-                f"select run_id, task_id, attempt from absurd.{quote_ident('r_' + queue)}"
-                " where state = 'running' and claimed_by = $1",
-                worker_id,
-            )
-            for row in rows:
-                claimed = engine.ClaimedRun(
-                    queue=queue,
-                    run_id=row["run_id"],
-                    task_id=row["task_id"],
-                    attempt=row["attempt"],
-                    task_name=PLAY_RUN_TASK,
-                    params=None,
-                    max_attempts=None,
-                    wake_event=None,
-                    event_payload=None,
-                )
-                if await self.give_back(claimed, None):
-                    given += 1
-                    log.warning(
-                        "run.handed_back",
-                        queue=queue,
-                        release_id=self.release_id,
-                        task_id=str(row["task_id"]),
-                        worker_id=worker_id,
-                        attempt=row["attempt"],
-                        cause="left over at shutdown",
-                    )
-        return given
-
-    async def _give_back_after(
-        self, claimed: engine.ClaimedRun, claim: _Claim, exc: BaseException
-    ) -> None:
-        """Give the claim back after ``exc`` cut its handling short (shielded, bounded)."""
-        bound = log.bind(
-            queue=claimed.queue,
-            release_id=self.release_id,
-            task_id=str(claimed.task_id),
-            run_id=str(claim.run_id) if claim.run_id else None,
-            worker_id=self.worker_id_for(claimed.queue),
-        )
-        cancelled = isinstance(exc, anyio.get_cancelled_exc_class()) and _really_cancelled()
-        delay_s = 0.0 if cancelled else ERROR_HAND_BACK_DELAY_S
-        with anyio.move_on_after(HAND_BACK_TIMEOUT_S, shield=True) as scope:
-            try:
-                given = await self.give_back(claimed, claim.attempt_id, delay_s=delay_s)
-            except Exception as failure:
-                bound.warning("run.hand_back_failed", error=repr(failure), lease_s=self.lease_s)
-                return
-        if scope.cancelled_caught:  # the database is away: the lease expiry takes over
-            bound.warning("run.hand_back_timed_out", lease_s=self.lease_s)
-        elif given:
-            bound.info(
-                "run.handed_back",
-                attempt=claimed.attempt,
-                cause=type(exc).__name__,
-                due_in_s=delay_s,
-            )
-
     async def _execute(
         self,
         h: RunHandle,
@@ -597,11 +494,11 @@ class Runtime:
             if group.subgroup(Suspended) is not None:
                 bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
                 return "parked"
-            if _really_cancelled():
+            if really_cancelled():
                 raise  # shutdown: `handle` gives the run back
             return await self._fail_attempt(h, claimed.max_attempts, group, bound)
         except anyio.get_cancelled_exc_class() as exc:
-            if _really_cancelled():
+            if really_cancelled():
                 raise  # shutdown: `handle` gives the run back
             # The play raised CancelledError itself (it awaited a task it cancelled).
             return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
@@ -609,7 +506,7 @@ class Runtime:
             return await self._observe_cancel(h, bound)
         except LeaseLostError as exc:
             bound.warning("run.lease_lost", detail=str(exc))
-            await self._finish(h, "lease_lost", _reason(exc))
+            await self._finish(h, "lease_lost", error_reason(exc))
             return "lease_lost"
         except (FatalRunError, UnknownBoundaryError) as exc:
             return await self._fail_for_good(h, exc, bound)
@@ -663,131 +560,3 @@ class Runtime:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
-
-    async def _finish(self, h: RunHandle, outcome: str, error: Any) -> None:
-        await self.db.run(
-            lambda c: self.store.execute(c, "finish_attempt", h.attempt_id, outcome, error)
-        )
-
-    async def _complete(self, h: RunHandle, output: Any) -> None:
-        fact = checkpoint.terminal_ledger_event(
-            {"status": "completed", "runId": str(h.run_id), "output": output, "error": None}
-        )
-        assert fact is not None
-
-        async def complete(conn: Connection) -> None:
-            await engine.complete(conn, h.queue, h.engine_run_id, output)
-            if not await self.store.settle(
-                conn, h.run_id, status="completed", fact=fact, attempt_id=h.attempt_id,
-                output=output,
-            ):  # fmt: skip
-                raise LeaseLostError("run settled by a newer claim", engine_run_id=h.engine_run_id)
-            await self.store.execute(conn, "finish_attempt", h.attempt_id, "completed", None)
-
-        await self.db.transaction(complete)
-
-    def _reason(self, exc: BaseException) -> dict[str, Any]:
-        reason = _reason(exc)
-        reason["message"] = mask_secrets(reason["message"], self.secrets)
-        return reason
-
-    async def _fail_attempt(
-        self,
-        h: RunHandle,
-        max_attempts: int | None,
-        exc: BaseException,
-        bound: structlog.typing.FilteringBoundLogger,
-    ) -> str:
-        reason = self._reason(exc)
-        final = max_attempts is not None and h.attempt >= max_attempts
-        outcome = "failed" if final else "retrying"
-        fact = checkpoint.terminal_ledger_event(
-            {"status": "failed", "runId": str(h.run_id), "output": None, "error": reason}
-        )
-        assert fact is not None
-
-        async def fail(conn: Connection) -> None:
-            await engine.fail(conn, h.queue, h.engine_run_id, reason)
-            if (
-                await self.store.fetchval(conn, "lock_running_attempt", h.run_id, h.attempt_id)
-                is None
-            ):
-                raise LeaseLostError(
-                    "the run parked or was taken by a newer claim", engine_run_id=h.engine_run_id
-                )
-            if final:
-                await self.store.settle(
-                    conn, h.run_id, status="failed", fact=fact, attempt_id=h.attempt_id,
-                    error=reason,
-                )  # fmt: skip
-            else:
-                await self.store.fetchval(conn, "retrying_run", h.run_id, h.attempt_id, reason)
-            await self.store.execute(conn, "finish_attempt", h.attempt_id, outcome, reason)
-
-        try:
-            try:
-                await self.db.transaction(fail)
-            except (asyncpg.PostgresError, ValueError) as unstorable:
-                if is_transient(unstorable):
-                    raise
-                # The error itself cannot be stored: record that instead, so the
-                # attempt still fails rather than coming back for ever.
-                reason = {
-                    "name": type(exc).__name__,
-                    "message": f"(the error's details could not be stored: {unstorable!r})"[
-                        :MAX_ERROR_MESSAGE_CHARS
-                    ],
-                }
-                fact["error"] = reason
-                await self.db.transaction(fail)
-        except LeaseLostError as lost:
-            bound.warning("run.lease_lost", detail=str(lost))
-            await self._finish(h, "lease_lost", _reason(lost))
-            return "lease_lost"
-        event = "run.failed" if final else "run.attempt_failed"
-        bound.warning(event, attempt=h.attempt, max_attempts=max_attempts, error=reason)
-        return outcome
-
-    async def _fail_for_good(
-        self, h: RunHandle, exc: Exception, bound: structlog.typing.FilteringBoundLogger
-    ) -> str:
-        reason = {**self._reason(exc), "fatal": True}
-        fact = checkpoint.terminal_ledger_event(
-            {"status": "failed", "runId": str(h.run_id), "output": None, "error": reason}
-        )
-        assert fact is not None
-
-        async def fail(conn: Connection) -> None:
-            # The fenced store write first: a stale attempt must not cancel the
-            # task that a newer claim now owns.
-            if not await self.store.settle(
-                conn, h.run_id, status="failed", fact=fact, attempt_id=h.attempt_id, error=reason
-            ):
-                raise LeaseLostError(
-                    "run settled or taken by a newer claim", engine_run_id=h.engine_run_id
-                )
-            await engine.cancel(conn, h.queue, h.task_id)
-            await self.store.execute(conn, "finish_attempt", h.attempt_id, "failed", reason)
-
-        try:
-            await self.db.transaction(fail)
-        except LeaseLostError as lost:
-            bound.warning("run.lease_lost", detail=str(lost))
-            await self._finish(h, "lease_lost", _reason(lost))
-            return "lease_lost"
-        bound.error("run.failed_for_good", error=reason)
-        return "failed"
-
-    async def _observe_cancel(
-        self, h: RunHandle, bound: structlog.typing.FilteringBoundLogger
-    ) -> str:
-        async def settle(conn: Connection) -> None:
-            await self.store.settle(
-                conn, h.run_id, status="cancelled", fact=cancelled_fact(h.run_id, "worker"),
-                attempt_id=None,
-            )  # fmt: skip
-            await self.store.execute(conn, "finish_attempt", h.attempt_id, "cancelled", None)
-
-        await self.db.transaction(settle)
-        bound.info("run.cancelled")
-        return "cancelled"

@@ -33,13 +33,14 @@ from worker.config import EXIT_CONFIG, Settings
 from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.dburl import url_secrets
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
+from worker.handback import HAND_BACK_TIMEOUT_S
 from worker.health import HealthServer, NotBootedError
 from worker.listener import Listener, Wakeups
 from worker.loops import LoopRegistry, wanted_continuations
 from worker.maintenance import maintain
 from worker.metrics import Metrics
 from worker.poller import Capacity
-from worker.runtime import HAND_BACK_TIMEOUT_S, Runtime
+from worker.runtime import Runtime
 from worker.store import Store
 
 log = structlog.get_logger("lane_worker.supervisor")

@@ -234,7 +234,10 @@ def test_password_never_in_repr_or_diagnosis() -> None:
     [
         ("postgresql://u:p@h:5432/d", "postgresql://u:***@h:5432/d"),
         ("postgresql://u@h/d", "postgresql://u@h/d"),
-        ("postgresql://u:p:q@h/d?password=x&a=1", "postgresql://u:***@h/d?password=***&a=1"),
+        (
+            "postgresql://u:p:q@h/d?password=x&sslmode=require",
+            "postgresql://u:***@h/d?password=***&sslmode=require",
+        ),
         ("postgresql:///d?host=/var/run/postgresql", "postgresql:///d?host=/var/run/postgresql"),
         ("postgresql://u:p@[::1", "<malformed URL, not shown>"),
     ],

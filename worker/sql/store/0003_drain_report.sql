@@ -13,12 +13,3 @@ alter table {schema}.runs add column defer_alerted_at timestamptz;
 -- Live workers per lane, for the report (the workers table keeps every boot).
 create index workers_queue_live_idx on {schema}.workers (queue, heartbeat_at)
   where stopped_at is null;
-
--- Remedies: `runs retry` links the new run to the one it repeats; `runs` lists
--- newest first without reading the whole history.
-alter table {schema}.runs add column retry_of uuid;
-create index runs_created_idx on {schema}.runs (created_at);
-
--- `lanes prune` dropped the lane's engine queue (its tables); the lane row and
--- its runs stay as history. Activating the lane again recreates the queue.
-alter table {schema}.releases add column pruned_at timestamptz;

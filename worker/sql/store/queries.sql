@@ -36,12 +36,29 @@ select run_id, play, status, release_id, queue, adopted_release_id, attempts, cr
  order by created_at desc, run_id
  limit $4;
 
--- name: newest_claiming_lane
-select queue, release_ids[1] as release_id
-  from {schema}.releases
- where status = 'claiming'
- order by created_at desc, queue desc
- limit 1;
+-- name: claiming_lanes_for_play
+-- Claiming lanes, newest first, with a live worker whose app registers play $1:
+-- where a retry of that play can run.
+select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
+  from {schema}.releases l
+ where l.status = 'claiming'
+   and exists (select 1 from {schema}.workers w
+                where w.queue = l.queue and w.stopped_at is null
+                  and w.heartbeat_at > now() - interval '60 seconds'
+                  and $1 = any (w.plays))
+ order by l.created_at desc, l.queue desc;
+
+-- name: open_attempts
+-- Attempts of run $1 that began executing and have not recorded their end.
+select engine_run_id from {schema}.attempts
+ where run_id = $1 and outcome is null and disposition in ('own', 'adopt');
+
+-- name: live_plays
+-- The plays the live workers of lane $1 register.
+select coalesce(array_agg(distinct p), '{}') as plays
+  from {schema}.workers w cross join lateral unnest(w.plays) as p
+ where w.queue = $1 and w.stopped_at is null
+   and w.heartbeat_at > now() - interval '60 seconds';
 
 -- name: lane_row
 select queue, status, release_ids from {schema}.releases where queue = $1;
@@ -96,7 +113,7 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
 with prev as (
   -- The statement's snapshot: only a park or a settle changes the wait, and
   -- neither can commit for a run whose engine run this claim now holds.
-  select r.current_wait, r.task_id from {schema}.runs r where r.run_id = $1
+  select r.current_wait from {schema}.runs r where r.run_id = $1
 ), attempt as (
   insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
   values ($1, $2, $3, $4, $5, $6)
@@ -122,7 +139,6 @@ with prev as (
 )
 select a.attempt_id, t.checkpoint, t.step_keys,
        case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
-       (select task_id from prev) is distinct from $10 as moved,
        (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
   from attempt a left join taken t on true;
 
