@@ -100,6 +100,23 @@ def read_page(port: int) -> _Rows:
     return parser
 
 
+def assert_page_matches(port: int, report: list[dict[str, Any]]) -> _Rows:
+    """The page Chromium renders from ``port`` shows each lane of ``report`` (`lanes --json`)."""
+    page = read_page(port)
+    assert set(page.rows) == {lane["queue"] for lane in report}
+    for lane in report:
+        row = page.rows[lane["queue"]]
+        assert row["status"] == row["text"]["status"] == lane["status"]
+        assert row["safe"] == row["text"]["safeToStop"] == ("yes" if lane["safeToStop"] else "no")
+        assert int(row["text"]["liveWorkers"]) == lane["liveWorkers"]
+        assert row["text"]["releaseId"] == lane["releaseId"]
+        assert {k: int(row["text"][k]) for k, _ in COUNT_COLUMNS} == {
+            k: lane["counts"][k] for k, _ in COUNT_COLUMNS
+        }
+        assert row["reasons"] == [b["reason"] for b in lane["blockedBy"]]
+    return page
+
+
 async def test_the_page_shows_what_lanes_json_shows(database_url: str) -> None:
     """Claiming A with parked runs, an unregistered lane with fresh runs, a forced typo lane."""
     env = {"WORKFLOW_RUNTIME_POSTGRES": database_url}
@@ -112,24 +129,10 @@ async def test_the_page_shows_what_lanes_json_shows(database_url: str) -> None:
         for _ in range(3):  # a release whose machines never booted
             cli({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": "page-b"}, "submit", "plain")
         cli(env, "lanes", "retire", TYPO, "--force")
-        page = read_page(daemon.health_port)
         report = json.loads(cli(env, "lanes", "--json").stdout)["lanes"]
+        page = assert_page_matches(daemon.health_port, report)
 
-    assert (
-        set(page.rows)
-        == {lane["queue"] for lane in report}
-        == {queue_of(A), queue_of("page-b"), queue_of(TYPO)}
-    )
-    for lane in report:
-        row = page.rows[lane["queue"]]
-        assert row["status"] == row["text"]["status"] == lane["status"]
-        assert row["safe"] == row["text"]["safeToStop"] == ("yes" if lane["safeToStop"] else "no")
-        assert int(row["text"]["liveWorkers"]) == lane["liveWorkers"]
-        assert row["text"]["releaseId"] == lane["releaseId"]
-        assert {k: int(row["text"][k]) for k, _ in COUNT_COLUMNS} == {
-            k: lane["counts"][k] for k, _ in COUNT_COLUMNS
-        }
-        assert row["reasons"] == [b["reason"] for b in lane["blockedBy"]]
+    assert set(page.rows) == {queue_of(A), queue_of("page-b"), queue_of(TYPO)}
     # What the test put there, so the comparison above is not of two empty pages.
     by_queue = {lane["queue"]: lane for lane in report}
     assert by_queue[queue_of(A)]["counts"]["parkedEvent"] == 2

@@ -27,6 +27,7 @@ import pytest
 from daemon import E2E_DIR, REPO, Daemon, Daemons, queue_of
 from fault_apps import wait_for_gate
 from runtime_harness import SCHEMA, connect, eventually, open_client
+from test_lanes_page import assert_page_matches
 
 from worker import App, TaskContext, lanes
 
@@ -156,6 +157,8 @@ async def report(database_url: str, *daemons: Daemon) -> dict[str, dict[str, Any
     for daemon in daemons:
         served = await http_lanes(daemon)
         assert without_ages(served) == without_ages(printed), f"/lanes of {daemon.name}"
+    if daemons:  # and the lanes page, as headless Chromium renders it
+        await asyncio.to_thread(assert_page_matches, daemons[0].health_port, printed["lanes"])
     return {lane["queue"]: lane for lane in printed["lanes"]}
 
 
