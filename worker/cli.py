@@ -695,8 +695,8 @@ def move(release_id: str, to_release: str, as_json: bool) -> None:
                     "refused": [{"runId": r, "reason": w} for r, w in report.refused]},
           *said)  # fmt: skip
     if report.refused:
-        raise Failure(f"{len(report.refused)} run(s) of {report.from_queue} had started and "
-                      "were not moved (listed above).")  # fmt: skip
+        raise Failure(f"{len(report.refused)} run(s) of {report.from_queue} were not moved "
+                      "(listed above, each with the reason).")  # fmt: skip
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}

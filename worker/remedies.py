@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
 from worker import checkpoint, engine, lanes
 from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
-from worker.store import TERMINAL_STATUSES, Store, quote_ident
+from worker.store import TERMINAL_STATUSES, Store
 from worker.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 
 if TYPE_CHECKING:
@@ -223,21 +221,14 @@ class RunRemedies:
         return await self.db.transaction(retry)
 
     async def _attempt_in_flight(self, conn: Connection, run: Any) -> bool:
-        """Tell whether an attempt of ``run`` may still be executing: its engine claim holds."""
-        engine_runs = [
-            r["engine_run_id"] for r in await self.store.fetch(conn, "open_attempts", run["run_id"])
-        ]
-        if not engine_runs:
-            return False
-        table = quote_ident(f"r_{run['queue']}")
-        try:
-            held: bool = await conn.fetchval(
-                f"select exists (select 1 from absurd.{table} where run_id = any($1::uuid[])"
-                " and claim_expires_at > absurd.current_time())",
-                engine_runs,
-            )
-        except asyncpg.UndefinedTableError:  # the lane was pruned: nothing runs there
-            return False
+        """Tell whether an attempt of ``run`` may still be executing a step.
+
+        An attempt that began and recorded no end, on a worker whose heartbeat is
+        live: that worker stops it at its next engine call (the fail or cancel
+        cancelled the engine task) and then records its end. A dead worker's
+        attempt never will, and runs nothing.
+        """
+        held: bool = await self.store.fetchval(conn, "attempt_on_live_worker", run["run_id"])
         return held
 
     async def _retry_target(
@@ -323,6 +314,8 @@ class RunRemedies:
         run = await self._locked_run(conn, str(run_id))
         if run["status"] in TERMINAL_STATUSES:
             return ""
+        if run["queue"] != from_queue and run["adopted_queue"] != from_queue:
+            return ""  # moved elsewhere meanwhile (another `lanes move`): not ours now
         if run["queue"] != from_queue:
             return (
                 f"{from_queue}'s release adopted it from {run['queue']}: its steps ran on "

@@ -515,7 +515,10 @@ class Runtime(HandBack, Settlement):
         try:
             await self._complete(h, output)
         except LeaseLostError as exc:
+            # Cancelled, failed by an operator or taken by a newer claim as it
+            # completed: the attempt still records its end (never "in progress").
             bound.warning("run.lease_lost", detail=str(exc))
+            await self._finish(h, "lease_lost", error_reason(exc))
             return "lease_lost"
         except (asyncpg.PostgresError, ValueError) as exc:  # jsonb refused the output
             if is_transient(exc):

@@ -240,7 +240,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             f"refused {held}",
         ]
         assert again.stderr.strip() == (
-            f"lane-worker: 2 run(s) of {QA} had started and were not moved (listed above)."
+            f"lane-worker: 2 run(s) of {QA} were not moved (listed above, each with the reason)."
         )
 
         # -- runs fail + runs retry: the run in flight on the dead machine ---------------------

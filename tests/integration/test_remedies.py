@@ -685,6 +685,29 @@ async def test_failing_a_running_run_stops_its_attempt_at_the_next_step(
     assert plays.by(A, run.run_id) == ["held"]
 
 
+async def test_retry_waits_until_the_failed_run_s_attempt_has_stopped(
+    database_url: str, plays: Plays
+) -> None:
+    """A failed run whose attempt is still inside a step on a live worker: retry is refused."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, _rt_b):
+        run = await client.submit("gated", {"name": "busy"})
+        held = await hold_in_flight(rt_a, plays, "busy")
+        try:
+            assert await client.fail_run(run.run_id, "operator gave up") is True
+            # The engine task is cancelled (its claim cleared), but A's worker is live
+            # and its attempt is still inside the step: the retry would overlap it.
+            with pytest.raises(RunStillOpenError, match="may still be executing"):
+                await client.retry_run(run.run_id)
+        finally:
+            plays.gate("busy").set()
+            handled = await asyncio.wait_for(held, 20)
+        assert handled.outcome == "cancelled", handled
+        new_id, release_id, _queue = await client.retry_run(run.run_id)
+        assert release_id == B
+        assert (await client.status(new_id)).retry_of == run.run_id
+
+
 async def test_failing_an_ended_run_writes_nothing(database_url: str, plays: Plays) -> None:
     """Completed and cancelled runs: fail returns False and changes neither row nor ledger."""
     app = remedies_app(plays)

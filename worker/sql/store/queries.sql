@@ -48,10 +48,18 @@ select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
                   and $1 = any (w.plays))
  order by l.created_at desc, l.queue desc;
 
--- name: open_attempts
--- Attempts of run $1 that began executing and have not recorded their end.
-select engine_run_id from {schema}.attempts
- where run_id = $1 and outcome is null and disposition in ('own', 'adopt');
+-- name: attempt_on_live_worker
+-- Whether an attempt of run $1 began executing, has not recorded its end, and
+-- belongs to a worker whose heartbeat is live (a continuation loop's worker id
+-- is its process's id plus ':<queue>:continuations').
+select exists (
+  select 1
+    from {schema}.attempts a
+    join {schema}.workers w
+      on a.worker_id = w.worker_id or a.worker_id like w.worker_id || ':%'
+   where a.run_id = $1 and a.outcome is null and a.disposition in ('own', 'adopt')
+     and w.stopped_at is null and w.heartbeat_at > now() - interval '60 seconds'
+);
 
 -- name: live_plays
 -- The plays the live workers of lane $1 register.
