@@ -25,7 +25,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from worker.dburl import DATABASE_URL_ENV, mask_secrets, redact_url, url_secrets
+from worker.dburl import DATABASE_URL_ENV, mask_secrets, redact_url, unreadable_files, url_secrets
 from worker.errors import LaneConfigError
 
 log = structlog.get_logger("lane_worker.db")
@@ -67,11 +67,16 @@ def connect_refusal(exc: BaseException, url: str) -> LaneConfigError | None:
             "(sslmode=require or verify-*): enable TLS on the server, or set sslmode=prefer "
             "or disable in the URL."
         )
-    elif isinstance(exc, asyncpg.ClientConfigurationError | FileNotFoundError | PermissionError):
-        # Also a certificate or key file (sslrootcert, sslcert) the URL names but that is
-        # missing or unreadable: no retry brings it.
+    elif isinstance(exc, asyncpg.ClientConfigurationError):
         detail = mask_secrets(str(exc), url_secrets(url))
         said = f"{DATABASE_URL_ENV} cannot be used as written ({detail}): fix the URL's parameters."
+    elif isinstance(exc, OSError) and (missing := unreadable_files(url)):
+        # A certificate or key file the URL names is missing or unreadable: no retry
+        # brings it. (A missing Unix socket, while a server restarts, is retried.)
+        said = (
+            f"{DATABASE_URL_ENV} names {', '.join(missing)}, which cannot be read: fix the "
+            "path or the file's permissions."
+        )
     elif isinstance(exc, asyncpg.UndefinedObjectError | asyncpg.InvalidParameterValueError):
         # A query parameter the server takes as a setting it does not know (a typo:
         # sslmod=require), or a value it refuses.
@@ -86,7 +91,7 @@ def connect_refusal(exc: BaseException, url: str) -> LaneConfigError | None:
 
 def is_transient(exc: BaseException) -> bool:
     """Tell whether retrying the same unit of work on a fresh connection can succeed."""
-    if _rejects_tls(exc) or isinstance(exc, FileNotFoundError | PermissionError):
+    if _rejects_tls(exc):
         return False
     if isinstance(exc, _TRANSIENT_POSTGRES):
         return True

@@ -10,6 +10,7 @@ when the two could disagree; only a URL that passes is ever handed to asyncpg.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
@@ -195,6 +196,20 @@ def url_secrets(url: str) -> tuple[str, ...]:
     found += [repr(s)[1:-1] for s in found] + [json.dumps(s)[1:-1] for s in found]
     # Longest first, so a secret containing another is replaced whole.
     return tuple(sorted({s for s in found if s}, key=len, reverse=True))
+
+
+_FILE_KEYS = ("sslrootcert", "sslcert", "sslkey", "sslcrl", "passfile")
+
+
+def unreadable_files(url: str) -> list[str]:
+    """Return the ``key=path`` files ``url`` names that cannot be read (cert, key, passfile)."""
+    if url_problem(url) is not None:
+        return []
+    found = []
+    for key, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if key in _FILE_KEYS and value and not os.access(os.path.expanduser(value), os.R_OK):
+            found.append(f"{key}={value}")
+    return found
 
 
 def mask_secrets(text: str, secrets: Sequence[str]) -> str:
