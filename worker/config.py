@@ -19,6 +19,7 @@ from worker import lanes
 from worker.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
 from worker.dburl import redact_url, url_problem
 from worker.errors import LaneConfigError, shown
+from worker.jsonvalue import is_utf8
 
 EXIT_OK = 0
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: what orchestrators read as "fix the config"
@@ -414,15 +415,7 @@ def _unknown_variables(env: Mapping[str, str]) -> list[str]:
 
 def _plain_text(value: str) -> bool:
     """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
-    return value.isprintable() and _encodes(value)
-
-
-def _encodes(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return value.isprintable() and is_utf8(value)
 
 
 def release_id_problem(release_id: str) -> str | None:

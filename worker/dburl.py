@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
+from worker.jsonvalue import is_utf8
+
 DATABASE_URL_ENV = "WORKFLOW_RUNTIME_POSTGRES"
 SCHEMES = ("postgres", "postgresql")
 SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
@@ -68,7 +70,7 @@ def url_problem(url: str) -> str | None:
     if not sep or scheme.lower() not in SCHEMES:
         named = f"scheme {scheme!r}" if sep and _SCHEME.fullmatch(scheme) else "no scheme"
         return f"is not a postgresql:// URL ({named}): {_FORM}"
-    if _CONTROL.search(url) or not _encodable(url):
+    if _CONTROL.search(url) or not is_utf8(url):
         return "holds a control character or invalid text (a line break, a tab?): remove it"
     if "#" in rest:
         return f"holds a '#', which ends a URL: {_ENCODE_HINT}"
@@ -99,14 +101,6 @@ def url_problem(url: str) -> str | None:
     except ValueError:
         return "has a host that is not host:port or [ipv6]:port"
     return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: an undecodable byte in the environment
-        return False
-    return True
 
 
 # Query keys whose values may hold an '@' (a user name like user@tenant). In any

@@ -41,9 +41,12 @@ def _too_long(number: int) -> bool:
     return False
 
 
-def _is_utf8(text: str) -> bool:
-    # PostgreSQL stores UTF-8; a lone surrogate (a name decoded with
-    # surrogateescape, say) has no UTF-8 form.
+def is_utf8(text: str) -> bool:
+    """Tell whether ``text`` has a UTF-8 form (PostgreSQL stores UTF-8).
+
+    A lone surrogate (a byte the environment or a file name could not decode,
+    kept by surrogateescape) has none.
+    """
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -71,7 +74,7 @@ def json_problem(value: Any) -> str | None:
         if isinstance(item, str):
             if "\x00" in item:
                 return f"a string with a NUL character (\\u0000) at {where}"
-            if not _is_utf8(item):
+            if not is_utf8(item):
                 return f"a string with a lone surrogate (not UTF-8) at {where}"
             continue
         if isinstance(item, list | tuple):
@@ -83,7 +86,7 @@ def json_problem(value: Any) -> str | None:
                     return f"a {type(key).__name__} key ({key!r}) at {where}; keys must be strings"
                 if "\x00" in key:
                     return f"a key with a NUL character (\\u0000) at {where}"
-                if not _is_utf8(key):
+                if not is_utf8(key):
                     return f"a key with a lone surrogate (not UTF-8) at {where}"
                 stack.append((v, _path(where, key), depth + 1))
             continue

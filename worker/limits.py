@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from worker.errors import InvalidRequestError, shown
-from worker.jsonvalue import json_problem
+from worker.jsonvalue import is_utf8, json_problem
 
 # 1 MiB of JSON text: an input is arguments, not a document store. Every step
 # of a run reads it back, and larger rows slow every claim that touches them.
@@ -75,11 +75,7 @@ def checked_payload(value: Any) -> Any:
 
 def _text_ok(text: str, limit: int) -> bool:
     # Postgres text holds no NUL, and a lone surrogate cannot be encoded to send.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return len(text) <= limit and "\x00" not in text
+    return is_utf8(text) and len(text) <= limit and "\x00" not in text
 
 
 def checked_key(key: str | None, what: str) -> str | None:
