@@ -34,7 +34,7 @@ from worker.errors import (
     StoreSchemaError,
 )
 from worker.remedies import MAX_LIST, STATUSES
-from worker.report import lane_detail, lanes_table
+from worker.report import aligned, lane_detail, lanes_table
 from worker.store import MigrationReport
 
 T = TypeVar("T")
@@ -759,8 +759,7 @@ def runs_group(ctx: click.Context, status: str | None, lane: str | None, play: s
     rows = [("RUN", "PLAY", "STATUS", "RELEASE", "QUEUE", "ATTEMPTS", "CREATED")]
     rows += [(r.run_id, r.play, r.status, r.release_id, r.queue, str(r.attempts),
               r.created_at.isoformat(timespec="seconds")) for r in found]  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = aligned(rows)
     _emit(as_json, {"runs": [r.as_json() for r in found]},
           *(lines if found else ["no runs match."]))  # fmt: skip
 

@@ -8,6 +8,7 @@ empty one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -233,6 +234,12 @@ def _yes(value: bool) -> str:
     return "yes" if value else "no"
 
 
+def aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Render rows of text cells as columns padded to their widest cell (the first: a header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
 def lanes_table(views: list[LaneView]) -> list[str]:
     """Render lanes as aligned text lines, then what blocks each lane that is not claiming."""
     if not views:
@@ -247,8 +254,7 @@ def lanes_table(views: list[LaneView]) -> list[str]:
             str(c["fresh"]), str(c["retrying"]), str(c["handedBack"]),
             str(c["parkedSleep"] + c["parkedEvent"]), str(c["deferred"]), _yes(v.safe_to_stop),
         ))  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines = aligned(rows)
     for v in views:
         if v.status != "claiming":
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
