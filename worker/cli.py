@@ -32,6 +32,7 @@ from worker.errors import (
     LaneConfigError,
     LaneWorkerError,
     StoreSchemaError,
+    printable,
 )
 from worker.remedies import MAX_LIST, STATUSES
 from worker.report import aligned, lane_detail, lanes_table
@@ -72,11 +73,6 @@ class ConfigRefused(Failure):
     """The configuration is refused (exit 78): the environment or the schemas must change."""
 
     exit_code = config.EXIT_CONFIG
-
-
-def printable(text: str) -> str:
-    """Escape what cannot be written as UTF-8 (an undecodable byte from the environment)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _say_errors(diagnosis: config.Diagnosis) -> None:

@@ -5,6 +5,11 @@ from __future__ import annotations
 SHOWN_CHARS = 100
 
 
+def printable(text: str) -> str:
+    """Escape what has no UTF-8 form (an undecodable byte from the environment or a file)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def shown(value: str) -> str:
     """Quote a value someone typed for a message: at most 100 characters of it, as shown.
 

@@ -16,7 +16,7 @@ from worker import checkpoint, engine
 from worker.context import RunHandle
 from worker.db import Connection, Database, is_transient
 from worker.dburl import mask_secrets
-from worker.errors import LeaseLostError
+from worker.errors import LeaseLostError, printable
 from worker.reconcile import cancelled_fact
 from worker.store import Store
 
@@ -32,7 +32,7 @@ def error_reason(exc: BaseException) -> dict[str, Any]:
     # jsonb refuses NUL characters, and UTF-8 lone surrogates (a file name decoded
     # with surrogateescape, say): escape both, so the failure can be stored.
     message = message.replace("\x00", "\\u0000")[:MAX_ERROR_MESSAGE_CHARS]
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    message = printable(message)
     return {"name": type(exc).__name__, "message": message}
 
 

@@ -32,7 +32,7 @@ from worker.client import LaneClient, LaneView
 from worker.config import EXIT_CONFIG, Settings
 from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.dburl import url_secrets
-from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError
+from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError, printable
 from worker.handback import HAND_BACK_TIMEOUT_S
 from worker.health import HealthServer, NotBootedError
 from worker.listener import Listener, Wakeups
@@ -77,9 +77,8 @@ def longest_stop_s(drain_s: float) -> float:
 
 
 def _say(sentence: str) -> None:
-    # backslashreplace: an undecodable byte from the environment must not crash the refusal.
-    text = f"lane-worker: {sentence}".encode("utf-8", "backslashreplace").decode("utf-8")
-    print(text, file=sys.stderr, flush=True)
+    # An undecodable byte from the environment must not crash the refusal.
+    print(printable(f"lane-worker: {sentence}"), file=sys.stderr, flush=True)
 
 
 def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
