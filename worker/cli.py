@@ -501,16 +501,25 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
         "eventKey": event_key,
         "duplicate": result.duplicate,
         "runEnded": result.run_ended,
+        "deliveredTo": result.delivered_to,
+        "keptForRetry": result.kept_for_retry,
     }
-    if result.run_ended is not None:
+    to = result.delivered_to
+    via = f"run {to}, the retry of run {result.run_id}" if to != result.run_id else f"run {to}"
+    if result.kept_for_retry:
+        text = (
+            f"kept: {via} has already ended ({result.run_ended}), so nothing waits for "
+            f"{event_key!r} now; a retry of it (lane-worker runs retry {to}) receives it."
+        )
+    elif result.run_ended is not None:
         text = (
             f"ignored: run {result.run_id} has already ended ({result.run_ended}); "
             f"nothing waits for {event_key!r}."
         )
     elif result.duplicate:
-        text = f"ignored: run {result.run_id} already has event {event_key!r} (first signal wins)."
+        text = f"ignored: {via} already has event {event_key!r} (first signal wins)."
     else:
-        text = f"delivered event {event_key!r} to run {result.run_id}."
+        text = f"delivered event {event_key!r} to {via}."
     _emit(as_json, report, text)
 
 
@@ -776,18 +785,30 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
 @click.option("--to", "to_release", type=RELEASE_ID, metavar="RELEASE",
               help="Retry on this claiming release (default: the newest claiming release "
                    "with a live worker that registers the play).")  # fmt: skip
+@click.option("--completed", is_flag=True,
+              help="Also retry a run that completed (its work runs again).")  # fmt: skip
 @json_option
-def retry_run(run_id: str, to_release: str | None, as_json: bool) -> None:
+def retry_run(run_id: str, to_release: str | None, completed: bool, as_json: bool) -> None:
     """Submit a new run with an ended run's play and input, on a release that can run it.
 
-    Refused while the run is open or an attempt of it may still execute a step.
-    The new run's retryOf names the old one.
+    Refused while the run is open or an attempt of it may still execute a step,
+    and for a completed run without --completed. The new run's retryOf names the
+    old one, and it receives the events the old one had. A run is retried once:
+    asked again, this prints the existing retry (``created`` false).
     """
-    new_id, release_id, queue = _with_client(
-        lambda client: client.retry_run(run_id, to_release=to_release)
+    retried = _with_client(
+        lambda client: client.retry_run(run_id, to_release=to_release, completed=completed)
     )
-    report = {"runId": new_id, "releaseId": release_id, "queue": queue, "retryOf": run_id}
-    _emit(as_json, report, new_id)
+    report = {"runId": retried.run_id, "releaseId": retried.release_id, "queue": retried.queue,
+              "retryOf": retried.retry_of, "created": retried.created}  # fmt: skip
+    if not retried.created and not as_json:
+        # stdout stays the retry's id, as for a new one: scripts read it.
+        click.echo(printable(
+            f"lane-worker: run {retried.retry_of} was already retried as run {retried.run_id} "
+            f"(release {retried.release_id}); nothing submitted. To run it again, retry "
+            f"{retried.run_id}."
+        ), err=True)  # fmt: skip
+    _emit(as_json, report, retried.run_id)
 
 
 @cli.command()

@@ -139,14 +139,21 @@ class SignalResult:
     event_key: str
     duplicate: bool
     run_ended: str | None = None  # the run's terminal status when it had already ended
+    # The run that holds the event now: run_id itself, or the retry that replaced
+    # it (`runs retry`); None when it was ignored (a completed run).
+    delivered_to: str | None = None
+    # Recorded on an ended run (failed or cancelled) for a retry of it to receive.
+    kept_for_retry: bool = False
 
     @property
     def delivered(self) -> bool:
-        """Return whether this call delivered the event."""
+        """Return whether this call delivered the event to an open run."""
         return not self.duplicate and self.run_ended is None
 
 
 LANES_CHANNEL = "lane_worker_lanes"
+# A signal follows at most this many `runs retry` links (a retry of a retry ...).
+MAX_RETRY_HOPS = 100
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (
     config.DATABASE_URL_ENV,
@@ -367,8 +374,8 @@ class LaneClient(RunRemedies):
             await self.ensure_queue(queue)
             return await self.db.transaction(submit)
 
-    async def _run_row(self, conn: Connection, run_id: str) -> Any:
-        row = await self.store.fetchrow(conn, "get_run", parse_run_id(run_id))
+    async def _run_row(self, conn: Connection, run_id: str, *, lock: str = "get_run") -> Any:
+        row = await self.store.fetchrow(conn, lock, parse_run_id(run_id))
         if row is None:
             raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
         return row
@@ -381,20 +388,37 @@ class LaneClient(RunRemedies):
         checked_payload(data)
 
         async def deliver(conn: Connection) -> SignalResult:
-            row = await self._run_row(conn, run_id)
+            # Locked (shared): a `lanes move` or `runs retry` of the run commits
+            # before this reads its queue, or waits until this has emitted there.
+            row = await self._run_row(conn, run_id, lock="lock_run_shared")
+            asked = str(row["run_id"])
+            hops = 0
+            while row["status"] in TERMINAL_STATUSES and row["retried_by"] is not None:
+                # Retried (`runs retry`): the retry is the run the app's event is for.
+                hops += 1
+                if hops > MAX_RETRY_HOPS:
+                    break
+                row = await self._run_row(conn, str(row["retried_by"]), lock="lock_run_shared")
+            target = str(row["run_id"])
             if row["status"] in TERMINAL_STATUSES:
-                # Nothing can wait for it any more; recording it would only mislead.
-                return SignalResult(str(row["run_id"]), event_key, False, row["status"])
+                keep = row["status"] in ("failed", "cancelled")
+                if keep:
+                    # Nothing waits for it now, but a retry of the run will: it
+                    # receives the events its run had (copy_signals).
+                    await self.store.fetchval(conn, "insert_signal", row["run_id"], event_key, data)
+                return SignalResult(asked, event_key, False, row["status"],
+                                    delivered_to=target if keep else None,
+                                    kept_for_retry=keep)  # fmt: skip
             received = await self.store.fetchval(
                 conn, "insert_signal", row["run_id"], event_key, data
             )
             if received is None:
-                return SignalResult(str(row["run_id"]), event_key, duplicate=True)
+                return SignalResult(asked, event_key, duplicate=True, delivered_to=target)
             # Only a wake-up: the payload the run reads is the signal row above.
-            event = checkpoint.integration_event_name(str(row["run_id"]), event_key)
+            event = checkpoint.integration_event_name(target, event_key)
             await engine.emit_event(conn, row["queue"], event, data)
             await notify(conn, row["queue"], row["run_id"])
-            return SignalResult(str(row["run_id"]), event_key, duplicate=False)
+            return SignalResult(asked, event_key, duplicate=False, delivered_to=target)
 
         await self.check_schemas()
         return await self.db.transaction(deliver)
@@ -403,7 +427,8 @@ class LaneClient(RunRemedies):
         """Cancel a run; return False when it had already finished."""
 
         async def cancel(conn: Connection) -> bool:
-            row = await self._run_row(conn, run_id)
+            # Locked: a `lanes move` in progress gives the run a new engine task.
+            row = await self._run_row(conn, run_id, lock="lock_run")
             if row["status"] in TERMINAL_STATUSES:
                 return False
             if row["task_id"] is not None:
@@ -519,15 +544,23 @@ class LaneClient(RunRemedies):
         await self.db.transaction(set_status)
         return queue
 
-    async def lanes(self) -> list[LaneView]:
-        """Return the drain report: every lane, its workers, its open runs, its verdict."""
+    async def lanes(self, *, include_pruned: bool = False) -> list[LaneView]:
+        """Return the drain report: every lane, its workers, its open runs, its verdict.
+
+        Pruned lanes no open run names are left out unless ``include_pruned``.
+        """
         await self.check_schemas()
-        return await self.db.run(lambda c: read_report(c, self.store))
+        return await self.db.run(
+            lambda c: read_report(c, self.store, include_pruned=include_pruned)
+        )
 
     async def lane(self, release_id: str) -> LaneView:
-        """Return one lane's report, by any spelling of its release id (``UnknownLaneError``)."""
+        """Return one lane's report, by any spelling of its release id (``UnknownLaneError``).
+
+        A pruned lane is found too: retired, drained, safe to stop, ``pruned``.
+        """
         queue = _queue_for_operator(release_id)
-        views = await self.lanes()
+        views = await self.lanes(include_pruned=True)
         for view in views:
             if view.queue == queue:
                 return view

@@ -38,6 +38,7 @@ async def count_deferral(
     *,
     alert_after_s: float,
     fail_after_s: float,
+    attempt_id: int,
 ) -> Streak:
     """Count one deferral of ``run_id`` (in the put-back's transaction); fail it past the limit.
 
@@ -60,6 +61,9 @@ async def count_deferral(
     )
     assert fact is not None
     # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
-    if await store.settle(conn, run_id, status="failed", fact=fact, attempt_id=None, error=reason):
+    if await store.settle(
+        conn, run_id, status="failed", fact=fact, attempt_id=None, error=reason,
+        own_attempt_id=attempt_id,
+    ):  # fmt: skip
         await engine.cancel(conn, claimed.queue, claimed.task_id)
     return Streak(streak.count, streak.age_s, streak.alert, reason)

@@ -23,6 +23,8 @@ log = structlog.get_logger("lane_worker.maintenance")
 # pg_try_advisory_xact_lock key of the maintenance pass ("lwmaint"): transaction
 # scoped, so it also holds under PgBouncer transaction pooling.
 _MAINTENANCE_LOCK_KEY = 0x6C77_6D61_696E_7400
+# Open attempts of dead workers closed per pass (a chaos roll leaves a handful).
+ATTEMPT_SWEEP_BATCH = 1000
 
 
 async def maintain(
@@ -84,6 +86,10 @@ async def maintain(
             if is_transient(exc):
                 raise
             _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
+    # After the reconcile: a run it just ended may leave a dead worker's attempt open.
+    closed = await db.run(lambda c: store.fetch(c, "close_abandoned_attempts", ATTEMPT_SWEEP_BATCH))
+    if closed:
+        log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
     return True
 
 

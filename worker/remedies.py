@@ -35,6 +35,21 @@ class NoClaimingLaneError(LaneWorkerError):
     """No release lane claims new runs, so nothing could run a retry."""
 
 
+class RetryRefusedError(LaneWorkerError):
+    """A retry the run's state does not allow without saying so (a completed run)."""
+
+
+@dataclass(frozen=True)
+class RetriedRun:
+    """The retry of a run: new (``created``), or the one an earlier ``runs retry`` made."""
+
+    run_id: str
+    release_id: str
+    queue: str
+    retry_of: str
+    created: bool = True
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """One run as ``lane-worker runs`` lists it."""
@@ -182,25 +197,39 @@ class RunRemedies:
         return await self.db.transaction(fail)
 
     async def retry_run(
-        self, run_id: str, *, to_release: str | None = None
-    ) -> tuple[str, str, str]:
+        self, run_id: str, *, to_release: str | None = None, completed: bool = False
+    ) -> RetriedRun:
         """Submit a new run with the ended run's play and input, on a lane that can run it.
 
         The target is ``to_release``'s lane, or else the newest claiming lane with a
         live worker that registers the play (a dev lane only for a run of a dev
-        lane). Returns (new run id, its release id, its queue); the new run's
-        ``retryOf`` names the old one. Refused (``RunStillOpenError``) while the
-        run has not ended, or while an attempt of it may still be executing.
+        lane). The new run's ``retryOf`` names the old one, and it receives the
+        events the old one had received. A run is retried at most once: a second
+        call returns the first retry (``created`` false), whoever made it.
+        Refused (``RunStillOpenError``) while the run has not ended, or while an
+        attempt of it may still be executing; a completed run only with
+        ``completed=True`` (``RetryRefusedError``): its work would run again.
         """
         await self.check_schemas()
         new_id = uuid.uuid4()
 
-        async def retry(conn: Connection) -> tuple[str, str, str]:
+        async def retry(conn: Connection) -> RetriedRun:
+            # The row lock serialises retries of one run: the second sees the first.
             old = await self._locked_run(conn, run_id)
+            if old["retried_by"] is not None:
+                again = await self.store.fetchrow(conn, "get_run", old["retried_by"])
+                assert again is not None  # runs are never deleted
+                return RetriedRun(str(again["run_id"]), again["release_id"], again["queue"],
+                                  str(old["run_id"]), created=False)  # fmt: skip
             if old["status"] not in TERMINAL_STATUSES:
                 raise RunStillOpenError(
                     f"run {old['run_id']} is {old['status']}: fail it (lane-worker runs fail "
                     f"{old['run_id']} --reason ...) or cancel it first, so it never runs twice."
+                )
+            if old["status"] == "completed" and not completed:
+                raise RetryRefusedError(
+                    f"run {old['run_id']} completed: a retry would run its work again; add "
+                    "--completed if that is what you want."
                 )
             if await self._attempt_in_flight(conn, old):
                 raise RunStillOpenError(
@@ -215,8 +244,12 @@ class RunRemedies:
                 conn, "insert_run", new_id, old["play"], old["input"], launch, release_id, queue,
                 None, old["max_attempts"], old["run_id"],
             )  # fmt: skip
+            await self.store.execute(conn, "mark_retried", old["run_id"], new_id)
+            # Its play waits for the same events again: an app that signalled the
+            # old run must not have to signal again.
+            await self.store.execute(conn, "copy_signals", old["run_id"], new_id)
             await spawn_run_task(conn, self.store, queue, new_id, old["max_attempts"])
-            return str(new_id), release_id, queue
+            return RetriedRun(str(new_id), release_id, queue, str(old["run_id"]))
 
         return await self.db.transaction(retry)
 

@@ -61,6 +61,8 @@ class LaneView:
     adopted_by: dict[str, int] = field(default_factory=dict)
     workers: tuple[dict[str, Any], ...] = ()
     blocked_by: tuple[Blocker, ...] = ()
+    # `lanes prune` dropped its engine queue (a retired, drained lane's history).
+    pruned: bool = False
 
     @property
     def safe_to_stop(self) -> bool:
@@ -87,6 +89,7 @@ class LaneView:
             },
             "safeToStop": self.safe_to_stop,
             "blockedBy": [b.as_json() for b in self.blocked_by],
+            "pruned": self.pruned,
         }
 
 
@@ -105,9 +108,14 @@ class _Tally:
     # reason -> (count, the oldest (created_at, run id) pairs, plays)
     own: dict[str, tuple[int, list[tuple[datetime, str]], list[str]]] = field(default_factory=dict)
     release_id: str | None = None  # as its runs were stamped: for a lane no worker registered
+    # Parked runs it adopted whose stamped lane claims again: stamped queue -> runs.
+    claiming_stamps: dict[str, int] = field(default_factory=dict)
 
     def add(self, row: Any) -> None:
         bucket = row["bucket"]
+        if row["needs_own"] and row["claiming_stamp"] is not None:
+            stamp = row["claiming_stamp"]
+            self.claiming_stamps[stamp] = self.claiming_stamps.get(stamp, 0) + row["runs"]
         self.release_id = self.release_id or row["release_id"]
         self.counts[bucket] += row["runs"]
         self.deferred += row["deferred"]
@@ -127,15 +135,37 @@ def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def _remedy(reason: str, release: str, live: int, plays: list[str]) -> str:
+def _stamps_claim(release: str, count: int, stamps: dict[str, str]) -> str:
+    """The cause and remedy of adopted parked runs whose stamped lanes claim again."""
+    names = ", ".join(sorted(stamps.values()))
+    return (
+        f"{count} of them {release} adopted from {names}, whose lane claims again (`lanes "
+        "activate` after the adoption), so no newer release may adopt them from it: end them "
+        "(lane-worker runs fail RUN_ID --reason TEXT) and run them again on a claiming release "
+        f"(lane-worker runs retry RUN_ID), or `lane-worker lanes activate {release}` and keep "
+        "a machine of it running to resume them"
+    )
+
+
+def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tally,
+            names: dict[str, str]) -> str:  # fmt: skip
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
         return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"
     if reason == "parkedNotAdoptable":
-        return (
-            f"no live worker of a newer claiming release registers play {', '.join(plays)}: "
-            f"start one that does, or keep {release}'s workers running to finish them"
-        )
+        said = []
+        stamped = sum(tally.claiming_stamps.values())
+        if stamped:
+            stamps = {q: names.get(q, q) for q in tally.claiming_stamps}
+            said.append(_stamps_claim(release, stamped, stamps))
+        if tally.own[reason][0] > stamped:
+            rest = "the others: " if stamped else ""
+            said.append(
+                f"{rest}no live worker of a newer claiming release registers play "
+                f"{', '.join(plays)}: start one that does, or keep {release}'s workers running "
+                "to finish them"
+            )
+        return "; ".join(said)
     if live:
         what = "running" if reason == "inFlight" else "will run"
         return f"{release}'s {live} live worker(s) {what} them: {wait}"
@@ -164,24 +194,32 @@ def _status(registered: str | None, tally: _Tally) -> str:
     return "draining" if tally.own else "drained"
 
 
-def _blockers(status: str, release: str, live: int, tally: _Tally) -> tuple[Blocker, ...]:
+def _blockers(
+    status: str, release: str, live: int, tally: _Tally, names: dict[str, str]
+) -> tuple[Blocker, ...]:
     if status == "drained":
         return ()
     found = []
     if status == "claiming":
-        found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [])))
+        found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [], tally, names)))
     order = [*BUCKETS, "parkedNotAdoptable"]
     for reason in sorted(tally.own, key=order.index):
         count, oldest, plays = tally.own[reason]
         if status == "claiming" and reason == "parkedNotAdoptable":
             continue  # a claiming lane's parked runs are its own to resume: not a blocker
         ids = tuple(run_id for _, run_id in oldest)
-        found.append(Blocker(reason, count, _remedy(reason, release, live, plays), ids))
+        remedy = _remedy(reason, release, live, plays, tally, names)
+        found.append(Blocker(reason, count, remedy, ids))
     return tuple(found)
 
 
-async def read_report(conn: Connection, store: Store) -> list[LaneView]:
-    """Read every lane's report in one consistent snapshot."""
+async def read_report(
+    conn: Connection, store: Store, *, include_pruned: bool = False
+) -> list[LaneView]:
+    """Read every lane's report in one consistent snapshot.
+
+    A pruned lane that no open run names is left out unless ``include_pruned``.
+    """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         now: datetime = await conn.fetchval("select now()")
         lanes = await store.fetch(conn, "report_lanes")
@@ -193,7 +231,8 @@ async def read_report(conn: Connection, store: Store) -> list[LaneView]:
     adopted_by: dict[str, dict[str, int]] = {}
     for pair in adopted:
         adopted_by.setdefault(pair["queue"], {})[pair["adopted_queue"]] = pair["runs"]
-    registered = {row["queue"]: row for row in lanes}
+    names = {row["queue"]: (row["release_ids"] or [row["queue"]])[0] for row in lanes}
+    registered = {row["queue"]: row for row in lanes if include_pruned or not row["hidden"]}
     views = []
     # Registered lanes in registration order, then lanes only open runs name.
     for queue in [*registered, *sorted(set(tallies) - set(registered))]:
@@ -224,7 +263,8 @@ async def read_report(conn: Connection, store: Store) -> list[LaneView]:
                 oldest_deferral_s=_age_s(now, tally.oldest_deferral),
                 adopted_by=adopted_by.get(queue, {}),
                 workers=workers,
-                blocked_by=_blockers(status, release, len(workers), tally),
+                blocked_by=_blockers(status, release, len(workers), tally, names),
+                pruned=row is not None and row["pruned_at"] is not None,
             )
         )
     return views
@@ -263,6 +303,8 @@ def lanes_table(views: list[LaneView]) -> list[str]:
 
 def _blocker_lines(view: LaneView, *, ids: bool) -> list[str]:
     if not view.blocked_by:
+        if view.pruned:
+            return ["safe to stop its machines (drained; pruned: its engine queue is gone)."]
         return ["safe to stop its machines (drained)."] if view.safe_to_stop else []
     lines = []
     for b in view.blocked_by:
@@ -279,7 +321,7 @@ def lane_detail(view: LaneView) -> list[str]:
     rows = [
         ("release", view.release_id),
         ("queue", view.queue),
-        ("status", view.status),
+        ("status", view.status + (" (pruned)" if view.pruned else "")),
         ("safe to stop", _yes(view.safe_to_stop)),
         ("live workers", str(view.live_workers)),
         *[(f"  {w['workerId']}", "plays: " + (", ".join(w["plays"]) or "(none)"))

@@ -103,6 +103,9 @@ class Runtime(HandBack, Settlement):
         self.draining = False
         self.claiming_queues: frozenset[str] = frozenset()
         self.foreign_adoptees = False
+        # A live machine of this lane registers a play this app lacks (a rollout
+        # of mixed apps): the own loop claims past such runs from then on.
+        self.lane_plays_differ = False
         self.plays = sorted(app.plays)
         # A play's error text may quote the database URL (a driver message):
         # stored errors are shown by `status`, so mask its passwords first.
@@ -126,7 +129,8 @@ class Runtime(HandBack, Settlement):
         if self.draining:
             return engine.CLAIM_DRAIN
         if lanes.loop_kind(queue, self.queue) == "own":
-            return engine.CLAIM_OWN if self.foreign_adoptees else None
+            own_filter = self.foreign_adoptees or self.lane_plays_differ
+            return engine.CLAIM_OWN if own_filter else None
         return engine.CLAIM_MINE if queue in self.claiming_queues else engine.CLAIM_ADOPT
 
     async def claim(self, queue: str, qty: int) -> engine.ClaimBatch:
@@ -244,6 +248,10 @@ class Runtime(HandBack, Settlement):
                 note={"reason": f"adopted by {adopter}"},
             )  # fmt: skip
             return Handled("defer", outcome)
+        if own_loop and row["play"] not in self.app.plays:
+            # Another machine of this release may register it (a rollout of mixed
+            # apps): failing it here (UnknownPlayError) would fail it for good.
+            disposition = await self._play_elsewhere(row["play"], run_id) or disposition
         if not own_loop:
             disposition = lanes.resolve_lane_disposition(
                 run_id=str(run_id),
@@ -310,6 +318,34 @@ class Runtime(HandBack, Settlement):
             outcome = await self._execute(handle, claimed, row, begun, bound)
         claim.ended = True
         return Handled(disposition.kind, outcome)
+
+    async def _play_elsewhere(self, play: str, run_id: uuid.UUID) -> lanes.Defer | None:
+        """Decide on an own-lane run whose play this app lacks; None: fail it for good.
+
+        A live machine of this lane registers the play: leave it to that machine
+        at once, and claim from now on past such runs (``claim_lane`` mode ``own``
+        skips them). Only machines that have stopped ever registered it: put it
+        back in 30 s, counted as a deferral, so the report names it and an
+        operator hears of it. No machine of this lane ever did: the play is
+        unknown to the release (a typo), and the run fails visibly.
+        """
+        found = await self.db.run(
+            lambda c: self.store.fetchrow(c, "lane_play_registered", self.queue, play)
+        )
+        live, ever = (found["live"], found["ever"]) if found is not None else (False, False)
+        here = f"play {play!r} of run {run_id} is not registered in this app of release "
+        if live:
+            self.lane_plays_differ = True
+            return lanes.Defer(
+                reason=f"{here}{self.release_id}, but a live machine of it registers it",
+                delay_seconds=0,
+            )
+        if ever:
+            return lanes.Defer(
+                reason=f"{here}{self.release_id}, and no live machine of it registers it now "
+                "(one that stopped did): start one",
+            )
+        return None
 
     async def _moved_to(self, claimed: engine.ClaimedRun) -> tuple[uuid.UUID, str] | None:
         """Return the run and the queue a claimed task's run was moved to, or None."""
@@ -409,6 +445,7 @@ class Runtime(HandBack, Settlement):
                 streak = await count_deferral(
                     conn, self.store, claimed, run_id,
                     alert_after_s=self.defer_alert_after_s, fail_after_s=self.defer_fail_after_s,
+                    attempt_id=attempt_id,
                 )  # fmt: skip
                 if streak.failed is not None:
                     await self.store.execute(

@@ -200,13 +200,17 @@ class Store:
         attempt_id: int | None,
         output: Any = None,
         error: Any = None,
+        own_attempt_id: int | None = None,
     ) -> bool:
         """Move a run to a terminal status and append its one terminal fact.
 
         Returns False (and writes nothing) when the fence does not match or the
-        run is already terminal: whoever settled it first wrote the fact.
+        run is already terminal: whoever settled it first wrote the fact. The
+        run's other attempts that recorded no end are closed as lost leases
+        (see settle_run), except ``own_attempt_id``, which the caller ends.
         """
         settled = await self.fetchval(
-            conn, "settle_run", run_id, attempt_id, status, output, error, fact["type"], fact
-        )
+            conn, "settle_run", run_id, attempt_id, status, output, error, fact["type"], fact,
+            own_attempt_id,
+        )  # fmt: skip
         return settled is not None

@@ -703,7 +703,8 @@ async def test_retry_waits_until_the_failed_run_s_attempt_has_stopped(
             plays.gate("busy").set()
             handled = await asyncio.wait_for(held, 20)
         assert handled.outcome == "cancelled", handled
-        new_id, release_id, _queue = await client.retry_run(run.run_id)
+        retried = await client.retry_run(run.run_id)
+        new_id, release_id, _queue = retried.run_id, retried.release_id, retried.queue
         assert release_id == B
         assert (await client.status(new_id)).retry_of == run.run_id
 
@@ -766,7 +767,8 @@ async def test_retry_submits_the_same_play_and_input_on_the_newest_claiming_rele
         plays.gate("stuck").set()
         assert (await held).outcome == "cancelled"
 
-        new_id, release_id, queue = await client.retry_run(old.run_id)
+        retried = await client.retry_run(old.run_id)
+        new_id, release_id, queue = retried.run_id, retried.release_id, retried.queue
 
         assert (release_id, queue) == (B, QB)
         old_row = await run_row(database_url, old.run_id)
@@ -796,7 +798,8 @@ async def test_retry_submits_the_same_play_and_input_on_the_newest_claiming_rele
         assert (status.status, status.output) == ("completed", [B, B])
         assert attempts_of(status) == [(B, "own", "completed")]
         # A retry of the retry goes to B again; each names the run it repeats.
-        again, _, _ = await client.retry_run(new_id)
+        retried = await client.retry_run(new_id, completed=True)
+        again, _, _ = retried.run_id, retried.release_id, retried.queue
         assert (await client.status(again)).retry_of == new_id
     assert plays.by(B, new_id) == ["held", "after"]
 
@@ -817,7 +820,8 @@ async def test_retry_is_refused_while_no_lane_claims(database_url: str, plays: P
         for queue in (QA, QB):
             assert len(await engine_tasks(database_url, queue)) == (1 if queue == QA else 0)
         await client.activate_release(B)
-        new_id, release_id, _ = await client.retry_run(old.run_id)
+        retried = await client.retry_run(old.run_id)
+        new_id, release_id, _ = retried.run_id, retried.release_id, retried.queue
         assert release_id == B
         assert await work_once(rt_b) == ["completed"]
         status = await client.status(new_id)
@@ -853,7 +857,8 @@ async def test_runs_lists_newest_first_filtered_by_status_lane_and_play(
 
         await eventually(b_adopted, what="B to adopt the nap")
         fresh_b = await client_b.submit("plain")
-        retried, _, _ = await client.retry_run(failed.run_id)
+        retried = await client.retry_run(failed.run_id)
+        retried, _, _ = retried.run_id, retried.release_id, retried.queue
 
         def ids(found: list[Any]) -> list[str]:
             return [r.run_id for r in found]

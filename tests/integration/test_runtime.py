@@ -182,23 +182,26 @@ async def test_duplicate_signal_is_ignored_first_wins(database_url: str) -> None
     assert status.output["n"] == 1
 
 
-async def test_signal_to_an_ended_run_is_ignored_and_recorded_nowhere(database_url: str) -> None:
-    """A signal after the run ended says so; no signal row, no engine event is written."""
+async def test_signal_to_an_ended_run_is_kept_for_its_retry_but_wakes_nothing(
+    database_url: str,
+) -> None:
+    """A signal after a cancel says so and is kept (a retry receives it); no engine event."""
     async with open_client(database_url, ENV) as client:
         submitted = await client.submit("wait")
         assert await client.cancel(submitted.run_id)
         result = await client.signal(submitted.run_id, "go", {"late": True})
         assert (result.run_ended, result.duplicate, result.delivered) == ("cancelled", False, False)
+        assert (result.kept_for_retry, result.delivered_to) == (True, submitted.run_id)
         conn = await connect(database_url)
         try:
-            signals = await conn.fetchval(
-                f"select count(*) from {client.store.schema_sql}.signals where run_id = $1",
+            signals = await conn.fetch(
+                f"select payload from {client.store.schema_sql}.signals where run_id = $1",
                 submitted.run_id,
             )
             events = await conn.fetchval(f"select count(*) from absurd.e_{QUEUE}")
         finally:
             await conn.close()
-    assert (signals, events) == (0, 0)
+    assert ([r["payload"] for r in signals], events) == ([{"late": True}], 0)
 
 
 async def test_wait_times_out(database_url: str) -> None:

@@ -6,8 +6,11 @@
 -- play and adopter lane (p_own_queue is the claimer's own lane).
 --
 -- Mode 'own': a claiming release on its own queue, when runs there were
--- adopted by another lane: everything due except those (they are their
--- adopter's; this release is older than the code that already ran them).
+-- adopted by another lane, or when a live machine of the same lane registers a
+-- play this app lacks (a rollout of mixed apps): everything due except those
+-- (adoptees are their adopter's, this release is older than the code that
+-- already ran them; a play only the other machine has is for that machine).
+-- The 'drain' mode skips the latter on its own queue too.
 --
 -- Mode 'adopt': a claiming release's `:continuations` loop on a retired lane's
 -- queue. Hands out runs whose durable wait is over (a due `sleeping` run, or a
@@ -53,9 +56,14 @@ begin
        and not exists (
              select 1 from %1$I.runs s
               where s.task_id = r.task_id
-                and s.adopted_queue is not null
-                and s.adopted_queue <> %2$s)',
-      p_store_schema, p_own_param);
+                and ((s.adopted_queue is not null and s.adopted_queue <> %2$s)
+                     or (s.play <> all (%3$s)
+                         and exists (
+                               select 1 from %1$I.workers w
+                                where w.queue = %2$s and w.stopped_at is null
+                                  and w.heartbeat_at > now() - interval ''60 seconds''
+                                  and s.play = any (w.plays)))))',
+      p_store_schema, p_own_param, p_plays_param);
   elsif p_mode = 'adopt' then
     return format(
       '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
@@ -94,8 +102,15 @@ begin
                 from %1$I.runs s
                where s.task_id = r.task_id
                  and coalesce(s.adopted_queue, %3$L) = %2$s
-                 -- on the queue of another lane, only what this app can run
-                 and (%3$L = %2$s or s.play = any (%4$s))
+                 -- on the queue of another lane, only what this app can run; on
+                 -- its own, not what a live machine of it with another app can
+                 and (s.play = any (%4$s)
+                      or (%3$L = %2$s
+                          and not exists (
+                                select 1 from %1$I.workers w
+                                 where w.queue = %2$s and w.stopped_at is null
+                                   and w.heartbeat_at > now() - interval ''60 seconds''
+                                   and s.play = any (w.plays))))
                  and %1$I.needs_own_lane(s.status, s.play, %2$s, s.queue))
             or (%3$L = %2$s
                 and not exists (select 1 from %1$I.runs s where s.task_id = r.task_id)))',

@@ -24,6 +24,22 @@ select * from {schema}.runs where run_id = $1;
 -- name: lock_run
 select * from {schema}.runs where run_id = $1 for update;
 
+-- name: lock_run_shared
+-- A signal or a status-changing read: waits for a `lanes move`, a `runs retry`
+-- or a `runs fail` of the run in progress, and sees what it committed.
+select * from {schema}.runs where run_id = $1 for share;
+
+-- name: mark_retried
+update {schema}.runs set retried_by = $2, updated_at = now() where run_id = $1;
+
+-- name: copy_signals
+-- The events run $1 received, for its retry $2: its plays wait for them again.
+insert into {schema}.signals (run_id, event_key, payload, received_at)
+select $2, s.event_key, s.payload, s.received_at
+  from {schema}.signals s
+ where s.run_id = $1
+on conflict (run_id, event_key) do nothing;
+
 -- name: list_runs
 -- Newest first; each filter applies when given (a lane matches its own runs
 -- and the runs it adopted).
@@ -55,11 +71,32 @@ select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
 select exists (
   select 1
     from {schema}.attempts a
-    join {schema}.workers w
-      on a.worker_id = w.worker_id or a.worker_id like w.worker_id || ':%'
    where a.run_id = $1 and a.outcome is null and a.disposition in ('own', 'adopt')
-     and w.stopped_at is null and w.heartbeat_at > now() - interval '60 seconds'
+     and {schema}.attempt_worker_live(a.worker_id)
 );
+
+-- name: close_abandoned_attempts
+-- Attempts that recorded no end, whose run moved on without them (a newer
+-- attempt took it over, or it ended) and whose worker is gone (killed): closed
+-- as a lost lease, at most $1 per call. begin_attempt and settle_run close most
+-- of them at once; this catches a worker that died after its run ended.
+with gone as (
+  select a.attempt_id
+    from {schema}.attempts a
+    join {schema}.runs r on r.run_id = a.run_id
+   where a.outcome is null
+     and (r.status in ('completed', 'failed', 'cancelled')
+          or r.current_attempt_id is distinct from a.attempt_id)
+     and not {schema}.attempt_worker_live(a.worker_id)
+   limit $1
+)
+update {schema}.attempts a
+   set outcome = 'lease_lost', finished_at = now(),
+       error = coalesce(a.error, jsonb_build_object(
+         'reason', 'its worker stopped without recording its end'))
+  from gone g
+ where a.attempt_id = g.attempt_id and a.outcome is null
+returning a.attempt_id;
 
 -- name: live_plays
 -- The plays the live workers of lane $1 register.
@@ -67,6 +104,15 @@ select coalesce(array_agg(distinct p), '{}') as plays
   from {schema}.workers w cross join lateral unnest(w.plays) as p
  where w.queue = $1 and w.stopped_at is null
    and w.heartbeat_at > now() - interval '60 seconds';
+
+-- name: lane_play_registered
+-- Whether a live worker of lane $1 registers play $2, and whether any worker of
+-- it ever did.
+select coalesce(bool_or(w.stopped_at is null
+                        and w.heartbeat_at > now() - interval '60 seconds'), false) as live,
+       count(*) > 0 as ever
+  from {schema}.workers w
+ where w.queue = $1 and $2 = any (w.plays);
 
 -- name: lane_row
 select queue, status, release_ids from {schema}.releases where queue = $1;
@@ -144,6 +190,15 @@ with prev as (
      -- `lanes move` gave the run a new engine task: a claim of the old one is stale.
      and r.task_id = $10
   returning r.checkpoint, r.step_keys
+), superseded as (
+  -- Taken over: every older claim of the run that recorded no end (its worker
+  -- was killed, or lost its lease) has lost it, in this same statement.
+  update {schema}.attempts o
+     set outcome = 'lease_lost', finished_at = now(),
+         error = coalesce(o.error, jsonb_build_object(
+           'reason', 'a newer attempt took the run over'))
+    from taken t
+   where o.run_id = $1 and o.outcome is null
 )
 select a.attempt_id, t.checkpoint, t.step_keys,
        case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
@@ -226,7 +281,8 @@ returning run_id;
 -- name: settle_run
 -- Terminal state for a run, fenced by attempt unless $2 is null (reconciler,
 -- cancel), and never over another terminal state; the terminal fact ($6, $7)
--- is appended in the same statement, only when the run was settled here.
+-- is appended in the same statement, only when the run was settled here. $8:
+-- an unfenced caller's own attempt (a deferral's put-back), which it ends.
 with settled as (
   update {schema}.runs
      set status = $3, output = $4, error = $5, current_wait = null,
@@ -239,6 +295,21 @@ with settled as (
   insert into {schema}.ledger (run_id, type, fact)
   select run_id, $6, $7 from settled
   on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
+), closed as (
+  -- The run ended: its other attempts that recorded no end are over too. Settled
+  -- by its current attempt ($2), every other one; settled from outside (cancel,
+  -- an operator, the reconciler), only those whose worker is gone: a live
+  -- worker's attempt may still be executing a step, and ends itself when its
+  -- next engine call finds the run cancelled.
+  update {schema}.attempts a
+     set outcome = 'lease_lost', finished_at = now(),
+         error = coalesce(a.error, jsonb_build_object(
+           'reason', 'the run ended without this attempt'))
+    from settled s
+   where a.run_id = s.run_id and a.outcome is null
+     and a.attempt_id is distinct from $2
+     and a.attempt_id is distinct from $8  -- the caller's own claim, which it ends itself
+     and ($2::bigint is not null or not {schema}.attempt_worker_live(a.worker_id))
 )
 select run_id from settled;
 
@@ -352,10 +423,15 @@ select l.queue, l.status, l.release_ids, l.created_at,
 select {schema}.lane_needs_own($1);
 
 -- name: report_lanes
--- The drain report's lanes: every registered lane (a pruned one only while
--- runs name it again), its live workers (a heartbeat within 60 s, no stop
--- mark) with the plays each registers.
-select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
+-- The drain report's lanes: every registered lane, its live workers (a
+-- heartbeat within 60 s, no stop mark) with the plays each registers. A
+-- pruned lane is `hidden` from the list while no open run names it (`lanes
+-- show` and `lanes wait` still find it: drained, safe to stop, pruned).
+select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, l.pruned_at,
+       l.pruned_at is not null
+         and not exists (select 1 from {schema}.runs r
+                          where coalesce(r.adopted_queue, r.queue) = l.queue
+                            and r.status not in ('completed', 'failed', 'cancelled')) as hidden,
        coalesce((select jsonb_agg(jsonb_build_object('workerId', w.worker_id,
                                                      'plays', to_jsonb(w.plays))
                                   order by w.worker_id)
@@ -363,10 +439,6 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
                   where w.queue = l.queue and w.stopped_at is null
                     and w.heartbeat_at > now() - interval '60 seconds'), '[]'::jsonb) as workers
   from {schema}.releases l
- where l.pruned_at is null
-    or exists (select 1 from {schema}.runs r
-                where coalesce(r.adopted_queue, r.queue) = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled'))
  order by l.created_at, l.queue;
 
 -- name: prunable_lanes
@@ -408,6 +480,11 @@ with lane as (
   select r.run_id, r.play, r.created_at, r.updated_at, r.defer_count, r.first_deferred_at,
          coalesce(r.adopted_queue, r.queue) as lane,
          case when r.adopted_queue is null then r.release_id end as stamped,
+         -- Adopted, parked, and its stamped lane claims again (`lanes activate`
+         -- after the adoption): no newer release may adopt it from there.
+         case when r.adopted_queue is not null and r.adopted_queue <> r.queue
+                   and r.status = 'waiting' and q.status = 'claiming'
+              then r.queue end as claiming_stamp,
          case when r.status = 'running' then 'inFlight'
               when r.status = 'retrying' then 'retrying'
               when r.status = 'queued' and r.current_attempt_id is null then 'fresh'
@@ -429,9 +506,9 @@ select lane, bucket, needs_own, count(*) as runs,
        min(updated_at) as oldest_update,
        count(*) filter (where defer_count > 0) as deferred,
        min(first_deferred_at) as oldest_deferral,
-       min(stamped) as release_id
+       min(stamped) as release_id, claiming_stamp
   from open
- group by lane, bucket, needs_own;
+ group by lane, bucket, needs_own, claiming_stamp;
 
 -- name: report_adopted
 -- Open runs adopted away from their stamped lane, per (stamped lane, adopter).
