@@ -40,6 +40,7 @@ from worker.loops import LoopRegistry, wanted_continuations
 from worker.maintenance import maintain
 from worker.metrics import Metrics
 from worker.poller import Capacity
+from worker.report_cache import REPORT_RETRY_FOR_S, ReportReader, SharedRead, application_name
 from worker.runtime import Runtime
 from worker.store import Store
 
@@ -64,6 +65,9 @@ SIDE_LOOP_OUTAGE_EVENTS = {
 }
 POLLER_STOP_GRACE_S = 5.0
 STOP_MARK_TIMEOUT_S = 5.0
+# /readyz's database probe: `select 1` through the daemon's pool, one at a time, reused briefly.
+READY_PROBE_TIMEOUT_S = 2.0
+READY_PROBE_FRESH_S = 1.0
 
 
 def longest_stop_s(drain_s: float) -> float:
@@ -125,6 +129,20 @@ class Supervisor:
         self.db: Database | None = None
         # Set once boot has installed the schemas: a page view must never run a migration.
         self.lanes_client: LaneClient | None = None
+        # The health port's reads: single flight, reused briefly; the report on its own pool.
+        self.report_reader = ReportReader(
+            PoolOptions(
+                url=settings.database_url,
+                max_size=1,
+                application_name=application_name("lane-worker-report", settings.release_id),
+                pgbouncer=settings.tuning.pgbouncer,
+                retry_for_s=REPORT_RETRY_FOR_S,
+            ),
+            self.store,
+        )
+        self.database_probe = SharedRead(
+            self._probe_database, fresh_s=READY_PROBE_FRESH_S, failure_fresh_s=READY_PROBE_FRESH_S
+        )
         self.health_port: int | None = None  # bound first thing in main
         self.log = log.bind(
             release_id=settings.release_id, queue=settings.queue, worker_id=self.worker_id
@@ -178,17 +196,23 @@ class Supervisor:
             return self.exit_code
         finally:
             # Every way out (boot refused, database unreachable, a crash, the drain) stops
-            # the server, before the pool closes under a page that reads from it.
+            # the server, before the pools close under a page that reads from them.
             with anyio.CancelScope(shield=True):
                 await health.stop()
+                await self.database_probe.close()
+                await self.report_reader.close()
             if self.db is not None:
                 await self.db.close()
 
     async def _lanes_view(self) -> list[LaneView]:
-        """The /lanes page's report: NotBootedError (503) until boot installed the schemas."""
+        """The /lanes page's report: NotBootedError (503) until boot installed the schemas.
+
+        Read through the report's own 1-connection pool, one read at a time for
+        every viewer, reused for 2 s: never through the hot path's pool.
+        """
         if self.lanes_client is None:
             raise NotBootedError("the worker has not finished booting")
-        return await self.lanes_client.lanes()
+        return await self.report_reader.report()
 
     async def _boot(self, db: Database) -> int | None:
         s = self.settings
@@ -443,16 +467,23 @@ class Supervisor:
             failed = "maintenance" in self.side_loop_outages
             await anyio.sleep(MAINTENANCE_RETRY_S if failed else MAINTENANCE_S)
 
+    async def _probe_database(self) -> bool:
+        """Tell whether `select 1` through the daemon's pool answers within 2 s."""
+        if self.db is None:
+            return False
+        try:
+            with anyio.fail_after(READY_PROBE_TIMEOUT_S):
+                await self.db.fetchval("select 1")
+        except Exception:
+            return False
+        return True
+
     async def _readiness(self) -> dict[str, Any]:
         # Served from before the database is opened: until worker.ready, report booting.
         booting = not self.ready.is_set()
-        database = self.db is not None
-        if self.db is not None:
-            try:
-                with anyio.fail_after(2):
-                    await self.db.fetchval("select 1")
-            except Exception:
-                database = False
+        # One probe in flight for every client (it holds at most one of the pool's two
+        # connections), its answer reused for 1 s.
+        database = self.db is not None and await self.database_probe.get()
         own_running = self.loops.own_running()
         ready = (
             not booting

@@ -1,0 +1,180 @@
+"""What the health port reads from the database, shared by every client that asks.
+
+Any number of people may keep the lanes page open, and any number of probes may
+ask `/readyz`; neither may ever delay a run's lease extension or checkpoint.
+So each read is **single flight**: at most one is in flight per process, every
+caller that arrives meanwhile awaits that same read, and its result is reused
+for a moment (``SharedRead``). A caller that gives up (the page's 5 s timeout,
+a client that went away) does not cancel the read the others wait for.
+
+The drain report is read through a pool of its own, one connection, opened on
+the first view (``ReportReader``): the daemon's 2-connection pool is the hot
+path's (claims, lease extensions, checkpoints), and a 0.25 s report on it
+queued every lease extension behind the page's viewers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+import anyio
+
+from worker.db import Connection, Database, PoolOptions
+from worker.report import LaneView, read_report
+from worker.store import Store
+
+T = TypeVar("T")
+
+# A report read is reused for this long after it finished; the page refreshes every 5 s.
+REPORT_FRESH_S = 2.0
+# The report pool's retry budget for connecting and for a read (the page waits 5 s).
+REPORT_RETRY_FOR_S = 5.0
+# A report statement running longer than this is cancelled by the server.
+REPORT_STATEMENT_TIMEOUT_S = 10.0
+# Closing the report pool waits this long for its connection, then terminates it.
+REPORT_CLOSE_TIMEOUT_S = 2.0
+APPLICATION_NAME_BYTES = 63  # Postgres cuts application_name to NAMEDATALEN - 1 bytes
+
+
+def application_name(prefix: str, release_id: str) -> str:
+    """Return ``"<prefix> <release_id>"`` cut to the 63 bytes Postgres keeps (whole characters)."""
+    name = f"{prefix} {release_id}".encode()[:APPLICATION_NAME_BYTES]
+    return name.decode(errors="ignore")
+
+
+class SharedReadCancelledError(Exception):
+    """The shared read a caller was waiting for was cancelled (its owner is closing)."""
+
+
+class SharedRead(Generic[T]):
+    """One read in flight at a time; its result is reused for ``fresh_s`` after it finished.
+
+    A failed read is reused for ``failure_fresh_s`` (0: the next caller reads again),
+    so an outage is retried on the next view, still one read at a time. Callers
+    await the read through ``asyncio.shield``: one of them being cancelled leaves
+    the read running for the others.
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[T]],
+        *,
+        fresh_s: float,
+        failure_fresh_s: float = 0.0,
+    ) -> None:
+        self._read = read
+        self._fresh_s = fresh_s
+        self._failure_fresh_s = failure_fresh_s
+        self._in_flight: asyncio.Task[T] | None = None
+        self._last: asyncio.Task[T] | None = None
+        self._fresh_until = 0.0
+        #: How many reads were started (callers served from the last result start none).
+        self.reads = 0
+
+    async def get(self) -> T:
+        """Return the last result while it is fresh, else the result of the read in flight."""
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and loop.time() < self._fresh_until:
+            return last.result()  # raises a failed read's error
+        task = self._in_flight
+        if task is None:
+            task = self._in_flight = loop.create_task(self._read_once())
+            self.reads += 1
+            task.add_done_callback(self._finished)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if task.cancelled() and caller is not None and not caller.cancelling():
+                raise SharedReadCancelledError("the read was cancelled") from None
+            raise
+
+    async def _read_once(self) -> T:
+        return await self._read()
+
+    def _finished(self, task: asyncio.Task[T]) -> None:
+        if self._in_flight is task:
+            self._in_flight = None
+        if task.cancelled():
+            return
+        failed = task.exception() is not None  # also marks a failure as retrieved
+        self._last = task
+        now = asyncio.get_running_loop().time()
+        self._fresh_until = now + (self._failure_fresh_s if failed else self._fresh_s)
+
+    async def close(self) -> None:
+        """Cancel the read in flight, if any, and wait until it has stopped."""
+        task, self._in_flight = self._in_flight, None
+        self._last = None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+
+class ReportClosedError(Exception):
+    """The report was asked for after the daemon closed its report pool (it is stopping)."""
+
+
+class ReportReader:
+    """The drain report for the health port: single flight, reused briefly, on its own pool.
+
+    The pool (``options``, one connection) opens on the first read, not at boot,
+    so a worker nobody looks at holds no extra connection (asyncpg also closes the
+    connection after 5 idle minutes). Each read sets a ``statement_timeout`` in
+    its transaction, so a stuck report cannot hold that connection for ever.
+    """
+
+    def __init__(
+        self,
+        options: PoolOptions,
+        store: Store,
+        *,
+        fresh_s: float = REPORT_FRESH_S,
+        statement_timeout_s: float = REPORT_STATEMENT_TIMEOUT_S,
+    ) -> None:
+        self.options = options
+        self._store = store
+        self._statement_timeout_ms = max(1, round(statement_timeout_s * 1000))
+        self._db: Database | None = None
+        self._closed = False
+        self._shared = SharedRead(self._read, fresh_s=fresh_s)
+
+    @property
+    def reads(self) -> int:
+        """How many report reads were started."""
+        return self._shared.reads
+
+    async def report(self) -> list[LaneView]:
+        """Return the drain report (shared with every caller that asks meanwhile)."""
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        return await self._shared.get()
+
+    async def _read(self) -> list[LaneView]:
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        if self._db is None:
+            self._db = await Database.open(self.options)
+        return await self._db.run(self._read_bounded)
+
+    async def _read_bounded(self, conn: Connection) -> list[LaneView]:
+        # read_report's own transaction nests in this one (a savepoint, same snapshot rules);
+        # `set local` ends with it, so nothing stays on the connection (or a PgBouncer's).
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            await conn.execute(f"set local statement_timeout = {self._statement_timeout_ms}")
+            return await read_report(conn, self._store)
+
+    async def close(self) -> None:
+        """Stop the read in flight and close the pool (idempotent); later reads are refused."""
+        self._closed = True
+        await self._shared.close()
+        db, self._db = self._db, None
+        if db is None:
+            return
+        with anyio.move_on_after(REPORT_CLOSE_TIMEOUT_S) as scope:
+            await db.close()
+        if scope.cancelled_caught:
+            db.pool.terminate()
