@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.log import server_logger
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker import page
@@ -22,6 +25,17 @@ from worker.metrics import Metrics
 LANES_TIMEOUT_S = 5.0
 # A bad request's logged reason is cut to this many characters: it quotes the client's bytes.
 BAD_REQUEST_REASON_CHARS = 100
+# What one client may hold. aiohttp keeps an idle connection open for an hour by default.
+KEEPALIVE_TIMEOUT_S = 5.0
+# A connection must deliver a request's headers within this long of opening, or of the end of
+# the previous request's handler, and read the response in that time; else it is dropped.
+REQUEST_HEADERS_TIMEOUT_S = 5.0
+# Open connections at most; one more is closed at once (logged at most every 10 s).
+MAX_CONNECTIONS = 64
+TOO_MANY_CONNECTIONS_LOG_S = 10.0
+CLIENT_MAX_SIZE = 1024  # every route is a GET
+# On stop, requests in progress get this long to finish before they are cancelled.
+SHUTDOWN_TIMEOUT_S = 1.0
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
 LanesReport = Callable[[], Awaitable[list[LaneView]]]
@@ -75,6 +89,130 @@ if not _request_log.handlers:
     _request_log.addHandler(_RequestErrors())
 
 
+class _Bounds:
+    """The limits a server's connections share, and how many are open."""
+
+    def __init__(self, max_connections: int, idle_s: float) -> None:
+        self.max_connections = max_connections
+        self.idle_s = idle_s
+        self.open = 0
+        self._refused = 0  # since the last log line
+        self._logged_at: float | None = None
+
+    def refuse(self) -> None:
+        """Count a connection closed for being one too many; log at most every 10 s."""
+        self._refused += 1
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= TOO_MANY_CONNECTIONS_LOG_S:
+            log.warning(
+                "health.too_many_connections", limit=self.max_connections, refused=self._refused
+            )
+            self._refused, self._logged_at = 0, now
+
+
+class _BoundedHandler(RequestHandler):
+    """aiohttp's connection handler, counted against the cap and dropped when it dawdles.
+
+    A connection over the cap is aborted before aiohttp sees it. Otherwise a
+    clock runs whenever no request handler is running on the connection (from
+    the connect, and from the end of each handler): when it runs out, the
+    connection is aborted, whether the client is silent, sends its headers
+    slowly, or does not read its response (``abort``, not ``close``, which
+    would wait for the client to read what is buffered). The handlers bound
+    their own time (the report's 5 s, the readiness probe's 2 s).
+    """
+
+    def __init__(self, manager: Server, bounds: _Bounds, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._bounds = bounds
+        self._counted = False
+        self._own_transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        real = cast(asyncio.Transport, transport)
+        if self._bounds.open >= self._bounds.max_connections:
+            self._bounds.refuse()
+            real.abort()
+            return
+        self._bounds.open += 1
+        self._counted = True
+        self._own_transport = real
+        super().connection_made(real)
+        self.start_clock()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.stop_clock()
+        self._own_transport = None
+        if self._counted:
+            self._counted = False
+            self._bounds.open -= 1
+        super().connection_lost(exc)
+
+    def stop_clock(self) -> None:
+        """A request's handler runs: its own time bound applies, not the connection's."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def start_clock(self) -> None:
+        """Give the client ``idle_s`` to read the response and send the next request."""
+        self.stop_clock()
+        if self._own_transport is not None:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(self._bounds.idle_s, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self._own_transport is not None:
+            self._own_transport.abort()
+
+
+class _BoundedServer(Server):
+    """aiohttp's low-level server (the protocol factory) making bounded connection handlers."""
+
+    def __init__(self, plain: Server, bounds: _Bounds) -> None:
+        # The arguments aiohttp's Application gave the server it made, kept as they are.
+        super().__init__(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            **plain._kwargs,
+        )
+        self.bounds = bounds
+
+    def __call__(self) -> RequestHandler:
+        return _BoundedHandler(self, self.bounds, loop=self._loop, **self._kwargs)
+
+
+class _BoundedRunner(web.AppRunner):
+    """An AppRunner whose server makes bounded connection handlers."""
+
+    def __init__(self, app: web.Application, bounds: _Bounds, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._bounds = bounds
+
+    async def _make_server(self) -> Server:
+        return _BoundedServer(await super()._make_server(), self._bounds)
+
+
+@web.middleware
+async def _handler_clock(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Stop the connection's idle clock while a handler runs; restart it when it returns."""
+    protocol = request.protocol
+    bounded = protocol if isinstance(protocol, _BoundedHandler) else None
+    if bounded is not None:
+        bounded.stop_clock()
+    try:
+        return await handler(request)
+    finally:
+        if bounded is not None:
+            bounded.start_clock()
+
+
 class HealthServer:
     """The daemon's HTTP endpoints on one port (0 picks a free one)."""
 
@@ -93,19 +231,31 @@ class HealthServer:
         self._readiness = readiness
         self._lanes = lanes
         self._runner: web.AppRunner | None = None
+        self._bounds = _Bounds(MAX_CONNECTIONS, REQUEST_HEADERS_TIMEOUT_S)
         self.port: int | None = None
+
+    @property
+    def open_connections(self) -> int:
+        """How many client connections are open now."""
+        return self._bounds.open
 
     async def start(self) -> int:
         """Start listening; return the port actually bound."""
-        app = web.Application()
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_handler_clock])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_page)
         if self._lanes is not None:
             app.router.add_get("/lanes", self._lanes_page)
             app.router.add_get("/", self._html_page)
-        self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, logger=_request_log
+        self._runner = _BoundedRunner(
+            app,
+            self._bounds,
+            access_log=None,
+            handle_signals=False,
+            logger=_request_log,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host=self._host, port=self._port)
