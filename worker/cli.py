@@ -506,7 +506,9 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
     }
     to = result.delivered_to
     via = f"run {to}, the retry of run {result.run_id}" if to != result.run_id else f"run {to}"
-    if result.kept_for_retry:
+    if result.duplicate:
+        text = f"ignored: {via} already has event {event_key!r} (first signal wins)."
+    elif result.kept_for_retry:
         text = (
             f"kept: {via} has already ended ({result.run_ended}), so nothing waits for "
             f"{event_key!r} now; a retry of it (lane-worker runs retry {to}) receives it."
@@ -516,8 +518,6 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
             f"ignored: run {result.run_id} has already ended ({result.run_ended}); "
             f"nothing waits for {event_key!r}."
         )
-    elif result.duplicate:
-        text = f"ignored: {via} already has event {event_key!r} (first signal wins)."
     else:
         text = f"delivered event {event_key!r} to {via}."
     _emit(as_json, report, text)

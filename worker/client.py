@@ -405,7 +405,12 @@ class LaneClient(RunRemedies):
                 if keep:
                     # Nothing waits for it now, but a retry of the run will: it
                     # receives the events its run had (copy_signals).
-                    await self.store.fetchval(conn, "insert_signal", row["run_id"], event_key, data)
+                    kept = await self.store.fetchval(
+                        conn, "insert_signal", row["run_id"], event_key, data
+                    )
+                    if kept is None:  # it had this event already: first wins
+                        return SignalResult(asked, event_key, True, row["status"],
+                                            delivered_to=target)  # fmt: skip
                 return SignalResult(asked, event_key, False, row["status"],
                                     delivered_to=target if keep else None,
                                     kept_for_retry=keep)  # fmt: skip

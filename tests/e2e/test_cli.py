@@ -229,14 +229,16 @@ def test_signal_then_duplicate_is_ignored(env: dict[str, str]) -> None:
     assert report["runEnded"] is None
 
 
-def test_signal_to_an_ended_run_is_ignored(env: dict[str, str]) -> None:
-    """A signal to a cancelled run says it ended, exits 0, and --json names the status."""
+def test_signal_to_an_ended_run_is_kept_for_a_retry(env: dict[str, str]) -> None:
+    """A signal to a cancelled run says it ended and is kept for a retry, exits 0; --json too."""
     run_id = ok(env, "submit", "p").stdout.strip()
     ok(env, "cancel", run_id)
     text = ok(env, "signal", run_id, "approved").stdout
-    assert text.startswith(f"ignored: run {run_id} has already ended (cancelled)")
+    assert text.startswith(f"kept: run {run_id} has already ended (cancelled)")
+    assert f"lane-worker runs retry {run_id}" in text
     report = ok_json(env, "signal", run_id, "approved")
     assert (report["duplicate"], report["runEnded"]) == (False, "cancelled")
+    assert (report["keptForRetry"], report["deliveredTo"]) == (True, run_id)
 
 
 def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:
@@ -305,6 +307,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
                 "runIds": [run_id],
             }
         ],
+        "pruned": False,
     }
     assert "no live worker of" in row["blockedBy"][0]["remedy"]
     activated = ok_json(env, "lanes", "activate", RELEASE)

@@ -267,7 +267,13 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         (tmp_path / "gate").touch()  # the retry's step can finish
         retry = await lane_worker_json(database_url, "runs", "retry", held)
         retry_id = retry["runId"]
-        assert retry == {"runId": retry_id, "releaseId": B_ID, "queue": QB, "retryOf": held}
+        assert retry == {
+            "runId": retry_id,
+            "releaseId": B_ID,
+            "queue": QB,
+            "retryOf": held,
+            "created": True,
+        }
         await b.wait_for("run.completed", run_id=retry_id)
         redone = await run_status(database_url, retry_id)
         assert (redone["status"], redone["retryOf"], redone["play"]) == (

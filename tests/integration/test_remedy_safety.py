@@ -165,6 +165,8 @@ async def test_a_signal_to_a_failed_run_is_kept_and_one_to_a_retried_run_reaches
 
         kept = await client.signal(first.run_id, "go")
         assert (kept.kept_for_retry, kept.run_ended, kept.delivered) == (True, "failed", False)
+        again = await client.signal(first.run_id, "go", {"second": True})  # first wins
+        assert (again.duplicate, again.kept_for_retry, again.run_ended) == (True, False, "failed")
         retry_1 = await client.retry_run(first.run_id, to_release=B)
         retry_2 = await client.retry_run(second.run_id, to_release=B)
         # retry_1 had its event; retry_2 waits for "go".
