@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from worker import engine, logs
 from worker.app import App, load_app
-from worker.client import LaneClient, LaneView
+from worker.client import LaneView
 from worker.config import EXIT_CONFIG, Settings
 from worker.db import Connection, Database, PoolOptions, is_transient
 from worker.dburl import url_secrets
@@ -128,7 +128,7 @@ class Supervisor:
         self.ready = anyio.Event()
         self.db: Database | None = None
         # Set once boot has installed the schemas: a page view must never run a migration.
-        self.lanes_client: LaneClient | None = None
+        self.schemas_ready = False
         # The health port's reads: single flight, reused briefly; the report on its own pool.
         self.report_reader = ReportReader(
             PoolOptions(
@@ -210,7 +210,7 @@ class Supervisor:
         Read through the report's own 1-connection pool, one read at a time for
         every viewer, reused for 2 s: never through the hot path's pool.
         """
-        if self.lanes_client is None:
+        if not self.schemas_ready:
             raise NotBootedError("the worker has not finished booting")
         return await self.report_reader.report()
 
@@ -258,8 +258,8 @@ class Supervisor:
         s = self.settings
         runtime = self._runtime(db)
         runtime.draining = self.lane_state != "claiming"
-        # Boot migrated both schemas: a page view must never run a migration.
-        self.lanes_client = LaneClient(db, self.store, env={}, schemas_installed=True)
+        # Boot migrated both schemas: the report may be read from now on.
+        self.schemas_ready = True
         try:
             async with anyio.create_task_group() as side:
                 # Started (the handler installed) before worker.ready is logged: an
