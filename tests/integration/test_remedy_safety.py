@@ -41,6 +41,7 @@ from test_remedies import (
 )
 
 from worker import App, TaskContext
+from worker.client import LaneClient
 from worker.errors import UnknownLaneError
 from worker.maintenance import maintain
 from worker.remedies import RetriedRun, RetryRefusedError
@@ -125,9 +126,8 @@ async def test_a_completed_run_is_retried_only_when_asked_for(
         assert (await client.status(retried.run_id)).retry_of == done.run_id
 
 
-async def _client(database_url: str) -> Any:
-    from worker.client import LaneClient
-
+async def _client(database_url: str) -> LaneClient:
+    """A client of its own (its own pool): concurrent operators."""
     client = await LaneClient.connect(database_url, env=dict(ENV_A))
     await client.ensure_schemas()
     return client
