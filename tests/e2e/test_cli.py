@@ -236,9 +236,11 @@ def test_signal_to_an_ended_run_is_kept_for_a_retry(env: dict[str, str]) -> None
     text = ok(env, "signal", run_id, "approved").stdout
     assert text.startswith(f"kept: run {run_id} has already ended (cancelled)")
     assert f"lane-worker runs retry {run_id}" in text
-    report = ok_json(env, "signal", run_id, "approved")
+    report = ok_json(env, "signal", run_id, "other")
     assert (report["duplicate"], report["runEnded"]) == (False, "cancelled")
     assert (report["keptForRetry"], report["deliveredTo"]) == (True, run_id)
+    again = ok_json(env, "signal", run_id, "approved")  # kept already: first wins
+    assert (again["duplicate"], again["keptForRetry"]) == (True, False)
 
 
 def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:
