@@ -121,6 +121,12 @@ class TaskContext:
         self.run_id = str(handle.run_id)
         self.release_id = release_id
         self.attempt = handle.attempt
+        # Sync step bodies whose thread has not returned: the attempt is still
+        # executing them even after its await was cancelled (a thread cannot be
+        # stopped), so it records no end until they return.
+        self._threads_running = 0
+        self._threads_idle = asyncio.Event()
+        self._threads_idle.set()
 
     @property
     def envelope(self) -> dict[str, Any]:
@@ -142,7 +148,7 @@ class TaskContext:
         if inspect.iscoroutinefunction(fn):
             result = await fn()
         else:
-            result = await run_in_daemon_thread(fn)
+            result = await self._run_sync(fn)
             if inspect.isawaitable(result):  # a lambda returning a coroutine
                 result = await result
         require_json(result, f"the result of step {name!r}")
@@ -154,6 +160,25 @@ class TaskContext:
         )
         self._checkpoints[key] = result
         return result
+
+    async def _run_sync(self, fn: Callable[[], Any]) -> Any:
+        self._threads_running += 1
+        self._threads_idle.clear()
+
+        def returned() -> None:
+            self._threads_running -= 1
+            if self._threads_running == 0:
+                self._threads_idle.set()
+
+        return await run_in_daemon_thread(fn, on_return=returned)
+
+    def sync_steps_running(self) -> int:
+        """Return how many sync step bodies of this attempt are still executing."""
+        return self._threads_running
+
+    async def sync_steps_returned(self) -> None:
+        """Wait until every sync step body this attempt started has returned."""
+        await self._threads_idle.wait()
 
     async def sleep(self, boundary_id: str, seconds: float) -> None:
         """Sleep durably: the run parks and resumes after ``seconds``, surviving restarts."""
@@ -460,17 +485,23 @@ class _DaemonThreads:
 _step_threads = _DaemonThreads()
 
 
-async def run_in_daemon_thread(fn: Callable[[], Any]) -> Any:
+async def run_in_daemon_thread(
+    fn: Callable[[], Any], *, on_return: Callable[[], None] | None = None
+) -> Any:
     """Run sync ``fn`` on a daemon thread and return its result.
 
     Abandoned on cancel: a drain hands the run back without waiting for the
-    thread (its step never committed, so it runs again elsewhere).
+    thread (its step never committed, so it runs again elsewhere). ``on_return``
+    is called on the event loop once ``fn`` returned or raised, even when
+    nobody awaits it any more.
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
     context = contextvars.copy_context()
 
     def settle(outcome: Callable[[], None]) -> None:
+        if on_return is not None:
+            on_return()
         if not done.done():  # cancelled meanwhile: nobody waits for it
             outcome()
 

@@ -234,8 +234,9 @@ class RunRemedies:
             if await self._attempt_in_flight(conn, old):
                 raise RunStillOpenError(
                     f"run {old['run_id']} ended, but an attempt of it may still be executing a "
-                    "step (it stops at its next step boundary, or when its lease expires); "
-                    "retry once `lane-worker status` shows no attempt in progress."
+                    "step (it stops once that step body returns; one that never returns stops "
+                    "when its worker does); retry once `lane-worker status` shows no attempt "
+                    "in progress."
                 )
             release_id, queue = await self._retry_target(conn, old, to_release)
             launch = {**(old["launch"] or {}), "absurdReleaseId": release_id,

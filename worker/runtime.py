@@ -71,6 +71,25 @@ class Handled:
     outcome: str
 
 
+class _PlayExit(Exception):
+    """Carries a play's SystemExit or KeyboardInterrupt out of its task.
+
+    asyncio re-raises those two from a task into the event loop, which would
+    stop the daemon; carried, they fail the attempt like any other error.
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+async def _contain_exits(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _PlayExit(exc) from None
+
+
 class Runtime(HandBack, Settlement):
     """Executes claimed runs for one worker of one release."""
 
@@ -520,7 +539,7 @@ class Runtime(HandBack, Settlement):
             )
             bound.info("run.started", attempt=h.attempt, play=run["play"])
             started = time.monotonic()
-            output = await self._with_lease(h, play(ctx, run["input"]), bound)
+            output = await self._with_lease(h, ctx, play(ctx, run["input"]), bound)
             require_json(output, f"the output of play {run['play']!r}")
         except Suspended:
             bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
@@ -565,12 +584,23 @@ class Runtime(HandBack, Settlement):
         return "completed"
 
     async def _with_lease(
-        self, h: RunHandle, work: Awaitable[T], bound: structlog.typing.FilteringBoundLogger
+        self,
+        h: RunHandle,
+        ctx: TaskContext,
+        work: Awaitable[T],
+        bound: structlog.typing.FilteringBoundLogger,
     ) -> T:
-        """Run ``work`` while extending the lease; cancel it if the lease is lost."""
+        """Run ``work`` while extending the lease; cancel it if the lease is lost.
+
+        The attempt ends only once every sync step body it started has
+        returned: a thread cannot be stopped, and an attempt recorded as ended
+        while its step still executes would let a retry or a newer claim run
+        that step beside it. A drain does not wait (the process exits).
+        """
         host = asyncio.current_task()
         assert host is not None
         lost: list[LeaseLostError] = []
+        cancelled_host: list[bool] = []
 
         async def keep() -> None:
             while True:
@@ -583,20 +613,44 @@ class Runtime(HandBack, Settlement):
                         self.metrics.lease_extensions.inc()
                 except LeaseLostError as exc:
                     lost.append(exc)
+                    if ctx.sync_steps_running():
+                        # Its next checkpoint fails on the lost lease by itself.
+                        bound.warning("run.step_still_running", detail=str(exc))
+                        await ctx.sync_steps_returned()
+                    cancelled_host.append(True)
                     host.cancel()
                     return
                 except Exception as exc:  # the database is away: keep trying while the lease lasts
                     bound.warning("lease.extend_failed", error=repr(exc))
 
         keeper = asyncio.create_task(keep())
+        # The play runs in a task of its own: what it does to its task's cancel
+        # count (Python 3.11's TaskGroup leaves one behind when a child fails
+        # while the group exits) must not make this run look like a drain. A
+        # cancel of this task (a drain, a lost lease) reaches the play's task.
+        runner = asyncio.ensure_future(_contain_exits(work))
         try:
-            return await work
+            try:
+                return await runner
+            except _PlayExit as carried:
+                raise carried.exc from None
+            finally:
+                if not really_cancelled() and ctx.sync_steps_running():
+                    # The play ended (a task group gave up a step's await) while
+                    # a step body still runs: the lease stays held until it returns.
+                    bound.warning("run.step_still_running")
+                    await ctx.sync_steps_returned()
         except asyncio.CancelledError:
-            if lost:
+            if cancelled_host:
                 host.uncancel()
+                cancelled_host.clear()
                 raise lost[0] from None
             raise
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+            if cancelled_host:
+                # The keeper cancelled the host just as the work returned: take
+                # that cancel back, or the run would later look like a drain.
+                host.uncancel()

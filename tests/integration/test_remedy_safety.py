@@ -12,14 +12,19 @@ with real daemons.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+import structlog
 from runtime_harness import (
     SCHEMA,
     connect,
     eventually,
+    open_client,
     open_runtime,
     queue_of,
     register_worker,
@@ -44,7 +49,8 @@ from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.errors import UnknownLaneError
 from worker.maintenance import maintain
-from worker.remedies import RetriedRun, RetryRefusedError
+from worker.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
+from worker.runtime import Runtime
 
 __all__ = ["plays"]  # the fixture, imported for this module's tests
 
@@ -441,3 +447,116 @@ async def test_a_play_only_a_stopped_machine_had_is_deferred_then_failed_past_th
         typo = await client.submit("plian")
         assert await work_once(narrow) == ["failed"]
         assert (await client.status(typo.run_id)).error["name"] == "UnknownPlayError"
+
+
+# -- a sync step body that outlives its attempt's await ---------------------------------------
+
+
+class Blocking:
+    """A play whose sync step bodies block on a thread until ``release`` is set.
+
+    ``one`` holds one step; ``group`` runs a failing async step beside a held
+    sync one in a task group, so the group gives up the sync step's await.
+    """
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+        self.app = App()
+
+        def body() -> str:
+            self.entered.set()
+            self.release.wait(60)
+            self.returned.set()
+            return "held"
+
+        @self.app.play("one")
+        async def one(ctx: TaskContext, params: Any) -> Any:
+            return await ctx.step("hold", body)
+
+        @self.app.play("group")
+        async def group(ctx: TaskContext, params: Any) -> Any:
+            async def fail() -> None:
+                await asyncio.to_thread(self.entered.wait, 20)
+                raise RuntimeError("the other branch failed")
+
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(ctx.step("hold", body))
+                tg.create_task(ctx.step("fail", fail))
+
+
+@asynccontextmanager
+async def blocking_lane(
+    database_url: str, blocking: Blocking
+) -> AsyncIterator[tuple[LaneClient, Runtime]]:
+    """A client and a live runtime of A with a 3 s lease (extended every second)."""
+    async with (
+        open_client(database_url, ENV_A) as client,
+        open_runtime(database_url, blocking.app, A, lease_s=3) as rt,
+    ):
+        await client.activate_release(A, force=True)
+        await register_worker(rt)
+        yield client, rt
+
+
+def logged(logs: list[dict[str, Any]], event: str) -> bool:
+    return any(entry.get("event") == event for entry in logs)
+
+
+async def test_a_cancelled_run_is_not_retried_while_its_sync_step_still_runs(
+    database_url: str,
+) -> None:
+    """Cancelled mid sync step: the attempt stays open until the body returns; no retry before."""
+    blocking = Blocking()
+    async with blocking_lane(database_url, blocking) as (client, rt):
+        run = await client.submit("one")
+        claimed = await claim_one(rt, QA)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                task = asyncio.create_task(rt.handle(claimed))
+                await eventually(lambda: asyncio.sleep(0, blocking.entered.is_set()))
+                assert await client.cancel(run.run_id)
+                # The lease keeper finds the cancel within a second or so.
+                await eventually(
+                    lambda: asyncio.sleep(0, task.done() or logged(logs, "run.step_still_running")),
+                    what="the cancel observed",
+                )
+                assert not task.done(), "the attempt ended while its step body still ran"
+                with pytest.raises(RunStillOpenError, match="may still be executing"):
+                    await client.retry_run(run.run_id)
+                rows = await attempt_rows(database_url, run.run_id)
+                assert [r["outcome"] for r in rows] == [None]
+        finally:
+            blocking.release.set()
+        assert (await asyncio.wait_for(task, 20)).outcome == "cancelled"
+        assert [r["outcome"] for r in await attempt_rows(database_url, run.run_id)] == ["cancelled"]
+        retried = await client.retry_run(run.run_id)
+        assert retried.created
+
+
+async def test_a_play_that_gives_up_a_sync_step_ends_its_attempt_only_once_it_returned(
+    database_url: str,
+) -> None:
+    """A task group fails beside a held sync step: attempt and lease last until it returns."""
+    blocking = Blocking()
+    async with blocking_lane(database_url, blocking) as (client, rt):
+        run = await client.submit("group")
+        claimed = await claim_one(rt, QA)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                task = asyncio.create_task(rt.handle(claimed))
+                await eventually(
+                    lambda: asyncio.sleep(0, task.done() or logged(logs, "run.step_still_running")),
+                    what="the play's failure",
+                )
+                assert not task.done(), "the attempt ended while its step body still ran"
+                # Its lease is still extended: nobody else can claim the run meanwhile.
+                await asyncio.sleep(4)  # longer than the lease: a lapsed one would show here
+                assert not (await rt.claim(QA, 5)).runs
+                rows = await attempt_rows(database_url, run.run_id)
+                assert [r["outcome"] for r in rows] == [None]
+        finally:
+            blocking.release.set()
+        assert (await asyncio.wait_for(task, 20)).outcome == "retrying"
+        assert blocking.returned.is_set()
