@@ -142,13 +142,13 @@ def _stamps_claim(release: str, count: int, stamps: dict[str, str]) -> str:
         f"{count} of them {release} adopted from {names}, whose lane claims again (`lanes "
         "activate` after the adoption), so no newer release may adopt them from it: end them "
         "(lane-worker runs fail RUN_ID --reason TEXT) and run them again on a claiming release "
-        f"(lane-worker runs retry RUN_ID), or `lane-worker lanes activate {release}` and keep "
-        "a machine of it running to resume them"
+        f"(lane-worker runs retry RUN_ID), or keep {release}'s machines running: its workers "
+        "resume them when they wake, as the lane drains"
     )
 
 
 def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tally,
-            names: dict[str, str]) -> str:  # fmt: skip
+            names: dict[str, str], served: frozenset[str] = frozenset()) -> str:  # fmt: skip
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
         return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"
@@ -166,6 +166,28 @@ def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tall
                 "to finish them"
             )
         return "; ".join(said)
+    unserved = [p for p in plays if p not in served]
+    if live and unserved and reason != "inFlight":
+        # Machines of one release with different apps (a rollout): a play none
+        # of the live ones registers waits for one that does.
+        names_ = ", ".join(unserved)
+        others = (
+            f"; the others: {release}'s {live} live worker(s) will run them"
+            if len(unserved) < len(plays)
+            else ""
+        )
+        return (
+            f"runs of play {names_}: no live worker of {release} registers it (they register: "
+            f"{', '.join(sorted(served)) or 'none'}): start a machine of {release} whose app "
+            "has it, or "
+            + (
+                f"move them to a claiming release (lane-worker lanes move {release} --to RELEASE)"
+                if reason == "fresh"
+                else "end them (lane-worker runs fail RUN_ID --reason TEXT) and run them again on "
+                "a claiming release (lane-worker runs retry RUN_ID)"
+            )
+            + others
+        )
     if live:
         what = "running" if reason == "inFlight" else "will run"
         return f"{release}'s {live} live worker(s) {what} them: {wait}"
@@ -195,10 +217,16 @@ def _status(registered: str | None, tally: _Tally) -> str:
 
 
 def _blockers(
-    status: str, release: str, live: int, tally: _Tally, names: dict[str, str]
+    status: str,
+    release: str,
+    workers: Sequence[dict[str, Any]],
+    tally: _Tally,
+    names: dict[str, str],
 ) -> tuple[Blocker, ...]:
     if status == "drained":
         return ()
+    live = len(workers)
+    served = frozenset(p for w in workers for p in w["plays"])
     found = []
     if status == "claiming":
         found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [], tally, names)))
@@ -208,7 +236,7 @@ def _blockers(
         if status == "claiming" and reason == "parkedNotAdoptable":
             continue  # a claiming lane's parked runs are its own to resume: not a blocker
         ids = tuple(run_id for _, run_id in oldest)
-        remedy = _remedy(reason, release, live, plays, tally, names)
+        remedy = _remedy(reason, release, live, plays, tally, names, served)
         found.append(Blocker(reason, count, remedy, ids))
     return tuple(found)
 
@@ -263,7 +291,7 @@ async def read_report(
                 oldest_deferral_s=_age_s(now, tally.oldest_deferral),
                 adopted_by=adopted_by.get(queue, {}),
                 workers=workers,
-                blocked_by=_blockers(status, release, len(workers), tally, names),
+                blocked_by=_blockers(status, release, workers, tally, names),
                 pruned=row is not None and row["pruned_at"] is not None,
             )
         )

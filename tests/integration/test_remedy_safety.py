@@ -271,6 +271,41 @@ async def test_a_rollback_strands_an_adopted_parked_run_and_the_blocker_says_why
         assert (await client.lane(B)).status == "drained"
 
 
+async def test_after_a_rollback_the_adopter_s_draining_workers_resume_its_runs(
+    database_url: str, plays: Plays
+) -> None:
+    """The rollback remedy's other way: keep B's machines running, and B resumes the run."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        run = await client.submit("nap-then-wait")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A)
+        rt_a.draining = True
+        await make_sleepers_due(database_url, QA)
+        assert await work_once(rt_b, QA) == ["parked"]  # adopted, parked again
+        await client.activate_release(A)  # the rollback
+        await client.retire_release(B)
+        rt_a.draining = False
+        rt_b.draining = True
+        [blocker] = (await client.lane(B)).blocked_by
+        assert "keep rel-b's machines running" in blocker.remedy, blocker.remedy
+        assert "lanes activate rel-b" not in blocker.remedy
+
+        assert (await client.signal(run.run_id, "go", {"ok": True})).delivered
+        seen: list[str] = []
+
+        async def resumed_by_b() -> bool:
+            await make_sleepers_due(database_url, QA)
+            # A, claiming its own queue again, leaves the run to its adopter.
+            assert set(await work_once(rt_a)) <= {"deferred"}
+            seen.extend(await work_once(rt_b, QA))
+            return "completed" in seen
+
+        await eventually(resumed_by_b, what="B's draining worker to finish the run")
+        assert set(seen) <= {"parked", "completed"}, seen
+        assert (await client.lane(B)).status == "drained"
+
+
 async def test_a_pruned_lane_is_drained_safe_to_stop_and_marked_pruned(
     database_url: str, plays: Plays
 ) -> None:
@@ -560,3 +595,26 @@ async def test_a_play_that_gives_up_a_sync_step_ends_its_attempt_only_once_it_re
             blocking.release.set()
         assert (await asyncio.wait_for(task, 20)).outcome == "retrying"
         assert blocking.returned.is_set()
+
+
+async def test_a_draining_lane_s_remedy_names_a_play_no_live_machine_registers(
+    database_url: str, plays: Plays
+) -> None:
+    """Fresh runs of a play only a stopped machine had: the remedy says so, never "will run"."""
+    app = remedies_app(plays)
+    async with (
+        two_lanes(database_url, app) as (client, rt_a, _rt_b),
+        open_runtime(database_url, _narrow_app(), A, worker_base="test-rel-a-narrow") as narrow,
+    ):
+        await register_worker(narrow)
+        await age_worker(database_url, rt_a.worker_base)  # the full machine stopped
+        await client.submit("plain")
+        await client.submit("other")
+        await client.retire_release(A, force=True)
+        view = await client.lane(A)
+        assert view.status == "draining"
+        (fresh,) = [b for b in view.blocked_by if b.reason == "fresh"]
+        assert "runs of play plain: no live worker of rel-a registers it" in fresh.remedy
+        assert "(they register: other)" in fresh.remedy
+        assert "lanes move rel-a --to RELEASE" in fresh.remedy
+        assert "the others: rel-a's 1 live worker(s) will run them" in fresh.remedy
