@@ -96,8 +96,24 @@ class _Bounds:
         self.max_connections = max_connections
         self.idle_s = idle_s
         self.open = 0
+        self.handlers: set[_BoundedHandler] = set()
         self._refused = 0  # since the last log line
         self._logged_at: float | None = None
+
+    def make_room(self) -> bool:
+        """At the cap, drop the connection idle the longest; False if every one is busy.
+
+        Idle keep-alive connections (no handler running) are what a crowd of
+        page viewers holds: dropping one costs its client a reconnect, while
+        refusing the newcomer could cost an orchestrator's health probe.
+        """
+        if self.open < self.max_connections:
+            return True
+        idle = [h for h in self.handlers if h.idle_since is not None]
+        if not idle:
+            return False
+        min(idle, key=lambda h: cast(float, h.idle_since)).drop()
+        return self.open < self.max_connections
 
     def refuse(self) -> None:
         """Count a connection closed for being one too many; log at most every 10 s."""
@@ -113,7 +129,9 @@ class _Bounds:
 class _BoundedHandler(RequestHandler):
     """aiohttp's connection handler, counted against the cap and dropped when it dawdles.
 
-    A connection over the cap is aborted before aiohttp sees it. Otherwise a
+    At the cap, a new connection takes the place of the one idle the longest
+    (no handler running); when every one is busy it is aborted before aiohttp
+    sees it. Otherwise a
     clock runs whenever no request handler is running on the connection (from
     the connect, and from the end of each handler): when it runs out, the
     connection is aborted, whether the client is silent, sends its headers
@@ -128,14 +146,17 @@ class _BoundedHandler(RequestHandler):
         self._counted = False
         self._own_transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        # When its clock started (no handler running), or None while one runs.
+        self.idle_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         real = cast(asyncio.Transport, transport)
-        if self._bounds.open >= self._bounds.max_connections:
+        if not self._bounds.make_room():
             self._bounds.refuse()
             real.abort()
             return
         self._bounds.open += 1
+        self._bounds.handlers.add(self)
         self._counted = True
         self._own_transport = real
         super().connection_made(real)
@@ -144,13 +165,18 @@ class _BoundedHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.stop_clock()
         self._own_transport = None
+        self._uncount()
+        super().connection_lost(exc)
+
+    def _uncount(self) -> None:
         if self._counted:
             self._counted = False
             self._bounds.open -= 1
-        super().connection_lost(exc)
+            self._bounds.handlers.discard(self)
 
     def stop_clock(self) -> None:
         """A request's handler runs: its own time bound applies, not the connection's."""
+        self.idle_since = None
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -160,12 +186,20 @@ class _BoundedHandler(RequestHandler):
         self.stop_clock()
         if self._own_transport is not None:
             loop = asyncio.get_running_loop()
+            self.idle_since = loop.time()
             self._deadline = loop.call_later(self._bounds.idle_s, self._too_slow)
+
+    def drop(self) -> None:
+        """Abort the connection now; its place under the cap is free at once."""
+        self.stop_clock()
+        transport, self._own_transport = self._own_transport, None
+        self._uncount()  # connection_lost comes later, from the event loop
+        if transport is not None:
+            transport.abort()
 
     def _too_slow(self) -> None:
         self._deadline = None
-        if self._own_transport is not None:
-            self._own_transport.abort()
+        self.drop()
 
 
 class _BoundedServer(Server):

@@ -1,9 +1,10 @@
 """What one client can hold on the health port: its time without a request, and a slot.
 
 A silent client, one that sends half a request or dribbles its headers, and one
-that does not read its response are all disconnected within the bound; a
-connection beyond the cap is closed at once (one log line), and the server
-answers normally once a slot is free.
+that does not read its response are all disconnected within the bound; at the
+cap a new connection takes the place of the one idle the longest (a crowd of
+keep-alive page viewers cannot lock a health probe out), and only when every
+connection has a request in progress is it closed at once (one log line).
 """
 
 from __future__ import annotations
@@ -174,17 +175,52 @@ async def test_a_normal_keep_alive_client_is_served_again_and_again(
         assert server.open_connections == 1
 
 
-async def test_connections_beyond_the_cap_are_closed_and_logged_once(
+async def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """At the cap, new connections are closed at once (one log line); a freed slot serves."""
+    """Idle keep-alive connections fill the cap: a probe still gets in, the oldest idle goes."""
     monkeypatch.setattr(health, "MAX_CONNECTIONS", 3)
     monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 60.0)
     monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 60.0)
     async with serving() as server:
         assert server.port is not None
+        held = []
+        for _ in range(3):
+            held.append(await asyncio.open_connection("127.0.0.1", server.port))
+            await wait_until(lambda: server.open_connections == len(held))
+        with capture_logs() as lines:
+            for _ in range(5):  # each a probe, each served
+                assert await get_status(server.port, "/readyz") == 200
+                assert await get_status(server.port) == 200
+        assert not [line for line in lines if line["event"] == "health.too_many_connections"]
+        oldest_reader, _ = held[0]
+        assert await closed_after(oldest_reader, 2.0) < 2.0  # dropped for the first probe
+        for _, writer in held:
+            writer.close()
+        await wait_until(lambda: server.open_connections == 0)
+
+
+async def test_connections_beyond_a_cap_of_busy_ones_are_closed_and_logged_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every connection has a request in progress: new ones are closed (one log line)."""
+    monkeypatch.setattr(health, "MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(health, "LANES_TIMEOUT_S", 60.0)
+    gate = asyncio.Event()
+
+    async def slow_lanes() -> list[LaneView]:
+        await gate.wait()
+        return []
+
+    async with serving(slow_lanes) as server:
+        assert server.port is not None
         held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+        for _, writer in held:
+            writer.write(b"GET /lanes HTTP/1.1\r\nHost: x\r\n\r\n")
         await wait_until(lambda: server.open_connections == 3)
+        await wait_until(lambda: all(h.idle_since is None for h in server._bounds.handlers))
         with capture_logs() as lines:
             for _ in range(3):
                 reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -199,9 +235,7 @@ async def test_connections_beyond_the_cap_are_closed_and_logged_once(
         assert lines[0]["log_level"] == "warning"
         assert server.open_connections == 3
 
-        _, first = held.pop(0)
-        first.close()
-        await wait_until(lambda: server.open_connections == 2)
+        gate.set()  # the requests finish; their connections are idle again
         assert await get_status(server.port) == 200
         assert await get_status(server.port, "/readyz") == 200
         for _, writer in held:
