@@ -738,10 +738,21 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
     its runs is open; its lane row and its runs stay (status, runs, history).
     `lanes activate` recreates the queue.
     """
-    queues = _with_client(lambda client: client.prune_lanes(older_than, dry_run=dry_run))
+
+    async def pruning(client: LaneClient) -> tuple[list[str], list[str]]:
+        queues = await client.prune_lanes(older_than, dry_run=dry_run)
+        return queues, await client.prune_kept_live(older_than)
+
+    queues, kept = _with_client(pruning)
     verb = "would prune" if dry_run else "pruned"
-    _emit(as_json, {"dryRun": dry_run, "queues": queues},
+    _emit(as_json, {"dryRun": dry_run, "queues": queues, "keptLive": kept},
           f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
+    if kept and not as_json:
+        click.echo(
+            f"kept {len(kept)} drained lane(s) whose workers are still live (their loops poll "
+            f"the queue): stop their machines, then prune again: {' '.join(kept)}",
+            err=True,
+        )
 
 
 @cli.group("runs", invoke_without_command=True)

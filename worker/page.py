@@ -42,25 +42,37 @@ def _row(view: LaneView) -> str:
         f'<td class="n" data-count="{key}">{view.counts.get(key, 0)}</td>'
         for key, _ in COUNT_COLUMNS
     )
+    # A claiming lane is not blocked by anything an operator must act on (as
+    # `lane-worker lanes` prints it): its own workers run what it holds.
+    shown = () if view.status == "claiming" else view.blocked_by
     blockers = "".join(
         f'<li data-reason="{escape(b.reason)}"><b>{escape(b.reason)}</b> ({b.count}): '
-        f"{escape(b.remedy)}</li>"
-        for b in view.blocked_by
+        f"{escape(b.remedy)}{_run_ids(b.run_ids, b.count)}</li>"
+        for b in shown
     )
     verdict = "yes" if view.safe_to_stop else "no"
     status = escape(view.status)
+    pruned = ' <span class="note" data-field="pruned">(pruned)</span>' if view.pruned else ""
     return (
         f'<tr data-queue="{escape(view.queue)}" data-status="{status}" '
         f'data-safe-to-stop="{verdict}">'
         f'<td data-field="releaseId">{escape(view.release_id)}</td>'
         f"<td><code>{escape(view.queue)}</code></td>"
-        f'<td class="{status}" data-field="status">{status}</td>'
+        f'<td><span class="{status}" data-field="status">{status}</span>{pruned}</td>'
         f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
         f"{counts}"
         f'<td data-field="safeToStop">{verdict}</td>'
         f"<td>{f'<ul>{blockers}</ul>' if blockers else ''}</td>"
         "</tr>"
     )
+
+
+def _run_ids(run_ids: tuple[str, ...], count: int) -> str:
+    if not run_ids:
+        return ""
+    more = f" (first {len(run_ids)} of {count})" if count > len(run_ids) else ""
+    ids = " ".join(f"<code>{escape(i)}</code>" for i in run_ids)
+    return f'<details data-field="runIds"><summary>runs{more}</summary>{ids}</details>'
 
 
 def render(views: list[LaneView]) -> str:

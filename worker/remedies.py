@@ -382,8 +382,10 @@ class RunRemedies:
         """Drop the engine queues of lanes retired over ``older_than_s`` ago with no open run.
 
         The lane rows and every run stay (history: ``status``, ``runs``); only the
-        engine tables go. One transaction per lane, re-checked under the lane
-        row's lock. Returns the queues pruned (or, with ``dry_run``, that would be).
+        engine tables go. A lane with a live worker is kept (its loops poll the
+        queue: ``prune_kept_live`` names them). One transaction per lane,
+        re-checked under the lane row's lock. Returns the queues pruned (or,
+        with ``dry_run``, that would be).
         """
         if not older_than_s >= 0:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
@@ -391,6 +393,7 @@ class RunRemedies:
         rows = await self.db.run(
             lambda c: self.store.fetch(c, "prunable_lanes", float(older_than_s))
         )
+        rows = [r for r in rows if not r["live"]]
         if dry_run:
             return [r["queue"] for r in rows]
         pruned = []
@@ -413,6 +416,14 @@ class RunRemedies:
             except _PruneRace:
                 continue
         return pruned
+
+    async def prune_kept_live(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.fetch(c, "prunable_lanes", float(older_than_s))
+        )
+        return [r["queue"] for r in rows if r["live"]]
 
 
 class _PruneRace(Exception):

@@ -49,10 +49,14 @@ class _Rows(HTMLParser):
         a = dict(attrs)
         if tag == "tr" and a.get("data-queue"):
             self._row = {"status": a["data-status"], "safe": a["data-safe-to-stop"],
-                         "counts": {}, "reasons": [], "text": {}}  # fmt: skip
+                         "counts": {}, "reasons": [], "text": {}, "pruned": False}  # fmt: skip
             self.rows[str(a["data-queue"])] = self._row
         elif self._row is not None and tag == "td":
             self._field = a.get("data-count") or a.get("data-field")
+        elif self._row is not None and tag == "span" and a.get("data-field"):
+            self._field = a["data-field"]
+            if self._field == "pruned":
+                self._row["pruned"] = True
         elif self._row is not None and tag == "li":
             self._row["reasons"].append(a["data-reason"])
         elif tag == "b" and self._field == "releaseId":
@@ -61,7 +65,7 @@ class _Rows(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "tr":
             self._row = None
-        if tag == "td":
+        if tag in ("td", "span"):
             self._field = None
 
     def handle_data(self, data: str) -> None:
@@ -113,7 +117,10 @@ def assert_page_matches(port: int, report: list[dict[str, Any]]) -> _Rows:
         assert {k: int(row["text"][k]) for k, _ in COUNT_COLUMNS} == {
             k: lane["counts"][k] for k, _ in COUNT_COLUMNS
         }
-        assert row["reasons"] == [b["reason"] for b in lane["blockedBy"]]
+        # A claiming lane's blockers are not shown (as `lane-worker lanes` prints it).
+        shown = [] if lane["status"] == "claiming" else lane["blockedBy"]
+        assert row["reasons"] == [b["reason"] for b in shown]
+        assert row["pruned"] == lane["pruned"]
     return page
 
 

@@ -1037,6 +1037,16 @@ async def pruned_at(database_url: str, queue: str) -> Any:
     return row["pruned_at"]
 
 
+async def machines_stopped(database_url: str, *runtimes: Runtime) -> None:
+    """Mark the workers of ``runtimes`` stopped (their machines went away): prune may drop."""
+    for rt in runtimes:
+        await sql(
+            database_url,
+            f"update {SCHEMA}.workers set stopped_at = now() where worker_id = $1",
+            rt.worker_base,
+        )
+
+
 async def queue_failures(client: LaneClient) -> list[Any]:
     """Run one maintenance pass; return its maintenance.queue_failed lines."""
     with capture_logs() as lines:
@@ -1076,6 +1086,7 @@ async def test_prune_drops_only_old_drained_lanes_keeping_their_history(
         lanes_before = [v.queue for v in await client.lanes()]
         assert lanes_before == [QA, QB, QC, QD]
 
+        await machines_stopped(database_url, rt_a)
         # --dry-run lists what would go and drops nothing.
         assert await client.prune_lanes(3600, dry_run=True) == [QA]
         assert await engine_queue_exists(database_url, QA)
@@ -1139,6 +1150,7 @@ async def test_activating_a_pruned_lane_recreates_its_queue(
         assert await work_once(rt_a) == ["completed"]
         await client.status(done.run_id)  # a prepared status read from before the prune
         await client.retire_release(A)
+        await machines_stopped(database_url, rt_a)
         assert await client.prune_lanes(0) == [QA]
         assert QA not in [v.queue for v in await client.lanes()]
         assert (await client.status(done.run_id)).status == "completed"
@@ -1173,6 +1185,7 @@ async def test_a_lane_holding_an_open_adopted_run_is_not_pruned(
         rt_a.draining = True
         lane_a = await client.lane(A)
         assert lane_a.status == "drained"  # nothing left that only A may run
+        await machines_stopped(database_url, rt_a)
         assert await client.prune_lanes(0) == []
         assert (await client.signal(run.run_id, "go")).delivered
 

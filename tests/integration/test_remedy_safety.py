@@ -316,6 +316,12 @@ async def test_a_pruned_lane_is_drained_safe_to_stop_and_marked_pruned(
         assert await work_once(rt_a) == ["completed"]
         await client.retire_release(A)
         assert (await client.lane(A)).status == "drained"
+        # Its machine still runs: its loops poll the queue, so it is kept.
+        assert await client.prune_lanes(0) == []
+        assert await client.prune_kept_live(0) == [QA]
+        assert (await client.lane(A)).pruned is False
+        await age_worker(database_url, rt_a.worker_base)  # its machine stopped
+        assert await client.prune_kept_live(0) == []
         assert await client.prune_lanes(0) == [QA]
         view = await client.lane(A)
         assert (view.status, view.safe_to_stop, view.pruned) == ("drained", True, True)
@@ -323,6 +329,11 @@ async def test_a_pruned_lane_is_drained_safe_to_stop_and_marked_pruned(
         assert QA not in [v.queue for v in await client.lanes()]  # the list stays short
         with pytest.raises(UnknownLaneError):
             await client.lane("rel-never")
+        # Work arrives on it again: its queue is made again, and it is no longer pruned.
+        await client.submit("plain")
+        view = await client.lane(A)
+        assert (view.status, view.pruned) == ("draining", False)
+        assert QA in [v.queue for v in await client.lanes()]
 
 
 # -- attempts closed once the run moved on ----------------------------------------------------

@@ -427,7 +427,10 @@ select {schema}.lane_needs_own($1);
 -- heartbeat within 60 s, no stop mark) with the plays each registers. A
 -- pruned lane is `hidden` from the list while no open run names it (`lanes
 -- show` and `lanes wait` still find it: drained, safe to stop, pruned).
-select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, l.pruned_at,
+select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
+       -- Pruned while its engine queue is gone: a submit or a boot made it again.
+       case when exists (select 1 from absurd.queues q where q.queue_name = l.queue)
+            then null else l.pruned_at end as pruned_at,
        l.pruned_at is not null
          and not exists (select 1 from {schema}.runs r
                           where coalesce(r.adopted_queue, r.queue) = l.queue
@@ -444,7 +447,12 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at, l.pruned_at
 -- name: prunable_lanes
 -- Retired lanes, retired more than $1 seconds ago, not yet pruned, whose
 -- engine queue no open run uses (adopted runs keep their stamped queue's task).
-select l.queue, l.release_ids, l.retired_at
+-- `live`: a worker of the lane is still live (its loops poll the queue), so the
+-- lane is not pruned yet: stop its machines first.
+select l.queue, l.release_ids, l.retired_at,
+       exists (select 1 from {schema}.workers w
+                where w.queue = l.queue and w.stopped_at is null
+                  and w.heartbeat_at > now() - interval '60 seconds') as live
   from {schema}.releases l
  where l.status = 'retired' and l.pruned_at is null
    and l.retired_at < now() - make_interval(secs => $1)
@@ -458,13 +466,17 @@ select exists (select 1 from {schema}.runs
                 where queue = $1 and status not in ('completed', 'failed', 'cancelled'));
 
 -- name: prune_lane
--- Under the lane row's lock, re-checked: still retired, still no open run.
+-- Under the lane row's lock, re-checked: still retired, still no open run, no
+-- live worker of the lane.
 update {schema}.releases l
    set pruned_at = now(), updated_at = now()
  where l.queue = $1 and l.status = 'retired' and l.pruned_at is null
    and not exists (select 1 from {schema}.runs r
                     where r.queue = l.queue
                       and r.status not in ('completed', 'failed', 'cancelled'))
+   and not exists (select 1 from {schema}.workers w
+                    where w.queue = l.queue and w.stopped_at is null
+                      and w.heartbeat_at > now() - interval '60 seconds')
 returning l.queue;
 
 -- name: report_runs
