@@ -34,9 +34,9 @@ from worker.errors import (
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.reconcile import cancelled_fact
 from worker.remedies import RunRemedies, parse_run_id, spawn_run_task
+from worker.report import BUCKETS, read_report
 from worker.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.report import lanes_table as lanes_table
-from worker.report import read_report
 from worker.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
 from worker.tasks import notify
 
@@ -569,6 +569,15 @@ class LaneClient(RunRemedies):
         for view in views:
             if view.queue == queue:
                 return view
+        if await self.db.run(lambda c: self.store.fetchval(c, "lane_known", queue)):
+            # Its engine queue exists (runs were submitted there) but no machine of
+            # it ever registered and none of its runs is open: nothing is left for
+            # it to run (`lanes move` took them, or they ended).
+            return LaneView(
+                release_id=release_id.strip(), queue=queue, status="drained", live_workers=0,
+                queued=0, running=0, waiting=0, adoptable=0,
+                counts={**dict.fromkeys(BUCKETS, 0), "deferred": 0},
+            )  # fmt: skip
         names = ", ".join(v.release_id for v in views[:_KNOWN_SHOWN]) or "none yet"
         raise UnknownLaneError(
             f"no lane has release {release_id.strip()!r} (queue {queue}); known lanes: {names}.",

@@ -629,3 +629,25 @@ async def test_a_draining_lane_s_remedy_names_a_play_no_live_machine_registers(
         assert "(they register: other)" in fresh.remedy
         assert "lanes move rel-a --to RELEASE" in fresh.remedy
         assert "the others: rel-a's 1 live worker(s) will run them" in fresh.remedy
+
+
+async def test_a_lane_only_runs_named_is_drained_once_its_runs_moved_away(
+    database_url: str, plays: Plays
+) -> None:
+    """No machine of X ever booted; its runs moved to B: `lanes show X` says drained."""
+    app = remedies_app(plays)
+    async with (
+        two_lanes(database_url, app) as (client, _rt_a, rt_b),
+        open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-x"}) as client_x,
+    ):
+        run = await client_x.submit("plain")
+        assert (await client.lane("rel-x")).status == "unregistered"
+        report = await client.move_lane("rel-x", B)
+        assert report.moved == (run.run_id,)
+        view = await client.lane("rel-x")
+        assert (view.release_id, view.queue, view.status) == ("rel-x", queue_of("rel-x"), "drained")
+        assert view.safe_to_stop
+        assert view.counts["fresh"] == 0
+        assert await work_once(rt_b) == ["completed"]
+        with pytest.raises(UnknownLaneError):
+            await client.lane("rel-never")
