@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -552,7 +552,7 @@ def status(run_id: str, as_json: bool) -> None:
         ("release", now.release_id),
         ("adopted release", now.adopted_release_id or "(none)"),
         ("queue", now.queue),
-        ("attempts", str(len(now.attempts)) if now.attempts else "(none yet)"),
+        ("attempts", _attempts_line(now.attempts)),
     ]
     for a in now.attempts:
         did = f"{a.disposition} by {a.worker_id} (release {a.release_id})"
@@ -567,6 +567,15 @@ def status(run_id: str, as_json: bool) -> None:
     if now.error is not None:
         rows.append(("error", _one_line(now.error, limit=2000)))
     _emit(as_json, now.as_json(), *_columns(rows))
+
+
+def _attempts_line(claims: Sequence[Any]) -> str:
+    """Count the claims that ran the play; a defer or a refusal spends no attempt."""
+    ran = sum(1 for a in claims if a.disposition in ("own", "adopt"))
+    back = len(claims) - ran
+    if not claims:
+        return "(none yet)"
+    return f"{ran}" + (f" (and {back} claim(s) put back without an attempt)" if back else "")
 
 
 @cli.group("lanes", invoke_without_command=True)
@@ -811,13 +820,17 @@ def retry_run(run_id: str, to_release: str | None, completed: bool, as_json: boo
         lambda client: client.retry_run(run_id, to_release=to_release, completed=completed)
     )
     report = {"runId": retried.run_id, "releaseId": retried.release_id, "queue": retried.queue,
-              "retryOf": retried.retry_of, "created": retried.created}  # fmt: skip
+              "retryOf": retried.retry_of, "created": retried.created,
+              "status": retried.status}  # fmt: skip
     if not retried.created and not as_json:
         # stdout stays the retry's id, as for a new one: scripts read it.
+        ended = retried.status in ("completed", "failed", "cancelled")
+        again = (f" To run it again, retry {retried.run_id}." if ended
+                 else " It has not ended: nothing to retry yet.")  # fmt: skip
         click.echo(printable(
-            f"lane-worker: run {retried.retry_of} was already retried as run {retried.run_id} "
-            f"(release {retried.release_id}); nothing submitted. To run it again, retry "
-            f"{retried.run_id}."
+            f"lane-worker: run {run_id.strip()} was already retried; its latest retry is run "
+            f"{retried.run_id} (release {retried.release_id}, {retried.status}); nothing "
+            f"submitted.{again}"
         ), err=True)  # fmt: skip
     _emit(as_json, report, retried.run_id)
 

@@ -33,7 +33,7 @@ from worker.errors import (
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.reconcile import cancelled_fact
-from worker.remedies import RunRemedies, parse_run_id, spawn_run_task
+from worker.remedies import MAX_RETRY_HOPS, RunRemedies, parse_run_id, spawn_run_task
 from worker.report import BUCKETS, read_report
 from worker.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.report import lanes_table as lanes_table
@@ -152,8 +152,6 @@ class SignalResult:
 
 
 LANES_CHANNEL = "lane_worker_lanes"
-# A signal follows at most this many `runs retry` links (a retry of a retry ...).
-MAX_RETRY_HOPS = 100
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (
     config.DATABASE_URL_ENV,

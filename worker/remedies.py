@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 OPERATOR_FAILED = "FailedByOperator"
 MAX_REASON_CHARS = 2000
 MAX_LIST = 10_000
+# A signal or a retry follows at most this many `runs retry` links (a retry of a retry ...).
+MAX_RETRY_HOPS = 100
 STATUSES = ("queued", "running", "waiting", "retrying", "completed", "failed", "cancelled")
 
 
@@ -48,6 +50,7 @@ class RetriedRun:
     queue: str
     retry_of: str
     created: bool = True
+    status: str = "queued"  # the retry's status when this was read
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,17 @@ class RunRemedies:
             # The row lock serialises retries of one run: the second sees the first.
             old = await self._locked_run(conn, run_id)
             if old["retried_by"] is not None:
-                again = await self.store.fetchrow(conn, "get_run", old["retried_by"])
-                assert again is not None  # runs are never deleted
+                # Retried already, perhaps more than once (its retry was retried):
+                # the newest run of the chain is the one to look at.
+                again = old
+                for _ in range(MAX_RETRY_HOPS):
+                    if again["retried_by"] is None:
+                        break
+                    again = await self.store.fetchrow(conn, "get_run", again["retried_by"])
+                    assert again is not None  # runs are never deleted
                 return RetriedRun(str(again["run_id"]), again["release_id"], again["queue"],
-                                  str(old["run_id"]), created=False)  # fmt: skip
+                                  str(again["retry_of"]), created=False,
+                                  status=again["status"])  # fmt: skip
             if old["status"] not in TERMINAL_STATUSES:
                 raise RunStillOpenError(
                     f"run {old['run_id']} is {old['status']}: fail it (lane-worker runs fail "

@@ -202,6 +202,13 @@ async def test_mixed_apps_of_one_release_run_each_play_on_the_machine_that_has_i
         ]
         assert by_m1, "M1 never claimed a run of only-full: the mixed lane was not exercised"
         assert set(by_m1) == {("defer", "deferred")}, by_m1
+        # `status` counts the attempts that ran the play, not M1's put-backs.
+        deferred_run = next(a["run_id"] for a in every if a["worker_id"].startswith(m1_id))
+        ran = sum(1 for a in executed if a["run_id"] == deferred_run)
+        shown = await lane_worker(database_url, "status", deferred_run)
+        [line] = [x for x in shown.stdout.splitlines() if x.startswith("attempts")]
+        assert line.split()[1] == str(ran), line
+        assert "put back without an attempt" in line, line
         moved_rows = await fetch(
             database_url,
             f"select distinct queue, release_id from {SCHEMA}.runs where run_id = any($1::uuid[])",
@@ -398,6 +405,14 @@ async def test_runs_retry_from_four_processes_at_once_makes_one_retry(
         assert executions(tmp_path, again["runId"]) == 1
         total = await fetch(database_url, f"select count(*) as n from {SCHEMA}.runs")
         assert total[0]["n"] == 3  # the failed run, its retry, the retry of that
+        # Asked for the first run again: the chain's latest retry is named, nothing made.
+        latest = await lane_worker(database_url, "runs", "retry", failed)
+        assert latest.returncode == 0, (latest.stdout, latest.stderr)
+        assert latest.stdout.strip() == again["runId"]
+        assert f"its latest retry is run {again['runId']}" in latest.stderr, latest.stderr
+        assert f"To run it again, retry {again['runId']}." in latest.stderr, latest.stderr
+        total = await fetch(database_url, f"select count(*) as n from {SCHEMA}.runs")
+        assert total[0]["n"] == 3
 
 
 # -- D: signals follow the retry -----------------------------------------------------------------
