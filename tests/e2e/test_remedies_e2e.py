@@ -263,6 +263,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         assert await lane_worker_json(database_url, "lanes", "prune", "--older-than", "0s") == {
             "dryRun": False,
             "queues": [],
+            "keptLive": [],
         }
         (tmp_path / "gate").touch()  # the retry's step can finish
         retry = await lane_worker_json(database_url, "runs", "retry", held)
@@ -273,6 +274,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "queue": QB,
             "retryOf": held,
             "created": True,
+            "status": "queued",
         }
         await b.wait_for("run.completed", run_id=retry_id)
         redone = await run_status(database_url, retry_id)
@@ -325,10 +327,10 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         dry = await lane_worker_json(
             database_url, "lanes", "prune", "--older-than", "0s", "--dry-run"
         )
-        assert dry == {"dryRun": True, "queues": [QA]}
+        assert dry == {"dryRun": True, "queues": [QA], "keptLive": []}
         assert QA in await engine_queues(database_url)
         pruned = await lane_worker_json(database_url, "lanes", "prune", "--older-than", "0s")
-        assert pruned == {"dryRun": False, "queues": [QA]}
+        assert pruned == {"dryRun": False, "queues": [QA], "keptLive": []}
         assert await engine_queues(database_url) == [QB]
         report = await lane_worker_json(database_url, "lanes")
         assert [lane["queue"] for lane in report["lanes"]] == [QB]
