@@ -50,9 +50,9 @@ from procs import (
 )
 
 from worker.client import LaneClient
-from worker.db import Database, PoolOptions
+from worker.db.pool import Database, PoolOptions
+from worker.db.store import Store
 from worker.lanes import PROD_DEFAULT_SCHEMA, RELEASE_ID_ENV, queue_name_for_release
-from worker.store import Store
 
 CASES = ("raw", "absurd-sdk", "absurd-sdk-async", "lane-worker", "lane-worker-nolog")
 STORE = "runtime_scheduler"

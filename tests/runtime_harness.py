@@ -18,9 +18,9 @@ import asyncpg
 from worker import lanes
 from worker.app import App
 from worker.client import LaneClient
-from worker.db import Database, PoolOptions
-from worker.runtime import Runtime
-from worker.store import Store
+from worker.db.pool import Database, PoolOptions
+from worker.db.store import Store
+from worker.run.execute import Runtime
 
 SCHEMA = "runtime_scheduler"
 T = TypeVar("T")

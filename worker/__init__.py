@@ -1,6 +1,6 @@
 """lane-worker: durable Absurd runs that stay on the release that launched them."""
 
 from worker.app import App
-from worker.context import TaskContext
+from worker.run.context import TaskContext
 
 __all__ = ["App", "TaskContext"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from worker.context import PlayFn
+from worker.run.context import PlayFn
 
 __all__ = ["App", "PlayFn", "load_app"]
 

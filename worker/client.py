@@ -19,9 +19,13 @@ from typing import Any
 
 import asyncpg
 
-from worker import checkpoint, config, engine, lanes
-from worker.db import Connection, Database, PoolOptions
-from worker.dburl import url_problem
+from worker import checkpoint, lanes
+from worker.config import settings
+from worker.config.dburl import url_problem
+from worker.db import engine
+from worker.db.pool import Connection, Database, PoolOptions
+from worker.db.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
+from worker.db.tasks import LANES_CHANNEL, notify
 from worker.errors import (
     IdempotencyConflict,
     InvalidRequestError,
@@ -32,13 +36,11 @@ from worker.errors import (
     shown,
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
-from worker.reconcile import cancelled_fact
-from worker.remedies import MAX_RETRY_HOPS, RunRemedies, parse_run_id, spawn_run_task
-from worker.report import BUCKETS, read_report
-from worker.report import LaneView as LaneView  # re-exported: part of the client's API
-from worker.report import lanes_table as lanes_table
-from worker.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
-from worker.tasks import notify
+from worker.ops.remedies import MAX_RETRY_HOPS, RunRemedies, parse_run_id, spawn_run_task
+from worker.ops.report import BUCKETS, read_report
+from worker.ops.report import LaneView as LaneView  # re-exported: part of the client's API
+from worker.ops.report import lanes_table as lanes_table
+from worker.run.reconcile import cancelled_fact
 
 
 @dataclass(frozen=True)
@@ -151,17 +153,16 @@ class SignalResult:
         return not self.duplicate and self.run_ended is None
 
 
-LANES_CHANNEL = "lane_worker_lanes"
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (
-    config.DATABASE_URL_ENV,
+    settings.DATABASE_URL_ENV,
     lanes.SCHEDULER_SCHEMA_ENV,
     lanes.QUEUE_SUFFIX_ENV,
-    config.PGBOUNCER_ENV,
-    config.SERVERLESS_ENV,
+    settings.PGBOUNCER_ENV,
+    settings.SERVERLESS_ENV,
 )
 # What a submit on the process's own lane reads besides them.
-SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, config.MAX_ATTEMPTS_ENV)
+SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, settings.MAX_ATTEMPTS_ENV)
 
 
 class LaneClient(RunRemedies):
@@ -180,8 +181,8 @@ class LaneClient(RunRemedies):
         self.db = db
         self.store = store
         self._env = env
-        # One parser for the daemon, the CLI and the client: config.diagnose.
-        self._diagnosis = config.diagnose(env)
+        # One parser for the daemon, the CLI and the client: settings.diagnose.
+        self._diagnosis = settings.diagnose(env)
         self._max_attempts = self._diagnosis.tuning.max_attempts
         self._ready: dict[str, asyncio.Task[None]] = {}
         self._schemas_ready: asyncio.Task[None] | None = None
@@ -208,19 +209,19 @@ class LaneClient(RunRemedies):
         values = dict(os.environ if env is None else env)
         # An explicit url or schema stands for the variable: check it by the same rules.
         if url is not None:
-            values[config.DATABASE_URL_ENV] = url
+            values[settings.DATABASE_URL_ENV] = url
         if schema is not None:
             values[lanes.SCHEDULER_SCHEMA_ENV] = schema
-        diagnosis = config.diagnose(values)
+        diagnosis = settings.diagnose(values)
         for error in diagnosis.errors:
             if error.variable in CONNECT_VARIABLES:
-                if error.variable == config.DATABASE_URL_ENV and url is not None:
+                if error.variable == settings.DATABASE_URL_ENV and url is not None:
                     problem = url_problem(url.strip()) or "is blank: pass the database's URL"
                     raise LaneConfigError(f"url= {problem}.", variable=error.variable)
                 raise error
         db = await Database.open(
             PoolOptions(
-                url=values[config.DATABASE_URL_ENV].strip(),
+                url=values[settings.DATABASE_URL_ENV].strip(),
                 max_size=diagnosis.client_pool_size,
                 application_name="lane-worker-client",
                 pgbouncer=diagnosis.tuning.pgbouncer,
@@ -327,7 +328,7 @@ class LaneClient(RunRemedies):
                     "this process's lane."
                 )
             release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
-            self._refuse_on((config.MAX_ATTEMPTS_ENV,))
+            self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         else:
             self._refuse_on(SUBMIT_VARIABLES)
             release_id = lanes.launch_release_id(self._env)
@@ -588,7 +589,7 @@ _KNOWN_SHOWN = 20
 
 def _queue_for_operator(release_id: str) -> str:
     """Return the queue of a release id an operator typed, refusing one that names no lane."""
-    problem = config.release_id_problem(release_id) if isinstance(release_id, str) else "no str"
+    problem = settings.release_id_problem(release_id) if isinstance(release_id, str) else "no str"
     if problem is not None:
         raise InvalidRequestError(f"{problem}.")
     return lanes.queue_name_for_release(release_id)

@@ -24,8 +24,8 @@ import asyncpg
 import pytest
 
 from worker import demo, lanes
-from worker.config import DATABASE_URL_ENV, TEST_DATABASE_URL_ENV
-from worker.embedded import embedded_postgres
+from worker.config.settings import DATABASE_URL_ENV, TEST_DATABASE_URL_ENV
+from worker.dev.embedded import embedded_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_PLAYS = [play for play, _ in demo.DEMO_RUNS]

@@ -12,7 +12,7 @@ from daemon import Daemons, queue_of
 from fault_apps import executions
 from runtime_harness import connect, eventually, open_client
 
-from worker.supervisor import longest_stop_s
+from worker.daemon.supervisor import longest_stop_s
 
 RELEASE = "drain-rel"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}

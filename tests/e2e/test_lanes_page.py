@@ -22,7 +22,7 @@ from typing import Any
 
 from daemon import REPO, Daemons, queue_of
 
-from worker.page import COUNT_COLUMNS
+from worker.daemon.page import COUNT_COLUMNS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # What this machine's closed network needs (see the environment notes): no

@@ -30,7 +30,7 @@ from runtime_harness import SCHEMA, connect, eventually, open_client
 from test_lanes_page import assert_page_matches
 
 from worker import App, TaskContext, lanes
-from worker.report_cache import REPORT_FRESH_S
+from worker.daemon.report_cache import REPORT_FRESH_S
 
 A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
 # How the workers call themselves (sanitized): the report's releaseId, attempts and logs.

@@ -23,8 +23,8 @@ import asyncpg
 from daemon import Daemons, queue_of
 from runtime_harness import SCHEMA, connect, eventually, open_client
 
-from worker.report import read_report
-from worker.store import Store
+from worker.db.store import Store
+from worker.ops.report import read_report
 
 BUSY = "busy"  # the release whose daemon runs the step (and serves the page)
 IDLE = "idle"  # a lane with a backlog and no worker

@@ -29,7 +29,7 @@ import pytest
 from daemon import REPO, Daemons
 
 from worker import App, TaskContext
-from worker.dburl import redact_url, url_problem
+from worker.config.dburl import redact_url, url_problem
 
 MISSING_DB = "no_such_db_xyz"
 RUN_ID = "8d7e2c4a-0b1f-4e55-9a6c-3f2d1e0c9b8a"  # no such run: the commands fail first anyway

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from worker.db import Database, PoolOptions, is_transient
+from worker.db.pool import Database, PoolOptions, is_transient
 
 
 def test_transient_errors_are_classified() -> None:

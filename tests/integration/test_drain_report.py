@@ -32,10 +32,11 @@ from runtime_harness import (
     work_once,
 )
 
-from worker import App, TaskContext, engine
+from worker import App, TaskContext
 from worker.client import LaneClient
+from worker.db import engine
 from worker.metrics import Metrics
-from worker.runtime import Runtime
+from worker.run.execute import Runtime
 
 A, B, C = "rel-a", "rel-b", "rel-c"
 QA, QB, QC = queue_of(A), queue_of(B), queue_of(C)

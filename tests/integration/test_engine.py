@@ -11,10 +11,10 @@ import asyncpg
 import pytest
 from runtime_harness import connect
 
-from worker import engine
-from worker.db import Connection
+from worker.db import engine
+from worker.db.pool import Connection
+from worker.db.store import Store
 from worker.errors import EngineSchemaError, RunNotRunningError
-from worker.store import Store
 
 QUEUE = "runs_engine_test"
 RETRY = {"kind": "fixed", "base_seconds": 1}

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pgfixture import DatabaseFactory
-from worker import dburl
 from worker.cli import cli
+from worker.config import dburl
 
 STORE_SCHEMA = "fuzz_cli_store"
 QUEUE_SUFFIX = "fuzz_cli"

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from runtime_harness import connect, eventually
 
-from worker.listener import Listener, Wakeups
+from worker.daemon.listener import Listener, Wakeups
 
 
 async def test_a_cut_listen_connection_reconnects(database_url: str) -> None:

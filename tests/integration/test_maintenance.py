@@ -8,7 +8,7 @@ from runtime_harness import SCHEMA, connect, open_client
 from structlog.testing import capture_logs
 
 from worker.client import LaneClient, RunStatus
-from worker.maintenance import maintain
+from worker.daemon.maintenance import maintain
 from worker.metrics import Metrics
 
 GOOD_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-a"}

@@ -28,12 +28,13 @@ from runtime_harness import (
 )
 from structlog.testing import capture_logs
 
-from worker import App, TaskContext, engine, lanes
+from worker import App, TaskContext, lanes
 from worker.client import LaneClient
+from worker.daemon.maintenance import maintain
+from worker.db import engine
 from worker.errors import InvalidRequestError, RunNotFoundError
-from worker.maintenance import maintain
-from worker.remedies import OPERATOR_FAILED, NoClaimingLaneError, RunStillOpenError
-from worker.runtime import Runtime
+from worker.ops.remedies import OPERATOR_FAILED, NoClaimingLaneError, RunStillOpenError
+from worker.run.execute import Runtime
 
 A, B, C, D = "rel-a", "rel-b", "rel-c", "rel-d"
 QA, QB, QC, QD = queue_of(A), queue_of(B), queue_of(C), queue_of(D)

@@ -47,10 +47,10 @@ from test_remedies import (
 
 from worker import App, TaskContext
 from worker.client import LaneClient
+from worker.daemon.maintenance import maintain
 from worker.errors import UnknownLaneError
-from worker.maintenance import maintain
-from worker.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
-from worker.runtime import Runtime
+from worker.ops.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
+from worker.run.execute import Runtime
 
 __all__ = ["plays"]  # the fixture, imported for this module's tests
 

@@ -15,9 +15,9 @@ import asyncpg
 import pytest
 from runtime_harness import SCHEMA, connect, eventually, open_client, queue_of
 
-from worker.db import PoolOptions
-from worker.report_cache import ReportClosedError, ReportReader, application_name
-from worker.store import Store
+from worker.daemon.report_cache import ReportClosedError, ReportReader, application_name
+from worker.db.pool import PoolOptions
+from worker.db.store import Store
 
 RELEASE = "rel-r"
 NAME = application_name("lane-worker-report", RELEASE)

@@ -26,8 +26,9 @@ from runtime_harness import (
     work_until,
 )
 
-from worker import App, TaskContext, engine
-from worker.runtime import Runtime
+from worker import App, TaskContext
+from worker.db import engine
+from worker.run.execute import Runtime
 
 A, B, C = "rel-a", "rel-b", "rel-c"
 QA = queue_of(A)

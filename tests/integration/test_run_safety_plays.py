@@ -19,9 +19,9 @@ import pytest
 from runtime_harness import eventually, open_client, open_runtime, work_once, work_until
 
 from worker import App, TaskContext
-from worker.engine import ClaimedRun
+from worker.db.engine import ClaimedRun
 from worker.errors import FatalRunError
-from worker.runtime import Handled, Runtime
+from worker.run.execute import Handled, Runtime
 
 RELEASE = "rel-a"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}

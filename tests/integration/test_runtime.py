@@ -400,7 +400,7 @@ async def test_what_this_build_cannot_replay_fails_for_good(
 
 async def test_reconciler_settles_more_than_one_batch_in_one_pass(database_url: str) -> None:
     """A mass ending in the engine (here: cancels) is settled in one pass, one fact per run."""
-    from worker.reconcile import RECONCILE_BATCH, reconcile_queue
+    from worker.run.reconcile import RECONCILE_BATCH, reconcile_queue
 
     count = RECONCILE_BATCH + 30
     async with open_client(database_url, ENV) as client:

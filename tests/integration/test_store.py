@@ -9,8 +9,8 @@ import asyncpg
 import pytest
 from runtime_harness import connect
 
+from worker.db.store import Store, known_migrations, quote_ident
 from worker.errors import StoreSchemaError
-from worker.store import Store, known_migrations, quote_ident
 
 SCHEMA = "pr_store_test"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker.poller import Capacity
+from worker.run.claim import Capacity
 
 
 async def test_reserve_takes_every_free_slot_up_to_most() -> None:

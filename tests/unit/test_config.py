@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
-from worker.config import EXIT_CONFIG, EXIT_OK, Settings, diagnose
-from worker.dburl import redact_url
+from worker.config.dburl import redact_url
+from worker.config.settings import EXIT_CONFIG, EXIT_OK, Settings, diagnose
 from worker.errors import LaneConfigError
 
 DB = "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -24,9 +24,9 @@ import asyncpg.connect_utils
 import pytest
 from click.testing import CliRunner
 
-from worker import dburl
 from worker.cli import cli
-from worker.config import DATABASE_URL_ENV, EXIT_CONFIG, EXIT_OK, diagnose
+from worker.config import dburl
+from worker.config.settings import DATABASE_URL_ENV, EXIT_CONFIG, EXIT_OK, diagnose
 
 HOST, PORT, USER, DATABASE = "127.0.0.1", 5432, "u", "db"
 NOT_SHOWN = "<malformed URL, not shown>"

@@ -24,9 +24,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker import config, lanes, supervisor
+from worker import lanes
 from worker.app import load_app
-from worker.health import HealthServer
+from worker.config import settings
+from worker.daemon import supervisor
+from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +189,7 @@ def machine_env(fly: dict[str, Any], image: Stage) -> dict[str, str]:
             env[name] = build_args[ref.group(1)]
     env.update(fly_env(fly))
     # The secret (fly secrets set WORKFLOW_RUNTIME_POSTGRES=...).
-    env[config.DATABASE_URL_ENV] = UNUSED_DB_URL
+    env[settings.DATABASE_URL_ENV] = UNUSED_DB_URL
     return env
 
 
@@ -203,9 +205,11 @@ def seconds(value: Any) -> float:
 
 def health_port(fly: dict[str, Any]) -> int:
     """Return the health port fly.toml's [env] gives the daemon, as the daemon parses it."""
-    env = {**fly_env(fly), config.DATABASE_URL_ENV: UNUSED_DB_URL}
-    assert config.HEALTH_PORT_ENV in env, f"fly.toml [env] does not set {config.HEALTH_PORT_ENV}"
-    return config.Settings.from_env(env).tuning.health_port
+    env = {**fly_env(fly), settings.DATABASE_URL_ENV: UNUSED_DB_URL}
+    assert settings.HEALTH_PORT_ENV in env, (
+        f"fly.toml [env] does not set {settings.HEALTH_PORT_ENV}"
+    )
+    return settings.Settings.from_env(env).tuning.health_port
 
 
 def http_checks(fly: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -236,15 +240,15 @@ def shell_lines(text: str) -> list[str]:
 def test_kill_timeout_exceeds_the_drain_window_fly_sets() -> None:
     """fly's kill_timeout exceeds the drain the daemon would take with fly's [env]."""
     fly = tomllib.loads(FLY_TOML.read_text())
-    env = {**fly_env(fly), config.DATABASE_URL_ENV: UNUSED_DB_URL}
+    env = {**fly_env(fly), settings.DATABASE_URL_ENV: UNUSED_DB_URL}
     # The daemon's own reading of LANE_WORKER_DRAIN_SECONDS (the code default when unset).
-    drain_s = config.Settings.from_env(env).tuning.drain_s
-    if config.DRAIN_SECONDS_ENV not in env:
-        assert drain_s == config.Tuning().drain_s
+    drain_s = settings.Settings.from_env(env).tuning.drain_s
+    if settings.DRAIN_SECONDS_ENV not in env:
+        assert drain_s == settings.Tuning().drain_s
     kill_timeout = seconds(fly["kill_timeout"])
     assert kill_timeout > drain_s, (
         f"fly.toml kill_timeout={kill_timeout:g} s does not exceed the drain window "
-        f"{config.DRAIN_SECONDS_ENV}={drain_s:g} s: runs are cut off mid-drain"
+        f"{settings.DRAIN_SECONDS_ENV}={drain_s:g} s: runs are cut off mid-drain"
     )
     # Loops stop, runs drain, the rest is handed back, the stop is recorded.
     worst = supervisor.longest_stop_s(drain_s)
@@ -257,7 +261,7 @@ def test_kill_timeout_exceeds_the_drain_window_fly_sets() -> None:
 def test_kill_timeout_exceeds_the_code_default_drain_when_fly_sets_none() -> None:
     """Without fly's LANE_WORKER_DRAIN_SECONDS, kill_timeout still exceeds the longest stop."""
     fly = tomllib.loads(FLY_TOML.read_text())
-    assert seconds(fly["kill_timeout"]) > supervisor.longest_stop_s(config.Tuning().drain_s)
+    assert seconds(fly["kill_timeout"]) > supervisor.longest_stop_s(settings.Tuning().drain_s)
 
 
 def test_stop_signal_is_sigterm_in_fly_and_dockerfile(fly: dict[str, Any], image: Stage) -> None:
@@ -324,8 +328,8 @@ def test_check_metrics_env_and_image_agree_on_the_health_port(
     assert int(fly["metrics"]["port"]) == port, "[metrics] port"
     exposed = {int(p.split("/")[0]) for args in image.all("EXPOSE") for p in args.split()}
     assert exposed == {port}, f"Dockerfile EXPOSE {sorted(exposed)}, daemon port {port}"
-    assert image.env().get(config.HEALTH_PORT_ENV) == str(port), "Dockerfile ENV health port"
-    assert port == config.Tuning().health_port, "the code default health port differs"
+    assert image.env().get(settings.HEALTH_PORT_ENV) == str(port), "Dockerfile ENV health port"
+    assert port == settings.Tuning().health_port, "the code default health port differs"
 
 
 def test_fly_process_groups_named_by_checks_metrics_and_vm_exist(fly: dict[str, Any]) -> None:
@@ -377,7 +381,7 @@ def test_a_fly_machine_environment_boots_without_errors_or_warnings(
     fly: dict[str, Any], image: Stage
 ) -> None:
     """The env a Fly machine gets (image ENV, build arg, fly [env], the secret) boots cleanly."""
-    diagnosis = config.diagnose(machine_env(fly, image))
+    diagnosis = settings.diagnose(machine_env(fly, image))
     assert not diagnosis.errors, [str(e) for e in diagnosis.errors]
     assert not diagnosis.warnings, diagnosis.warnings
     assert diagnosis.suffix_source == lanes.RELEASE_ID_ENV

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker.embedded import _forget_dead_users
+from worker.dev.embedded import _forget_dead_users
 
 
 def test_a_killed_dev_process_no_longer_holds_the_server(tmp_path: Path) -> None:

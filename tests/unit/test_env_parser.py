@@ -1,4 +1,4 @@
-"""Hostile and careless environments: ``config.diagnose``, ``lane-worker doctor``, ``connect``.
+"""Hostile and careless environments: ``settings.diagnose``, ``lane-worker doctor``, ``connect``.
 
 No database: ``doctor`` never connects, and ``LaneClient.connect`` refuses before it would.
 ``doctor`` runs in process through click's CliRunner with a hermetic environment (every
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from worker import config
 from worker.cli import cli
 from worker.client import LaneClient
-from worker.config import diagnose
+from worker.config import settings
+from worker.config.settings import diagnose
 from worker.errors import SHOWN_CHARS, LaneConfigError
 
 PASSWORD = "hunter2-s3cret"
@@ -28,12 +28,12 @@ UNREACHABLE = f"postgresql://app:{PASSWORD}@127.0.0.1:1/runtime"
 BASE = {"WORKFLOW_RUNTIME_POSTGRES": DB}
 
 WHOLE = [
-    config.CONCURRENCY_ENV,
-    config.CLAIM_TIMEOUT_ENV,
-    config.HEALTH_PORT_ENV,
-    config.MAX_ATTEMPTS_ENV,
+    settings.CONCURRENCY_ENV,
+    settings.CLAIM_TIMEOUT_ENV,
+    settings.HEALTH_PORT_ENV,
+    settings.MAX_ATTEMPTS_ENV,
 ]
-DECIMAL = [config.POLL_INTERVAL_ENV, config.DRAIN_SECONDS_ENV]
+DECIMAL = [settings.POLL_INTERVAL_ENV, settings.DRAIN_SECONDS_ENV]
 # Each is in range if read as a number: only the spelling is wrong.
 BAD_SPELLINGS = [
     "1_000",
@@ -93,18 +93,18 @@ def test_whole_numbers_have_no_decimal_point(variable: str, value: str) -> None:
 @pytest.mark.parametrize(
     ("variable", "value", "field", "expected"),
     [
-        (config.CONCURRENCY_ENV, " 5 ", "concurrency", 5),
-        (config.CONCURRENCY_ENV, "\t12\n", "concurrency", 12),
-        (config.CONCURRENCY_ENV, "007", "concurrency", 7),
-        (config.MAX_ATTEMPTS_ENV, "1000", "max_attempts", 1000),
-        (config.HEALTH_PORT_ENV, "0", "health_port", 0),
-        (config.POLL_INTERVAL_ENV, ".5", "poll_interval_s", 0.5),
-        (config.POLL_INTERVAL_ENV, "2.", "poll_interval_s", 2.0),
-        (config.POLL_INTERVAL_ENV, " 0.01 ", "poll_interval_s", 0.01),
-        (config.DRAIN_SECONDS_ENV, "0", "drain_s", 0.0),
-        (config.CONCURRENCY_ENV, "", "concurrency", 8),
-        (config.CONCURRENCY_ENV, "   ", "concurrency", 8),
-        (config.POLL_INTERVAL_ENV, " ", "poll_interval_s", 1.0),
+        (settings.CONCURRENCY_ENV, " 5 ", "concurrency", 5),
+        (settings.CONCURRENCY_ENV, "\t12\n", "concurrency", 12),
+        (settings.CONCURRENCY_ENV, "007", "concurrency", 7),
+        (settings.MAX_ATTEMPTS_ENV, "1000", "max_attempts", 1000),
+        (settings.HEALTH_PORT_ENV, "0", "health_port", 0),
+        (settings.POLL_INTERVAL_ENV, ".5", "poll_interval_s", 0.5),
+        (settings.POLL_INTERVAL_ENV, "2.", "poll_interval_s", 2.0),
+        (settings.POLL_INTERVAL_ENV, " 0.01 ", "poll_interval_s", 0.01),
+        (settings.DRAIN_SECONDS_ENV, "0", "drain_s", 0.0),
+        (settings.CONCURRENCY_ENV, "", "concurrency", 8),
+        (settings.CONCURRENCY_ENV, "   ", "concurrency", 8),
+        (settings.POLL_INTERVAL_ENV, " ", "poll_interval_s", 1.0),
     ],
 )
 def test_numbers_blank_stripped_or_blank_for_default(
@@ -119,13 +119,13 @@ def test_numbers_blank_stripped_or_blank_for_default(
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
-        (config.CONCURRENCY_ENV, "0"),
-        (config.CONCURRENCY_ENV, "1001"),
-        (config.CLAIM_TIMEOUT_ENV, "4"),
-        (config.HEALTH_PORT_ENV, "65536"),
-        (config.MAX_ATTEMPTS_ENV, "5000"),
-        (config.POLL_INTERVAL_ENV, "0.001"),
-        (config.DRAIN_SECONDS_ENV, "3600.5"),
+        (settings.CONCURRENCY_ENV, "0"),
+        (settings.CONCURRENCY_ENV, "1001"),
+        (settings.CLAIM_TIMEOUT_ENV, "4"),
+        (settings.HEALTH_PORT_ENV, "65536"),
+        (settings.MAX_ATTEMPTS_ENV, "5000"),
+        (settings.POLL_INTERVAL_ENV, "0.001"),
+        (settings.DRAIN_SECONDS_ENV, "3600.5"),
     ],
 )
 def test_numbers_outside_their_bounds_are_refused(variable: str, value: str) -> None:
@@ -173,7 +173,7 @@ def test_vercel_other_values_are_refused(value: str) -> None:
     (message,) = refusals({"VERCEL": value}, "VERCEL")
     assert message.startswith(f"VERCEL={value!r} is not valid: set it to 1 or true")
     result = doctor({**BASE, "VERCEL": value})
-    assert result.exit_code == config.EXIT_CONFIG
+    assert result.exit_code == settings.EXIT_CONFIG
     assert result.stderr.splitlines() == [f"lane-worker: {message}"]
 
 
@@ -186,15 +186,15 @@ LONG = 5000
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
-        (config.CONCURRENCY_ENV, "x" * LONG),
-        (config.CONCURRENCY_ENV, "9" * LONG),
-        (config.MAX_ATTEMPTS_ENV, "9" * LONG),
-        (config.HEALTH_PORT_ENV, "9" * LONG),
-        (config.CLAIM_TIMEOUT_ENV, "9" * LONG),
-        (config.POLL_INTERVAL_ENV, "9" * LONG),
-        (config.DRAIN_SECONDS_ENV, "x" * LONG),
-        (config.LOG_FORMAT_ENV, "x" * LONG),
-        (config.PGBOUNCER_ENV, "x" * LONG),
+        (settings.CONCURRENCY_ENV, "x" * LONG),
+        (settings.CONCURRENCY_ENV, "9" * LONG),
+        (settings.MAX_ATTEMPTS_ENV, "9" * LONG),
+        (settings.HEALTH_PORT_ENV, "9" * LONG),
+        (settings.CLAIM_TIMEOUT_ENV, "9" * LONG),
+        (settings.POLL_INTERVAL_ENV, "9" * LONG),
+        (settings.DRAIN_SECONDS_ENV, "x" * LONG),
+        (settings.LOG_FORMAT_ENV, "x" * LONG),
+        (settings.PGBOUNCER_ENV, "x" * LONG),
         ("VERCEL", "x" * LONG),
         ("DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", "x" * LONG),
         ("DEEPLINE_ABSURD_QUEUE_SUFFIX", "-" * LONG),
@@ -211,7 +211,7 @@ def test_a_refusal_quotes_at_most_100_characters_of_the_value(variable: str, val
     assert longest_run(message, value[0]) <= SHOWN_CHARS
     assert len(message) < 500
     result = doctor({**BASE, variable: value})
-    assert result.exit_code == config.EXIT_CONFIG
+    assert result.exit_code == settings.EXIT_CONFIG
     assert "Traceback" not in result.output
     assert f"lane-worker: {message}" in result.stderr.splitlines()
     assert longest_run(result.stderr, value[0]) <= SHOWN_CHARS
@@ -223,7 +223,7 @@ def test_a_refusal_quotes_at_most_100_characters_of_the_value(variable: str, val
 def test_doctor_text_shows_at_most_100_characters_of_a_pasted_value(variable: str) -> None:
     """doctor's table is read on a terminal too: a pasted value must not fill it."""
     result = doctor({**BASE, variable: "x" * LONG})
-    assert result.exit_code == config.EXIT_CONFIG
+    assert result.exit_code == settings.EXIT_CONFIG
     assert longest_run(result.stdout, "x") <= SHOWN_CHARS, result.stdout[:600]
 
 
@@ -249,15 +249,15 @@ def test_every_documented_variable_is_known() -> None:
     """The documented LANE_WORKER_* variables draw no warning (so the test above can fail)."""
     env = {
         **BASE,
-        config.CONCURRENCY_ENV: "4",
-        config.CLAIM_TIMEOUT_ENV: "30",
-        config.POLL_INTERVAL_ENV: "0.5",
-        config.DRAIN_SECONDS_ENV: "5",
-        config.HEALTH_PORT_ENV: "0",
-        config.MAX_ATTEMPTS_ENV: "3",
-        config.LOG_FORMAT_ENV: "json",
-        config.PGBOUNCER_ENV: "false",
-        config.TEST_DATABASE_URL_ENV: DB,
+        settings.CONCURRENCY_ENV: "4",
+        settings.CLAIM_TIMEOUT_ENV: "30",
+        settings.POLL_INTERVAL_ENV: "0.5",
+        settings.DRAIN_SECONDS_ENV: "5",
+        settings.HEALTH_PORT_ENV: "0",
+        settings.MAX_ATTEMPTS_ENV: "3",
+        settings.LOG_FORMAT_ENV: "json",
+        settings.PGBOUNCER_ENV: "false",
+        settings.TEST_DATABASE_URL_ENV: DB,
     }
     assert diagnose(env).warnings == ()
 
@@ -276,7 +276,7 @@ def test_a_deploy_version_spelled_like_a_dev_lane_is_refused(value: str) -> None
     )
     assert message.endswith("or unset it to serve the dev lane.")
     result = doctor({**BASE, "DEEPLINE_RUNTIME_DEPLOY_VERSION": value})
-    assert result.exit_code == config.EXIT_CONFIG
+    assert result.exit_code == settings.EXIT_CONFIG
     assert result.stderr.splitlines() == [f"lane-worker: {message}"]
 
 

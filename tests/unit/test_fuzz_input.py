@@ -42,8 +42,9 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from worker import config, dburl
 from worker.cli import cli
+from worker.config import dburl
+from worker.config import settings as config
 from worker.errors import LaneConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from worker import health
 from worker.client import LaneView
-from worker.health import HealthServer
+from worker.daemon import health
+from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
 
 

@@ -20,10 +20,10 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from worker import health
-from worker.health import HealthServer
+from worker.daemon import health
+from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
-from worker.report import LaneView
+from worker.ops.report import LaneView
 
 BOUND_S = 0.5  # the request-headers bound in these tests (5 s in the daemon)
 GRACE_S = 2.0  # how much later than the bound a disconnect may be seen

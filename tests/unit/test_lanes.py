@@ -10,7 +10,7 @@ import types
 import pytest
 
 from worker import lanes
-from worker.config import Settings
+from worker.config.settings import Settings
 from worker.errors import LaneConfigError, LaneMismatchError, LaneWorkerError
 from worker.lanes import (
     Adopt,

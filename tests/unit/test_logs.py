@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from worker.dburl import url_secrets
+from worker.config.dburl import url_secrets
 
 URL = "postgresql://lane:s3cr%2Fet-pass@db:5432/runtime?sslmode=require&password=other-Secret"
 
@@ -28,8 +28,8 @@ def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> No
     program = textwrap.dedent(
         f"""
         import logging, structlog
-        from worker import logs
-        from worker.dburl import url_secrets
+        from worker.daemon import logs
+        from worker.config.dburl import url_secrets
         logs.configure({log_format!r}, secrets=url_secrets({URL!r}))
         structlog.get_logger("t").warning(
             "db.retry", detail="connect to {URL} failed", nested={{"why": ["s3cr/et-pass"]}}

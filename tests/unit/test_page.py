@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker import page
-from worker.report import Blocker, LaneView
+from worker.daemon import page
+from worker.ops.report import Blocker, LaneView
 
 BASE = {"live_workers": 1, "queued": 0, "running": 0, "waiting": 0, "adoptable": 0}
 

@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from worker.report_cache import SharedRead, SharedReadCancelledError, application_name
+from worker.daemon.report_cache import SharedRead, SharedReadCancelledError, application_name
 
 
 class Source:

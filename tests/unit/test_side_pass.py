@@ -6,8 +6,8 @@ import asyncpg
 from structlog.testing import capture_logs
 
 from worker.app import App
-from worker.config import Settings
-from worker.supervisor import EXIT_FAILURE, Supervisor
+from worker.config.settings import Settings
+from worker.daemon.supervisor import EXIT_FAILURE, Supervisor
 
 ENV = {
     "WORKFLOW_RUNTIME_POSTGRES": "postgresql://lane@127.0.0.1:1/runtime",

@@ -13,9 +13,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from worker import checkpoint, engine
-from worker.db import Connection
-from worker.store import Store
+from worker import checkpoint
+from worker.db import engine
+from worker.db.pool import Connection
+from worker.db.store import Store
 
 DEFER_LIMIT_ERROR = "DeferralLimitExceeded"
 

@@ -25,11 +25,12 @@ from typing import Any
 
 import structlog
 
-from worker import checkpoint, engine
-from worker.db import Connection, Database
+from worker import checkpoint
+from worker.db import engine
+from worker.db.pool import Connection, Database
+from worker.db.store import Store
 from worker.errors import FatalRunError, LeaseLostError
 from worker.jsonvalue import require_json
-from worker.store import Store
 
 _log = structlog.get_logger("lane_worker.runtime")
 

@@ -22,9 +22,11 @@ import click
 import structlog
 from click.core import ParameterSource
 
-from worker import config, dburl, lanes, limits
+from worker import lanes, limits
 from worker.client import CONNECT_VARIABLES, SUBMIT_VARIABLES, LaneClient, LaneView, RunStatus
-from worker.db import is_transient
+from worker.config import dburl, settings
+from worker.db.pool import is_transient
+from worker.db.store import MigrationReport
 from worker.errors import (
     SHOWN_CHARS,
     EngineSchemaError,
@@ -34,9 +36,8 @@ from worker.errors import (
     StoreSchemaError,
     printable,
 )
-from worker.remedies import MAX_LIST, STATUSES
-from worker.report import aligned, lane_detail, lanes_table
-from worker.store import MigrationReport
+from worker.ops.remedies import MAX_LIST, STATUSES
+from worker.ops.report import aligned, lane_detail, lanes_table
 
 T = TypeVar("T")
 DEFAULT_APP = "worker.demo:app"
@@ -72,15 +73,15 @@ class UsageFailure(Failure):
 class ConfigRefused(Failure):
     """The configuration is refused (exit 78): the environment or the schemas must change."""
 
-    exit_code = config.EXIT_CONFIG
+    exit_code = settings.EXIT_CONFIG
 
 
-def _say_errors(diagnosis: config.Diagnosis) -> None:
+def _say_errors(diagnosis: settings.Diagnosis) -> None:
     for error in diagnosis.errors:
         click.echo(printable(f"lane-worker: {error}"), err=True)
 
 
-def _render(diagnosis: config.Diagnosis) -> str:
+def _render(diagnosis: settings.Diagnosis) -> str:
     t = diagnosis.tuning
     schema = diagnosis.scheduler_schema + (
         " (isolated)" if diagnosis.isolated else " (production default)"
@@ -115,8 +116,8 @@ def _render(diagnosis: config.Diagnosis) -> str:
     return "\n".join(lines)
 
 
-def _no_url(diagnosis: config.Diagnosis) -> str:
-    refused = any(e.variable == config.DATABASE_URL_ENV for e in diagnosis.errors)
+def _no_url(diagnosis: settings.Diagnosis) -> str:
+    refused = any(e.variable == settings.DATABASE_URL_ENV for e in diagnosis.errors)
     return "(set but refused, not shown: see the error below)" if refused else "(not set)"
 
 
@@ -167,8 +168,8 @@ def _failure_for(exc: Exception, url: str) -> Failure:
 def _with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[str, ...] = ()) -> T:
     """Connect a client from the environment, run ``action`` with it, map failures to exits."""
     env = os.environ
-    url = (env.get(config.DATABASE_URL_ENV) or "").strip()
-    for error in config.diagnose(env).errors:
+    url = (env.get(settings.DATABASE_URL_ENV) or "").strip()
+    for error in settings.diagnose(env).errors:
         if error.variable in CONNECT_VARIABLES + check:
             raise ConfigRefused(str(error))
     # Library logs (retry warnings) would break the one-sentence and --json contracts.
@@ -185,7 +186,7 @@ def _with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[s
                 raise
             # The driver could not parse the URL; nothing reached the server.
             raise ConfigRefused(
-                f"{config.DATABASE_URL_ENV} is not a usable database URL "
+                f"{settings.DATABASE_URL_ENV} is not a usable database URL "
                 f"({_scrub(str(exc), url)}): set it to postgresql://user:password@host:5432/dbname."
             ) from None
         try:
@@ -212,7 +213,7 @@ def _daemon_exit(run: Callable[[], int], env: os._Environ[str]) -> int:
             if not isinstance(inner, Exception):
                 break
             exc = inner
-        url = (env.get(config.DATABASE_URL_ENV) or "").strip()
+        url = (env.get(settings.DATABASE_URL_ENV) or "").strip()
         raise _failure_for(exc, url) from None
 
 
@@ -304,7 +305,7 @@ class _Seconds(click.ParamType[float]):
     ) -> float:
         if isinstance(value, float):
             return value
-        number = config.decimal_number(str(value).strip())
+        number = settings.decimal_number(str(value).strip())
         if number is None or number <= 0:
             self.fail(f"{value!r} is not a number of seconds above 0.", param, ctx)
         return number
@@ -322,7 +323,7 @@ def _key_problem(what: str) -> Callable[[str], str | None]:
 
 
 def _release_problem(value: str) -> str | None:
-    problem = config.release_id_problem(value)
+    problem = settings.release_id_problem(value)
     return f"{problem}." if problem else None
 
 
@@ -389,7 +390,7 @@ def doctor(as_json: bool) -> None:
     Reads the environment only; never connects to the database. Exits with the
     code the daemon would use: 78 when boot would be refused, else 0.
     """
-    diagnosis = config.diagnose(os.environ)
+    diagnosis = settings.diagnose(os.environ)
     _emit(as_json, diagnosis.as_json(), _render(diagnosis))
     _say_errors(diagnosis)
     sys.exit(diagnosis.exit_code)
@@ -400,7 +401,9 @@ def doctor(as_json: bool) -> None:
               help="The App whose plays to run, as module:attribute.")  # fmt: skip
 def run(app: str) -> None:
     """Run the worker daemon for this release's lane until SIGTERM."""
-    from worker.supervisor import run_daemon  # the daemon's imports stay out of other commands
+    from worker.daemon.supervisor import (
+        run_daemon,  # the daemon's imports stay out of other commands
+    )
 
     sys.exit(_daemon_exit(functools.partial(run_daemon, os.environ, app), os.environ))
 
@@ -427,7 +430,7 @@ def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
     With WORKFLOW_RUNTIME_POSTGRES set, that database is used instead. Ctrl-C
     drains the worker and stops PostgreSQL.
     """
-    from worker.dev import run_dev  # embedded Postgres stays out of other commands
+    from worker.dev.mode import run_dev  # embedded Postgres stays out of other commands
 
     run = functools.partial(
         run_dev, os.environ, app, exit_after_demo=exit_after_demo, data_dir=data_dir
@@ -465,7 +468,7 @@ def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | No
                       created=run.created)  # fmt: skip
         return report, (await client.wait(run.run_id, timeout) if wait else None)
 
-    check = (config.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
+    check = (settings.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
     report, final = _with_client(action, check=check)
     if final is None:
         if as_json:
@@ -728,7 +731,7 @@ class _Duration(click.ParamType[float]):
             return value
         text = str(value).strip().lower()
         unit = text[-1:] if text[-1:] in _UNITS else "s"
-        number = config.decimal_number(text[:-1] if text[-1:] in _UNITS else text)
+        number = settings.decimal_number(text[:-1] if text[-1:] in _UNITS else text)
         if number is None:
             self.fail(f"{value!r} is not a duration such as 3600, 90m, 24h or 7d.", param, ctx)
         return number * _UNITS[unit]

@@ -9,8 +9,8 @@ from typing import Any
 import structlog
 
 from worker import checkpoint
-from worker.db import Connection, Database
-from worker.store import Store, quote_ident
+from worker.db.pool import Connection, Database
+from worker.db.store import Store, quote_ident
 
 log = structlog.get_logger("lane_worker.reconcile")
 

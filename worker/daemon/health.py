@@ -17,10 +17,10 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from worker import page
-from worker.client import LaneView, lanes_table
+from worker.daemon import page
 from worker.errors import HealthPortError
 from worker.metrics import Metrics
+from worker.ops.report import LaneView, lanes_table
 
 LANES_TIMEOUT_S = 5.0
 # A bad request's logged reason is cut to this many characters: it quotes the client's bytes.

@@ -21,9 +21,9 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from worker.db import Connection, Database, PoolOptions
-from worker.report import LaneView, read_report
-from worker.store import Store
+from worker.db.pool import Connection, Database, PoolOptions
+from worker.db.store import Store
+from worker.ops.report import LaneView, read_report
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import structlog
 
-from worker.dburl import mask_secrets
+from worker.config.dburl import mask_secrets
 
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:

@@ -18,9 +18,9 @@ from typing import Any
 import absurdctl
 import asyncpg
 
-from worker.db import Connection
+from worker.db.pool import Connection
+from worker.db.store import quote_ident
 from worker.errors import EngineSchemaError, RunCancelledError, RunNotRunningError
-from worker.store import quote_ident
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
 QUEUE_CLEANUP_TTL = "6 hours"

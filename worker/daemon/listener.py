@@ -14,9 +14,8 @@ from typing import Any
 import asyncpg
 import structlog
 
-from worker.client import LANES_CHANNEL
-from worker.db import is_transient
-from worker.tasks import notify_channel
+from worker.db.pool import is_transient
+from worker.db.tasks import LANES_CHANNEL, notify_channel
 
 log = structlog.get_logger("lane_worker.listener")
 

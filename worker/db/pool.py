@@ -25,7 +25,13 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from worker.dburl import DATABASE_URL_ENV, mask_secrets, redact_url, unreadable_files, url_secrets
+from worker.config.dburl import (
+    DATABASE_URL_ENV,
+    mask_secrets,
+    redact_url,
+    unreadable_files,
+    url_secrets,
+)
 from worker.errors import LaneConfigError
 
 log = structlog.get_logger("lane_worker.db")

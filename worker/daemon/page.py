@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from worker.report import LaneView
+from worker.ops.report import LaneView
 
 REFRESH_S = 5
 _STYLE = """

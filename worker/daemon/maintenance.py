@@ -12,11 +12,11 @@ from typing import Any
 
 import structlog
 
-from worker import engine
-from worker.db import Connection, Database, is_transient
+from worker.db import engine
+from worker.db.pool import Connection, Database, is_transient
+from worker.db.store import Store
 from worker.metrics import Metrics
-from worker.reconcile import reconcile_queue
-from worker.store import Store
+from worker.run.reconcile import reconcile_queue
 
 log = structlog.get_logger("lane_worker.maintenance")
 

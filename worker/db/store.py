@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import structlog
 
-from worker.db import Connection
+from worker.db.pool import Connection
 from worker.errors import StoreSchemaError
 
 log = structlog.get_logger("lane_worker.store")

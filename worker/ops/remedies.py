@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from worker import checkpoint, engine, lanes
+from worker import checkpoint, lanes
+from worker.db import engine
+from worker.db.store import TERMINAL_STATUSES, Store
+from worker.db.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
-from worker.store import TERMINAL_STATUSES, Store
-from worker.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 
 if TYPE_CHECKING:
-    from worker.db import Connection, Database
+    from worker.db.pool import Connection, Database
 
 OPERATOR_FAILED = "FailedByOperator"
 MAX_REASON_CHARS = 2000

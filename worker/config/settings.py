@@ -16,8 +16,8 @@ from typing import Literal, TypeVar
 from worker import lanes
 
 # DATABASE_URL_ENV is re-exported: config names every variable of the contract.
-from worker.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
-from worker.dburl import redact_url, url_problem
+from worker.config.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
+from worker.config.dburl import redact_url, url_problem
 from worker.errors import LaneConfigError, shown
 from worker.jsonvalue import is_utf8
 

@@ -26,23 +26,29 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from worker import engine, logs
 from worker.app import App, load_app
-from worker.client import LaneView
-from worker.config import EXIT_CONFIG, Settings
-from worker.db import Connection, Database, PoolOptions, is_transient
-from worker.dburl import url_secrets
+from worker.config.dburl import url_secrets
+from worker.config.settings import EXIT_CONFIG, Settings
+from worker.daemon import logs
+from worker.daemon.health import HealthServer, NotBootedError
+from worker.daemon.listener import Listener, Wakeups
+from worker.daemon.loops import LoopRegistry, wanted_continuations
+from worker.daemon.maintenance import maintain
+from worker.daemon.report_cache import (
+    REPORT_RETRY_FOR_S,
+    ReportReader,
+    SharedRead,
+    application_name,
+)
+from worker.db import engine
+from worker.db.pool import Connection, Database, PoolOptions, is_transient
+from worker.db.store import Store
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError, printable
-from worker.handback import HAND_BACK_TIMEOUT_S
-from worker.health import HealthServer, NotBootedError
-from worker.listener import Listener, Wakeups
-from worker.loops import LoopRegistry, wanted_continuations
-from worker.maintenance import maintain
 from worker.metrics import Metrics
-from worker.poller import Capacity
-from worker.report_cache import REPORT_RETRY_FOR_S, ReportReader, SharedRead, application_name
-from worker.runtime import Runtime
-from worker.store import Store
+from worker.ops.report import LaneView
+from worker.run.claim import Capacity
+from worker.run.execute import Runtime
+from worker.run.handback import HAND_BACK_TIMEOUT_S
 
 log = structlog.get_logger("lane_worker.supervisor")
 

@@ -23,13 +23,15 @@ import anyio
 import asyncpg
 import structlog
 
-from worker import checkpoint, engine, lanes
+from worker import checkpoint, lanes
 from worker.app import App
-from worker.config import Tuning
-from worker.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
-from worker.db import Connection, Database, is_transient
-from worker.dburl import url_secrets
-from worker.deferral import Streak, count_deferral
+from worker.config.dburl import url_secrets
+from worker.config.settings import Tuning
+from worker.db import engine
+from worker.db.pool import Connection, Database, is_transient
+from worker.db.store import TERMINAL_STATUSES, Store
+from worker.db.tasks import PLAY_RUN_TASK as PLAY_RUN_TASK  # re-exported, as before
+from worker.db.tasks import notify
 from worker.errors import (
     FatalRunError,
     LaneMismatchError,
@@ -38,14 +40,13 @@ from worker.errors import (
     UnknownBoundaryError,
     UnknownPlayError,
 )
-from worker.handback import Claim, HandBack, really_cancelled
 from worker.jsonvalue import require_json
 from worker.metrics import Metrics
-from worker.reconcile import reconcile_queue
-from worker.settle import Settlement, error_reason
-from worker.store import TERMINAL_STATUSES, Store
-from worker.tasks import PLAY_RUN_TASK as PLAY_RUN_TASK  # re-exported, as before
-from worker.tasks import notify
+from worker.run.attempt import Settlement, error_reason
+from worker.run.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
+from worker.run.deferral import Streak, count_deferral
+from worker.run.handback import Claim, HandBack, really_cancelled
+from worker.run.reconcile import reconcile_queue
 
 log = structlog.get_logger("lane_worker.runtime")
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import anyio
 import structlog
 
-from worker import engine
-from worker.db import Connection, Database
-from worker.store import Store, quote_ident
-from worker.tasks import PLAY_RUN_TASK, notify
+from worker.db import engine
+from worker.db.pool import Connection, Database
+from worker.db.store import Store, quote_ident
+from worker.db.tasks import PLAY_RUN_TASK, notify
 
 log = structlog.get_logger("lane_worker.runtime")
 

@@ -15,12 +15,13 @@ from typing import Any
 import structlog
 from anyio.abc import TaskGroup
 
-from worker import engine, lanes
-from worker.db import Database
-from worker.listener import Listener, Wakeups
+from worker import lanes
+from worker.daemon.listener import Listener, Wakeups
+from worker.db import engine
+from worker.db.pool import Database
 from worker.metrics import Metrics
-from worker.poller import Capacity, Poller
-from worker.runtime import Runtime
+from worker.run.claim import Capacity, Poller
+from worker.run.execute import Runtime
 
 
 def wanted_continuations(

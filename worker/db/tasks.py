@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from worker.db import Connection
+from worker.db.pool import Connection
 
 PLAY_RUN_TASK = "play-run"
 # Always a delay > 0, so every retry is a `sleeping` run that passes the
@@ -16,6 +16,10 @@ RETRY_STRATEGY: dict[str, Any] = {
     "factor": 2,
     "max_seconds": 300,
 }
+
+
+# Registry changes (a lane retired, activated, moved): every worker re-reads the lanes.
+LANES_CHANNEL = "lane_worker_lanes"
 
 
 def notify_channel(queue: str) -> str:

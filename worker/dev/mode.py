@@ -10,10 +10,11 @@ from pathlib import Path
 import anyio
 import click
 
-from worker import demo, logs
+from worker import demo
 from worker.app import App, load_app
 from worker.client import LaneClient, RunStatus, lanes_table
-from worker.config import (
+from worker.config.dburl import url_secrets
+from worker.config.settings import (
     DATABASE_URL_ENV,
     EXIT_CONFIG,
     HEALTH_PORT_ENV,
@@ -21,10 +22,10 @@ from worker.config import (
     Settings,
     blank_as_unset,
 )
-from worker.dburl import url_secrets
-from worker.embedded import embedded_postgres
+from worker.daemon import logs
+from worker.daemon.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor
+from worker.dev.embedded import embedded_postgres
 from worker.errors import LaneConfigError
-from worker.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor
 
 DEMO_TIMEOUT_S = 120.0
 _WATCH_EVERY_S = 0.25

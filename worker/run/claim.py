@@ -17,11 +17,12 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from worker import engine, lanes
+from worker import lanes
+from worker.db import engine
+from worker.db.store import quote_ident
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
-from worker.runtime import Runtime
-from worker.store import quote_ident
+from worker.run.execute import Runtime
 
 log = structlog.get_logger("lane_worker.poller")
 

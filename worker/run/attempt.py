@@ -12,13 +12,14 @@ from typing import Any
 import asyncpg
 import structlog
 
-from worker import checkpoint, engine
-from worker.context import RunHandle
-from worker.db import Connection, Database, is_transient
-from worker.dburl import mask_secrets
+from worker import checkpoint
+from worker.config.dburl import mask_secrets
+from worker.db import engine
+from worker.db.pool import Connection, Database, is_transient
+from worker.db.store import Store
 from worker.errors import LeaseLostError, printable
-from worker.reconcile import cancelled_fact
-from worker.store import Store
+from worker.run.context import RunHandle
+from worker.run.reconcile import cancelled_fact
 
 # A stored error message is for people; a multi-megabyte one only bloats rows.
 MAX_ERROR_MESSAGE_CHARS = 8000

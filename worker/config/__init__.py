@@ -1,0 +1,1 @@
+"""Settings, tuning and the database URL, parsed once per process."""

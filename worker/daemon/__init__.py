@@ -1,0 +1,1 @@
+"""The worker process: supervisor, loops, listener, maintenance, health, page."""

@@ -1,0 +1,1 @@
+"""The database layer: pool, SQL, the typed store, the engine client, schema."""

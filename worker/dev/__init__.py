@@ -1,0 +1,1 @@
+"""`lane-worker dev`: embedded Postgres, a worker and the demo runs."""

@@ -1,0 +1,1 @@
+"""Operator tools: the drain report and the remedies."""

@@ -1,0 +1,1 @@
+"""The hot path, in call order: claim, decide, attempt, execute, the play context."""
