@@ -24,7 +24,7 @@ from worker.config import settings
 from worker.config.dburl import url_problem
 from worker.db import engine
 from worker.db.pool import Connection, Database, PoolOptions
-from worker.db.store import TERMINAL_STATUSES, MigrationReport, Store, quote_ident
+from worker.db.store import MigrationReport, Store, quote_ident
 from worker.db.tasks import LANES_CHANNEL, notify
 from worker.errors import (
     IdempotencyConflict,
@@ -41,6 +41,7 @@ from worker.ops.report import BUCKETS, read_report
 from worker.ops.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.ops.report import lanes_table as lanes_table
 from worker.run.reconcile import cancelled_fact
+from worker.states import TERMINAL_STATUSES
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from worker.errors import StoreSchemaError
 
 log = structlog.get_logger("lane_worker.store")
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 _MIGRATION_FILE = re.compile(r"(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql")
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # A migration that older builds cannot run against says so on a line of its own.

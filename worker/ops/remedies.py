@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from worker import checkpoint, lanes
 from worker.db import engine
-from worker.db.store import TERMINAL_STATUSES, Store
+from worker.db.store import Store
 from worker.db.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
+from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
     from worker.db.pool import Connection, Database

@@ -29,7 +29,7 @@ from worker.config.dburl import url_secrets
 from worker.config.settings import Tuning
 from worker.db import engine
 from worker.db.pool import Connection, Database, is_transient
-from worker.db.store import TERMINAL_STATUSES, Store
+from worker.db.store import Store
 from worker.db.tasks import PLAY_RUN_TASK as PLAY_RUN_TASK  # re-exported, as before
 from worker.db.tasks import notify
 from worker.errors import (
@@ -47,6 +47,7 @@ from worker.run.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended,
 from worker.run.deferral import Streak, count_deferral
 from worker.run.handback import Claim, HandBack, really_cancelled
 from worker.run.reconcile import reconcile_queue
+from worker.states import TERMINAL_STATUSES
 
 log = structlog.get_logger("lane_worker.runtime")
 
