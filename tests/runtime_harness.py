@@ -18,9 +18,13 @@ import asyncpg
 from worker import lanes
 from worker.app import App
 from worker.client import LaneClient
+from worker.config.settings import Tuning
 from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
+from worker.metrics import Metrics
+from worker.run.attempt import DeferLimits
 from worker.run.execute import Runtime
+from worker.run.handle import WorkerSeat
 
 SCHEMA = "runtime_scheduler"
 T = TypeVar("T")
@@ -45,20 +49,18 @@ async def open_runtime(
     *,
     lease_s: int = 30,
     worker_base: str | None = None,
-    **options: Any,
+    metrics: Metrics | None = None,
+    defer_alert_after_s: float = Tuning.defer_alert_after_s,
+    defer_fail_after_s: float = 0.0,
 ) -> AsyncIterator[Runtime]:
-    """A Runtime for ``release_id`` on its own 2-connection pool (``options``: Runtime's)."""
+    """A Runtime for ``release_id`` on its own 2-connection pool."""
     db = await Database.open(PoolOptions(url=url, max_size=2, retry_for_s=5))
+    seat = WorkerSeat.of(
+        release_id, worker_base=worker_base or f"test-{release_id}", lease_s=lease_s
+    )
+    defer = DeferLimits(defer_alert_after_s, defer_fail_after_s)
     try:
-        yield Runtime(
-            db,
-            Store(SCHEMA),
-            app,
-            worker_base=worker_base or f"test-{release_id}",
-            release_id=release_id,
-            lease_s=lease_s,
-            **options,
-        )
+        yield Runtime(db, Store(SCHEMA), app, seat, defer=defer, metrics=metrics)
     finally:
         await db.close()
 

@@ -536,13 +536,13 @@ async def test_a_claim_of_the_old_task_executes_nothing_and_b_runs_the_moved_run
         if moment == "after the claim":
             moves.append((await client.move_lane(A, B)).moved)
         elif moment == "between the lane read and the fence":
-            begin = rt_a._begin
+            begin = rt_a.attempts.begin
 
             async def move_then_begin(*args: Any, **kwargs: Any) -> Any:
                 moves.append((await client.move_lane(A, B)).moved)
                 return await begin(*args, **kwargs)
 
-            rt_a._begin = move_then_begin  # type: ignore[method-assign]
+            rt_a.attempts.begin = move_then_begin  # type: ignore[method-assign]
 
         with capture_logs() as lines:
             if moment != "while A records its attempt":

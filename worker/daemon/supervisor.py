@@ -46,9 +46,11 @@ from worker.db.store import Store
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError, printable
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
+from worker.run.attempt import DeferLimits
 from worker.run.claim import Capacity
 from worker.run.execute import Runtime
 from worker.run.handback import HAND_BACK_TIMEOUT_S
+from worker.run.handle import WorkerSeat
 
 log = structlog.get_logger("lane_worker.supervisor")
 
@@ -248,17 +250,12 @@ class Supervisor:
         return None
 
     def _runtime(self, db: Database) -> Runtime:
-        return Runtime(
-            db,
-            self.store,
-            self.app,
-            worker_base=self.worker_id,
-            release_id=self.settings.release_id,
-            lease_s=self.settings.tuning.claim_timeout_s,
-            metrics=self.metrics,
-            defer_alert_after_s=self.settings.tuning.defer_alert_after_s,
-            defer_fail_after_s=self.settings.tuning.defer_fail_after_s,
+        tuning = self.settings.tuning
+        seat = WorkerSeat.of(
+            self.settings.release_id, worker_base=self.worker_id, lease_s=tuning.claim_timeout_s
         )
+        defer = DeferLimits(tuning.defer_alert_after_s, tuning.defer_fail_after_s)
+        return Runtime(db, self.store, self.app, seat, defer=defer, metrics=self.metrics)
 
     async def _serve(self, db: Database, health: HealthServer) -> None:
         s = self.settings

@@ -11,26 +11,21 @@ and a timeout is measured from when the wait was armed, not from a reclaim.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import inspect
 import math
-import queue
-import threading
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from worker import checkpoint
 from worker.db import engine
-from worker.db.pool import Connection, Database
-from worker.db.store import Store
-from worker.errors import FatalRunError, LeaseLostError
+from worker.db.pool import Connection
+from worker.errors import FatalRunError
 from worker.jsonvalue import require_json
+from worker.run.attempt import Attempt
+from worker.run.handle import STEP_KEYS_LEGACY
+from worker.run.threads import run_in_daemon_thread
 
 _log = structlog.get_logger("lane_worker.runtime")
 
@@ -44,13 +39,6 @@ class Suspended(BaseException):
     """
 
 
-# Step-key mappings (runs.step_keys). None: the first one, where a name with a
-# '#' could meet a repeated name's key; kept for runs whose steps it wrote.
-STEP_KEYS_LEGACY = None
-STEP_KEYS_ESCAPED = 2
-STEP_KEYS_CURRENT = STEP_KEYS_ESCAPED
-
-
 def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
     """Return the engine checkpoint of the ``occurrence``-th use (from 1) of step ``name``.
 
@@ -62,61 +50,16 @@ def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> s
     return f"step:{key}" if occurrence == 1 else f"step:{key}#{occurrence}"
 
 
-@dataclass(frozen=True)
-class DbClock:
-    """The database's clock, read at the claim and advanced by this process's monotonic clock.
-
-    The engine wakes runs by the database's clock; measuring a sleep or a
-    timeout on the worker's wall clock would wake a skewed worker early or late.
-    """
-
-    db_ms: int
-    monotonic_s: float = field(default_factory=time.monotonic)
-
-    def now_ms(self) -> int:
-        """Return the database's time now, in Unix milliseconds."""
-        return self.db_ms + round((time.monotonic() - self.monotonic_s) * 1000)
-
-
-def local_clock() -> DbClock:
-    """Return a clock on this process's wall time (tests and tools without a claim)."""
-    return DbClock(int(time.time() * 1000))
-
-
-@dataclass
-class RunHandle:
-    """The engine and store identity of the run being executed, and its fence."""
-
-    run_id: uuid.UUID
-    queue: str
-    task_id: uuid.UUID
-    engine_run_id: uuid.UUID
-    attempt: int
-    attempt_id: int
-    lease_s: int
-    clock: DbClock = field(default_factory=local_clock)
-    step_keys: int | None = STEP_KEYS_CURRENT
-
-
 class TaskContext:
     """The ``ctx`` a play receives."""
 
-    def __init__(
-        self,
-        *,
-        db: Database,
-        store: Store,
-        handle: RunHandle,
-        release_id: str,
-        envelope: dict[str, Any],
-        checkpoints: dict[str, Any],
-        log: structlog.typing.FilteringBoundLogger | None = None,
-    ) -> None:
-        self._log = log if log is not None else _log.bind(run_id=str(handle.run_id))
-        self._db = db
-        self._store = store
+    def __init__(self, attempt: Attempt, *, release_id: str, checkpoints: dict[str, Any]) -> None:
+        handle = attempt.handle
+        self._attempt = attempt
+        self._log = attempt.log
+        self._db = attempt.db
         self._h = handle
-        self._envelope = checkpoint.checkpoint_base(envelope)
+        self._envelope = checkpoint.checkpoint_base(attempt.envelope or {})
         self._checkpoints = checkpoints
         self._step_uses: dict[str, int] = {}
         self.run_id = str(handle.run_id)
@@ -200,11 +143,12 @@ class TaskContext:
         wake_at = engine.datetime_from_ms(armed["wakeAtMs"])
         wait = {"kind": "sleep", "boundaryId": boundary_id, "wakeAtMs": armed["wakeAtMs"]}
 
-        async def park(conn: Connection) -> None:
+        async def park(conn: Connection) -> tuple[bool, None]:
             await engine.schedule(conn, self._h.queue, self._h.engine_run_id, wake_at)
-            await self._park_store(conn, wait, envelope)
+            return True, None
 
-        await self._db.transaction(park)
+        await self._attempt.park(park, wait, envelope)
+        self._envelope = envelope
         raise Suspended
 
     async def wait_for_event(
@@ -320,25 +264,7 @@ class TaskContext:
     # -- store and engine writes ---------------------------------------------
 
     async def _save(self, envelope: dict[str, Any]) -> None:
-        async def write(conn: Connection) -> None:
-            await self._fenced(conn, "save_checkpoint", envelope)
-
-        await self._db.run(write)
-        self._envelope = envelope
-
-    async def _fenced(self, conn: Connection, query: str, *args: Any) -> None:
-        h = self._h
-        if await self._store.fetchval(conn, query, h.run_id, h.attempt_id, *args) is None:
-            raise LeaseLostError(
-                f"run {h.run_id} was taken over by a newer claim; attempt {h.attempt_id} stops",
-                engine_run_id=h.engine_run_id,
-            )
-
-    async def _park_store(
-        self, conn: Connection, wait: dict[str, Any], envelope: dict[str, Any]
-    ) -> None:
-        await self._fenced(conn, "park_run", wait, envelope)
-        await self._store.execute(conn, "finish_attempt", self._h.attempt_id, "parked", None)
+        await self._db.run(lambda conn: self._attempt.save_envelope(conn, envelope))
         self._envelope = envelope
 
     async def _take_signal(
@@ -351,9 +277,7 @@ class TaskContext:
         """
 
         async def take(conn: Connection) -> dict[str, Any] | None:
-            row = await self._store.fetchrow(
-                conn, "consume_signal", self._h.run_id, event_key, self._h.attempt_id
-            )
+            row = await self._attempt.consume_signal(conn, event_key)
             if row is not None:
                 payload = row["payload"]
             elif engine_payload is not None:
@@ -380,7 +304,7 @@ class TaskContext:
                 ),
                 boundary_id,
             )
-            await self._fenced(conn, "save_checkpoint", envelope)
+            await self._attempt.save_envelope(conn, envelope)
             self._envelope = envelope
             return output
 
@@ -428,100 +352,16 @@ class TaskContext:
         event_name = checkpoint.integration_event_name(self.run_id, event_key)
 
         async def park(conn: Connection) -> tuple[bool, Any]:
-            suspend, payload = await engine.await_event(
+            return await engine.await_event(
                 conn, h.queue, h.task_id, h.engine_run_id, f"wait:{boundary_id}", event_name,
                 remaining_s,
             )  # fmt: skip
-            if suspend:
-                await self._park_store(conn, wait, envelope)
-            return suspend, payload
 
-        suspended, payload = await self._db.transaction(park)
+        suspended, payload = await self._attempt.park(park, wait, envelope)
         if suspended:
+            self._envelope = envelope
             raise Suspended
         return payload
-
-
-class _DaemonThreads:
-    """Reusable daemon threads for sync step bodies: one more starts when none is idle.
-
-    Daemon threads, unlike anyio's or concurrent.futures' workers (joined at
-    interpreter exit), cannot hold the process past its stop bound when a step
-    is still blocking. Reused, because a thread started per step cost about a
-    third of the backlog drain rate. A thread idle for a minute exits.
-    """
-
-    IDLE_EXIT_S = 60.0
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on an idle thread, or on a new one."""
-        with self._lock:
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1  # that idle thread is now promised this job
-        self._jobs.put(job)
-        if start:
-            threading.Thread(target=self._serve, name="lane-worker-step", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self.IDLE_EXIT_S)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0:  # nobody was promised this thread: leave
-                        self._idle -= 1
-                        return
-                continue  # a job was promised to an idle thread: it is on its way
-            job()
-            with self._lock:
-                self._idle += 1
-
-
-_step_threads = _DaemonThreads()
-
-
-async def run_in_daemon_thread(
-    fn: Callable[[], Any], *, on_return: Callable[[], None] | None = None
-) -> Any:
-    """Run sync ``fn`` on a daemon thread and return its result.
-
-    Abandoned on cancel: a drain hands the run back without waiting for the
-    thread (its step never committed, so it runs again elsewhere). ``on_return``
-    is called on the event loop once ``fn`` returned or raised, even when
-    nobody awaits it any more.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        if on_return is not None:
-            on_return()
-        if not done.done():  # cancelled meanwhile: nobody waits for it
-            outcome()
-
-    def work() -> None:
-        try:
-            result = context.run(fn)
-        except BaseException as exc:  # handed to the awaiting coroutine, whatever it is
-            # A future refuses StopIteration (it would end a generator silently).
-            failure = (
-                RuntimeError(f"step raised {exc!r}") if isinstance(exc, StopIteration) else exc
-            )
-            report = lambda: settle(lambda: done.set_exception(failure))  # noqa: E731
-        else:
-            report = lambda: settle(lambda: done.set_result(result))  # noqa: E731
-        with contextlib.suppress(RuntimeError):  # the loop closed: the process is ending
-            loop.call_soon_threadsafe(report)
-
-    _step_threads.submit(work)
-    return await done
 
 
 PlayFn = Callable[[TaskContext, Any], Awaitable[Any]]

@@ -13,10 +13,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from worker import checkpoint
+import structlog
+
 from worker.db import engine
 from worker.db.pool import Connection
 from worker.db.store import Store
+from worker.metrics import Metrics
+from worker.run import facts
+
+Log = structlog.typing.FilteringBoundLogger
 
 DEFER_LIMIT_ERROR = "DeferralLimitExceeded"
 
@@ -57,14 +62,25 @@ async def count_deferral(
         f"(LANE_WORKER_DEFER_FAIL_AFTER={fail_after_s:g}): no release that may run it took it",
         "fatal": True,
     }
-    fact = checkpoint.terminal_ledger_event(
-        {"status": "failed", "runId": str(run_id), "output": None, "error": reason}
-    )
-    assert fact is not None
+    fact = facts.failed(run_id, reason)
     # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
     if await store.settle(
-        conn, run_id, status="failed", fact=fact, attempt_id=None, error=reason,
+        conn, run_id, status=str(fact.status), fact=fact.as_json(), attempt_id=None, error=reason,
         own_attempt_id=attempt_id,
     ):  # fmt: skip
         await engine.cancel(conn, claimed.queue, claimed.task_id)
     return Streak(streak.count, streak.age_s, streak.alert, reason)
+
+
+def report_streak(streak: Streak, log: Log, metrics: Metrics | None, queue: str) -> None:
+    """Warn once when a streak crossed the alert age; say when it failed the run."""
+    if streak.alert:
+        log.warning(
+            "run.deferred_too_long", defer_count=streak.count, deferred_s=round(streak.age_s),
+            remedy="no release that may run it takes it: see `lane-worker lanes show` for "
+            "its lane's blockers",
+        )  # fmt: skip
+        if metrics is not None:
+            metrics.long_deferrals.labels(queue=queue).inc()
+    if streak.failed is not None:
+        log.error("run.failed_for_good", error=streak.failed)

@@ -1,21 +1,18 @@
-"""Executing claimed runs: lane dispositions, attempts, plays, put-backs.
+"""Executing claimed runs: decide, begin an attempt, run the play under its lease, end it.
 
-``Runtime.handle`` takes one claimed engine run from start to its next durable
-point: decide the lane disposition, record the attempt, then execute the play
-(own / adopt) or put the run back without spending an attempt (defer /
-refuse). Every engine transition commits in one transaction with the store
-writes that go with it, fenced by the attempt row. How an attempt ends lives
-in ``worker/settle.py``, how a claim is given back in ``worker/handback.py``;
-both are mixed into ``Runtime``.
+``Runtime.handle`` takes one claimed engine run to its next durable point:
+read the run's lane facts, decide its disposition (``worker/run/decide.py``),
+begin an attempt (``worker/run/attempt.py``, which alone ends it), then run the
+play (own / adopt) or put the run back without spending an attempt (defer /
+refuse). Whatever cuts handling short gives the claim back
+(``worker/run/handback.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,16 +22,11 @@ import structlog
 
 from worker import checkpoint, lanes
 from worker.app import App
-from worker.config.dburl import url_secrets
-from worker.config.settings import Tuning
 from worker.db import engine
-from worker.db.pool import Connection, Database, is_transient
+from worker.db.pool import Database, is_transient
 from worker.db.store import Store
-from worker.db.tasks import PLAY_RUN_TASK as PLAY_RUN_TASK  # re-exported, as before
-from worker.db.tasks import notify
 from worker.errors import (
     FatalRunError,
-    LaneMismatchError,
     LeaseLostError,
     RunCancelledError,
     UnknownBoundaryError,
@@ -42,57 +34,31 @@ from worker.errors import (
 )
 from worker.jsonvalue import require_json
 from worker.metrics import Metrics
-from worker.run.attempt import Settlement, error_reason
-from worker.run.context import STEP_KEYS_CURRENT, DbClock, RunHandle, Suspended, TaskContext
-from worker.run.deferral import Streak, count_deferral
-from worker.run.handback import Claim, HandBack, really_cancelled
+from worker.run import decide
+from worker.run.attempt import Attempt, Attempts, DeferLimits
+from worker.run.context import Suspended, TaskContext
+from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
+from worker.run.handback import Claim, give_back_after, give_back_leftovers, really_cancelled
+from worker.run.handle import WorkerSeat
+from worker.run.lease import with_lease
 from worker.run.reconcile import reconcile_queue
-from worker.states import TERMINAL_STATUSES
+from worker.states import Disposition, Outcome
 
 log = structlog.get_logger("lane_worker.runtime")
+Log = structlog.typing.FilteringBoundLogger
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class _Begun:
-    """What ``begin_attempt`` returned."""
-
-    attempt_id: int
-    checkpoint: dict[str, Any] | None
-    current_wait: dict[str, Any] | None
-    step_keys: int | None
-    clock: DbClock
 
 
 @dataclass(frozen=True)
 class Handled:
     """What one claim came to: the lane disposition and the attempt's outcome."""
 
-    disposition: str
-    outcome: str
+    disposition: Disposition
+    outcome: Outcome
 
 
-class _PlayExit(Exception):
-    """Carries a play's SystemExit or KeyboardInterrupt out of its task.
-
-    asyncio re-raises those two from a task into the event loop, which would
-    stop the daemon; carried, they fail the attempt like any other error.
-    """
-
-    def __init__(self, exc: BaseException) -> None:
-        super().__init__(repr(exc))
-        self.exc = exc
-
-
-async def _contain_exits(work: Awaitable[T]) -> T:
-    try:
-        return await work
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise _PlayExit(exc) from None
-
-
-class Runtime(HandBack, Settlement):
+class Runtime:
     """Executes claimed runs for one worker of one release."""
 
     def __init__(
@@ -100,24 +66,22 @@ class Runtime(HandBack, Settlement):
         db: Database,
         store: Store,
         app: App,
+        seat: WorkerSeat,
         *,
-        worker_base: str,
-        release_id: str,
-        lease_s: int,
+        defer: DeferLimits,
         metrics: Metrics | None = None,
-        defer_alert_after_s: float = Tuning.defer_alert_after_s,
-        defer_fail_after_s: float = 0.0,
     ) -> None:
-        self.metrics = metrics
-        self.defer_alert_after_s = defer_alert_after_s
-        self.defer_fail_after_s = defer_fail_after_s
         self.db = db
         self.store = store
         self.app = app
-        self.worker_base = worker_base
-        self.release_id = release_id
-        self.queue = lanes.queue_name_for_release(release_id)
-        self.lease_s = lease_s
+        self.seat = seat
+        self.metrics = metrics
+        self.attempts = Attempts(db, store, seat, defer=defer, metrics=metrics)
+        self.release_id = seat.release_id
+        self.worker_base = seat.worker_base
+        self.queue = seat.own_queue
+        self.lease_s = seat.lease_s
+        self.plays = sorted(app.plays)
         # What the registry says, kept current by the supervisor: this release's
         # lane is retired (draining); other lanes that claim; and whether runs on
         # this lane's queue were adopted by another lane (the own loop skips them).
@@ -127,16 +91,10 @@ class Runtime(HandBack, Settlement):
         # A live machine of this lane registers a play this app lacks (a rollout
         # of mixed apps): the own loop claims past such runs from then on.
         self.lane_plays_differ = False
-        self.plays = sorted(app.plays)
-        # A play's error text may quote the database URL (a driver message):
-        # stored errors are shown by `status`, so mask its passwords first.
-        self.secrets = url_secrets(db.options.url)
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
-        if lanes.loop_kind(queue, self.queue) == "own":
-            return self.worker_base
-        return lanes.continuation_worker_id(self.worker_base, queue)
+        return self.seat.worker_id_for(queue)
 
     def claim_mode(self, queue: str) -> str | None:
         """Return how this worker claims ``queue`` now (None: the engine's own claim).
@@ -182,6 +140,10 @@ class Runtime(HandBack, Settlement):
                 log.warning("reconcile.failed", queue=queue, worker_id=worker_id, error=repr(exc))
         return batch
 
+    async def give_back_leftovers(self, queues: list[str]) -> int:
+        """Give back every engine run this worker still holds on ``queues`` (at shutdown)."""
+        return await give_back_leftovers(self.attempts, queues)
+
     async def handle(
         self, claimed: engine.ClaimedRun, *, on_refuse: Callable[[], None] | None = None
     ) -> Handled:
@@ -198,12 +160,11 @@ class Runtime(HandBack, Settlement):
         """
         claim = Claim()
         try:
-            handled = await self._handle(claimed, claim, on_refuse)
+            return await self._handle(claimed, claim, on_refuse)
         except BaseException as exc:
-            if not claim.ended:
-                await self._give_back_after(claimed, claim, exc)
+            if claim.open:
+                await give_back_after(self.attempts, claimed, claim, exc)
             raise
-        return handled
 
     async def _handle(
         self, claimed: engine.ClaimedRun, claim: Claim, on_refuse: Callable[[], None] | None
@@ -213,160 +174,122 @@ class Runtime(HandBack, Settlement):
             queue=claimed.queue, release_id=self.release_id, task_id=str(claimed.task_id)
         )
         if row is None:
-            moved = await self._moved_to(claimed)
-            if moved is not None:
-                # `lanes move` gave the run a new task on another lane and cancelled
-                # this one after it was claimed: record the claim (the task fence
-                # takes nothing over), end it as a lost lease, run nothing.
-                moved_run, to_queue = moved
-                claim.run_id = moved_run
-                attempt_id = (await self._begin(claimed, claim, moved_run, "own")).attempt_id
-                reason = {"reason": f"moved to {to_queue}"}
-                await self.db.run(
-                    lambda c: self.store.execute(
-                        c, "finish_attempt", attempt_id, "lease_lost", reason
-                    )
+            return await self._without_launch_row(claimed, claim, bound)
+        facts = LaneFacts(
+            run_id=row["run_id"],
+            release_id=row["release_id"],
+            status=row["status"],
+            play=row["play"],
+            current_wait=row["current_wait"],
+            adopted_release_id=row["adopted_release_id"],
+            adopted_queue=row["adopted_queue"],
+            lane_claiming=row["lane_claiming"],
+            adopter_claiming=row["adopter_claiming"],
+        )
+        claim.run_id = facts.run_id
+        bound = bound.bind(run_id=str(facts.run_id), worker_id=self.worker_id_for(claimed.queue))
+        decision = await self._decide(facts, claimed.queue)
+        self._note(decision, facts, claimed.queue, bound, on_refuse)
+        attempt = await self.attempts.begin(claimed, facts.run_id, decision.disposition, bound)
+        claim.attempt = attempt
+        if not decision.executes:
+            outcome = await self._put_back(attempt, decision)
+            if decision.cause == Cause.LANE_GUARD:
+                # Put back; now raise the guard's own error: the loop must stop.
+                lanes.assert_release_lane_matches(
+                    str(facts.run_id), facts.release_id, self.release_id
                 )
-                claim.ended = True
-                bound.bind(run_id=str(moved_run)).info("run.moved_away", to_queue=to_queue)
-                return Handled("own", "lease_lost")
-            # An engine task without a launch row cannot be executed by anyone.
-            await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
-            claim.ended = True
-            bound.error("run.orphan_cancelled", task_name=claimed.task_name)
-            return Handled("own", "cancelled")
-        run_id: uuid.UUID = row["run_id"]
-        claim.run_id = run_id
-        adopter: str | None = row["adopted_release_id"]
-        effective = adopter or row["release_id"]
-        bound = bound.bind(run_id=str(run_id), worker_id=self.worker_id_for(claimed.queue))
-        own_loop = lanes.loop_kind(claimed.queue, self.queue) == "own"
-        disposition: lanes.LaneDisposition
-        if own_loop:
-            try:
-                # The stamped release: this queue is that release's lane.
-                lanes.assert_release_lane_matches(str(run_id), row["release_id"], self.release_id)
-                disposition = lanes.Own()
-            except LaneMismatchError:
-                await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
-                bound.error("lane.guard_failed", run_release_id=row["release_id"])
-                raise
-        if (
-            adopter is not None
-            and row["adopted_queue"] != self.queue
-            and (own_loop or row["adopter_claiming"])
-        ):
-            # Another lane adopted it and may still run it: newer code than the
-            # stamped lane's ran it already, and a third release must not take it.
+            return Handled(decision.disposition, outcome)
+        if decision.adopted_from is not None:
+            bound.info("run.adopted", from_release_id=decision.adopted_from)
+        if not attempt.taken_over:
+            # Settled, or moved to another lane, between the claim and the fence
+            # move (possibly while its statement waited on the row).
+            return Handled(decision.disposition, await attempt.hand_back_untaken())
+        return Handled(
+            decision.disposition, await self._execute(attempt, row["play"], row["input"])
+        )
+
+    async def _decide(self, facts: LaneFacts, queue: str) -> Decision:
+        seat = decide.Seat(
+            release_id=self.release_id,
+            own_queue=self.queue,
+            plays=frozenset(self.app.plays),
+            own_loop=lanes.loop_kind(queue, self.queue) == "own",
+        )
+        registration = None
+        if decide.needs_play_registration(facts, seat):
+            found = await self.db.run(
+                lambda c: self.store.fetchrow(c, "lane_play_registered", self.queue, facts.play)
+            )
+            registration = PlayRegistration(
+                live=bool(found and found["live"]), ever=bool(found and found["ever"])
+            )
+        return decide.decide(facts, seat, registration)
+
+    def _note(
+        self,
+        decision: Decision,
+        facts: LaneFacts,
+        queue: str,
+        bound: Log,
+        on_refuse: Callable[[], None] | None,
+    ) -> None:
+        """Log a decision and keep what it teaches the loops (before anything is written)."""
+        cause = decision.cause
+        if cause == Cause.LANE_GUARD:
+            bound.error("lane.guard_failed", run_release_id=facts.release_id)
+        elif cause == Cause.ADOPTED_ELSEWHERE:
             # The claim statement skips such runs (an own loop that meets one
-            # switches to the claim that does), so this is a race: give it back
-            # to its adopter at once, quietly.
-            if own_loop:
+            # switches to the claim that does): this was a race.
+            if lanes.loop_kind(queue, self.queue) == "own":
                 self.foreign_adoptees = True
-            bound.info("run.left_to_adopter", adopter_release_id=adopter)
-            outcome = await self._put_back(
-                claimed, claim, "defer", "deferred", delay_s=0,
-                note={"reason": f"adopted by {adopter}"},
-            )  # fmt: skip
-            return Handled("defer", outcome)
-        if own_loop and row["play"] not in self.app.plays:
-            # Another machine of this release may register it (a rollout of mixed
-            # apps): failing it here (UnknownPlayError) would fail it for good.
-            disposition = await self._play_elsewhere(row["play"], run_id) or disposition
-        if not own_loop:
-            disposition = lanes.resolve_lane_disposition(
-                run_id=str(run_id),
-                run_release_id=effective,
-                worker_release_id=self.release_id,
-                # The effective release's lane: an adopted run belongs to its adopter.
-                lane_claiming=row["adopter_claiming"] if adopter else row["lane_claiming"],
-                parked_in_adoptable_wait=row["status"] == "waiting"
-                and (row["current_wait"] or {}).get("kind") in checkpoint.KNOWN_BOUNDARY_KINDS,
-            )
-        if (
-            not own_loop
-            and isinstance(disposition, lanes.Adopt | lanes.Own)
-            and row["play"] not in self.app.plays
-        ):
-            # Running it would fail it for good here (UnknownPlayError), though its
-            # own release, another machine of this one or a release that registers
-            # the play can still run it. The claim skips such runs: this is a race.
-            disposition = lanes.Defer(
-                reason=f"play {row['play']!r} of run {run_id} (release {effective}) is not "
-                f"registered in this app of release {self.release_id}, which cannot run it",
-                delay_seconds=lanes.LANE_ADOPTION_DEFER_SECONDS,
-            )
-            if self.metrics is not None:
+            bound.info("run.left_to_adopter", adopter_release_id=facts.adopted_release_id)
+        elif decision.disposition == Disposition.DEFER:
+            if cause == Cause.PLAY_ON_LIVE_MACHINE:
+                self.lane_plays_differ = True
+            elif cause == Cause.PLAY_NOT_HERE and self.metrics is not None:
                 self.metrics.incompatible_defers.inc()
-        if isinstance(disposition, lanes.Defer):
-            bound.info("run.deferred", delay_s=disposition.delay_seconds, reason=disposition.reason)
-            outcome = await self._put_back(
-                claimed, claim, "defer", "deferred", delay_s=disposition.delay_seconds,
-                note={"reason": disposition.reason},
-            )  # fmt: skip
-            return Handled("defer", outcome)
-        if isinstance(disposition, lanes.Refuse):
+            bound.info("run.deferred", delay_s=decision.delay_s, reason=decision.reason)
+        elif cause == Cause.LANE_CLAIMS:
             if on_refuse is not None:
                 on_refuse()
+            run_release = facts.effective_release_id
             bound.error(
                 "lane.refused",
-                run_release_id=effective,
-                remedy=f"this lane still claims; let a worker of {effective!r} take it, or run "
-                f"`lane-worker lanes retire {effective}` if that release is gone",
+                run_release_id=run_release,
+                remedy=f"this lane still claims; let a worker of {run_release!r} take it, or run "
+                f"`lane-worker lanes retire {run_release}` if that release is gone",
             )
-            outcome = await self._put_back(claimed, claim, "refuse", "refused", delay_s=0)
-            return Handled("refuse", outcome)
-        adopted = disposition.adopted_release_id if isinstance(disposition, lanes.Adopt) else None
-        begun = await self._begin(claimed, claim, run_id, disposition.kind)
-        if adopted is not None:
-            bound.info("run.adopted", from_release_id=adopted)
-        handle = RunHandle(
-            run_id=run_id,
-            queue=claimed.queue,
-            task_id=claimed.task_id,
-            engine_run_id=claimed.run_id,
-            attempt=claimed.attempt,
-            attempt_id=begun.attempt_id,
-            lease_s=self.lease_s,
-            clock=begun.clock,
-            step_keys=begun.step_keys,
+
+    async def _put_back(self, attempt: Attempt, decision: Decision) -> Outcome:
+        if decision.disposition == Disposition.REFUSE:
+            return await attempt.put_back(Outcome.REFUSED, delay_s=0)
+        return await attempt.put_back(
+            Outcome.DEFERRED, delay_s=decision.delay_s, note={"reason": decision.reason}
         )
-        if begun.checkpoint is None:
-            # Not taken over: settled, or moved to another lane, between the claim
-            # and the fence move (possibly while this statement waited on the row).
-            outcome = await self._not_taken(handle, claimed, bound)
-        else:
-            outcome = await self._execute(handle, claimed, row, begun, bound)
+
+    async def _without_launch_row(
+        self, claimed: engine.ClaimedRun, claim: Claim, bound: Log
+    ) -> Handled:
+        moved = await self._moved_to(claimed)
+        if moved is not None:
+            # `lanes move` gave the run a new task on another lane and cancelled
+            # this one after it was claimed: record the claim (the task fence
+            # takes nothing over), end it as a lost lease, run nothing.
+            moved_run, to_queue = moved
+            claim.run_id = moved_run
+            bound = bound.bind(run_id=str(moved_run))
+            attempt = await self.attempts.begin(claimed, moved_run, Disposition.OWN, bound)
+            claim.attempt = attempt
+            await attempt.lose({"reason": f"moved to {to_queue}"})
+            bound.info("run.moved_away", to_queue=to_queue)
+            return Handled(Disposition.OWN, Outcome.LEASE_LOST)
+        # An engine task without a launch row cannot be executed by anyone.
+        await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
         claim.ended = True
-        return Handled(disposition.kind, outcome)
-
-    async def _play_elsewhere(self, play: str, run_id: uuid.UUID) -> lanes.Defer | None:
-        """Decide on an own-lane run whose play this app lacks; None: fail it for good.
-
-        A live machine of this lane registers the play: leave it to that machine
-        at once, and claim from now on past such runs (``claim_lane`` mode ``own``
-        skips them). Only machines that have stopped ever registered it: put it
-        back in 30 s, counted as a deferral, so the report names it and an
-        operator hears of it. No machine of this lane ever did: the play is
-        unknown to the release (a typo), and the run fails visibly.
-        """
-        found = await self.db.run(
-            lambda c: self.store.fetchrow(c, "lane_play_registered", self.queue, play)
-        )
-        live, ever = (found["live"], found["ever"]) if found is not None else (False, False)
-        here = f"play {play!r} of run {run_id} is not registered in this app of release "
-        if live:
-            self.lane_plays_differ = True
-            return lanes.Defer(
-                reason=f"{here}{self.release_id}, but a live machine of it registers it",
-                delay_seconds=0,
-            )
-        if ever:
-            return lanes.Defer(
-                reason=f"{here}{self.release_id}, and no live machine of it registers it now "
-                "(one that stopped did): start one",
-            )
-        return None
+        bound.error("run.orphan_cancelled", task_name=claimed.task_name)
+        return Handled(Disposition.OWN, Outcome.CANCELLED)
 
     async def _moved_to(self, claimed: engine.ClaimedRun) -> tuple[uuid.UUID, str] | None:
         """Return the run and the queue a claimed task's run was moved to, or None."""
@@ -380,279 +303,70 @@ class Runtime(HandBack, Settlement):
             return None
         return run_id, str(row["queue"])
 
-    async def _not_taken(
-        self, h: RunHandle, claimed: engine.ClaimedRun, bound: structlog.typing.FilteringBoundLogger
-    ) -> str:
-        """End an attempt whose begin did not take the run over, as its row now reads.
-
-        Read afresh: ``begin_attempt``'s own snapshot predates the lock it waited for.
-        Nothing is settled here: whoever ended or moved the run wrote its state.
-        """
-        row = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", h.run_id))
-        if row is not None and row["task_id"] != claimed.task_id:
-            bound.info("run.moved_away", to_queue=row["queue"])
-            await self._finish(h, "lease_lost", {"reason": f"moved to {row['queue']}"})
-            return "lease_lost"
-        if row is None or row["status"] in TERMINAL_STATUSES:
-            status = row["status"] if row is not None else "gone"
-            bound.info("run.ended_elsewhere", status=status)
-            outcome = "cancelled" if status == "cancelled" else "lease_lost"
-            await self._finish(h, outcome, {"reason": f"the run is {status}"})
-            return outcome
-        # Open and still this task's: nothing took it, so give the claim back.
-        await self._finish(h, "handed_back", {"reason": "not taken over"})
-        await self.give_back(claimed, None)
-        return "handed_back"
-
-    async def _begin(
-        self, claimed: engine.ClaimedRun, claim: Claim, run_id: uuid.UUID, kind: str
-    ) -> _Begun:
-        """Record the claim; for own/adopt also move the fence and return the envelope."""
-
-        async def begin(conn: Connection) -> tuple[asyncpg.Record | None, float]:
-            # Read just before the statement is sent (a retry reads it again): the
-            # database reads its clock later, so this clock runs at most a round
-            # trip ahead, never behind.
-            sent_s = time.monotonic()
-            row = await self.store.fetchrow(
-                conn,
-                "begin_attempt",
-                run_id,
-                claimed.run_id,
-                claimed.attempt,
-                self.worker_id_for(claimed.queue),
-                self.release_id,
-                kind,
-                self.release_id if kind == "adopt" else None,
-                self.queue if kind == "adopt" else None,
-                STEP_KEYS_CURRENT,
-                claimed.task_id,
-            )
-            return row, sent_s
-
-        row, sent_s = await self.db.run(begin)
-        assert row is not None  # the insert always returns its row
-        claim.attempt_id = row["attempt_id"]
-        return _Begun(
-            attempt_id=row["attempt_id"],
-            checkpoint=row["checkpoint"],
-            current_wait=row["current_wait"],
-            step_keys=row["step_keys"],
-            clock=DbClock(row["db_now_ms"], sent_s),
-        )
-
-    async def _put_back(
-        self,
-        claimed: engine.ClaimedRun,
-        claim: Claim,
-        kind: str,
-        outcome: str,
-        *,
-        delay_s: float,
-        note: dict[str, Any] | None = None,
-    ) -> str:
-        """Record the claim and reschedule the engine run; no attempt is spent.
-
-        A deferral with a delay (not a race handed straight back) counts in the
-        run's streak, which may fail it for good past LANE_WORKER_DEFER_FAIL_AFTER.
-        """
-        assert claim.run_id is not None
-        run_id = claim.run_id
-        attempt_id = (await self._begin(claimed, claim, run_id, kind)).attempt_id
-
-        async def put_back(conn: Connection) -> Streak | None:
-            streak = None
-            if kind == "defer" and delay_s > 0:
-                streak = await count_deferral(
-                    conn, self.store, claimed, run_id,
-                    alert_after_s=self.defer_alert_after_s, fail_after_s=self.defer_fail_after_s,
-                    attempt_id=attempt_id,
-                )  # fmt: skip
-                if streak.failed is not None:
-                    await self.store.execute(
-                        conn, "finish_attempt", attempt_id, "failed", streak.failed
-                    )
-                    return streak
-            await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)
-            await self.store.execute(conn, "finish_attempt", attempt_id, outcome, note)
-            if delay_s <= 0:  # due now: wake the lane's workers
-                await notify(conn, claimed.queue, run_id)
-            return streak
-
-        streak = await self.db.transaction(put_back)
-        claim.ended = True
-        if streak is not None:
-            self._report_streak(streak, claimed, run_id)
-            if streak.failed is not None:
-                return "failed"
-        return outcome
-
-    def _report_streak(self, streak: Streak, claimed: engine.ClaimedRun, run_id: uuid.UUID) -> None:
-        queue = claimed.queue
-        bound = log.bind(
-            queue=queue, release_id=self.release_id, task_id=str(claimed.task_id),
-            run_id=str(run_id), worker_id=self.worker_id_for(queue),
-        )  # fmt: skip
-        if streak.alert:
-            bound.warning(
-                "run.deferred_too_long", defer_count=streak.count, deferred_s=round(streak.age_s),
-                remedy="no release that may run it takes it: see `lane-worker lanes show` for "
-                "its lane's blockers",
-            )  # fmt: skip
-            if self.metrics is not None:
-                self.metrics.long_deferrals.labels(queue=queue).inc()
-        if streak.failed is not None:
-            bound.error("run.failed_for_good", error=streak.failed)
-
-    async def _execute(
-        self,
-        h: RunHandle,
-        claimed: engine.ClaimedRun,
-        run: asyncpg.Record,
-        begun: _Begun,
-        bound: structlog.typing.FilteringBoundLogger,
-    ) -> str:
-        """Run the play of ``run`` (``lane_state``) from the envelope ``begun`` returned."""
-        play = self.app.plays.get(run["play"])
+    async def _execute(self, attempt: Attempt, play_name: str, play_input: Any) -> Outcome:
+        """Run the play from the envelope the attempt took over; end the attempt by how it ended."""
+        ctx: TaskContext | None = None
         try:
-            if play is None:
-                known = ", ".join(sorted(self.app.plays)) or "none"
-                raise UnknownPlayError(
-                    f"play {run['play']!r} is not registered in release {self.release_id} "
-                    f"(it has: {known}); the run cannot be executed here."
-                )
-            wait_kind = (begun.current_wait or {}).get("kind")
-            if wait_kind is not None and wait_kind not in checkpoint.KNOWN_BOUNDARY_KINDS:
-                raise FatalRunError(
-                    f"run {h.run_id} is parked in a {wait_kind!r} wait, which release "
-                    f"{self.release_id} cannot resume."
-                )
-            checkpoints = await self.db.run(
-                lambda c: engine.get_checkpoints(c, h.queue, h.task_id, h.engine_run_id)
-            )
-            ctx = TaskContext(
-                db=self.db,
-                store=self.store,
-                handle=h,
-                release_id=self.release_id,
-                envelope=begun.checkpoint or {},
-                checkpoints=checkpoints,
-                log=bound,
-            )
-            bound.info("run.started", attempt=h.attempt, play=run["play"])
+            ctx, play = await self._prepare(attempt, play_name)
+            attempt.log.info("run.started", attempt=attempt.handle.attempt, play=play_name)
             started = time.monotonic()
-            output = await self._with_lease(h, ctx, play(ctx, run["input"]), bound)
-            require_json(output, f"the output of play {run['play']!r}")
-        except Suspended:
-            bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
-            return "parked"
-        except BaseExceptionGroup as group:
-            # A play that waits inside a task group: its park committed, whatever
-            # else the group carries (a sibling step cannot write after it).
-            if group.subgroup(Suspended) is not None:
-                bound.info("run.parked", wait=ctx.envelope.get("armedWaits"))
-                return "parked"
-            if really_cancelled():
-                raise  # shutdown: `handle` gives the run back
-            return await self._fail_attempt(h, claimed.max_attempts, group, bound)
-        except anyio.get_cancelled_exc_class() as exc:
-            if really_cancelled():
-                raise  # shutdown: `handle` gives the run back
-            # The play raised CancelledError itself (it awaited a task it cancelled).
-            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
-        except RunCancelledError:
-            return await self._observe_cancel(h, bound)
-        except LeaseLostError as exc:
-            bound.warning("run.lease_lost", detail=str(exc))
-            await self._finish(h, "lease_lost", error_reason(exc))
-            return "lease_lost"
-        except (FatalRunError, UnknownBoundaryError) as exc:
-            return await self._fail_for_good(h, exc, bound)
+            output = await with_lease(self.db, self.metrics, attempt, ctx, play(ctx, play_input))
+            require_json(output, f"the output of play {play_name!r}")
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the play's, not ours
-            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
+            return await self._end_after(attempt, ctx, exc)
         try:
-            await self._complete(h, output)
-        except LeaseLostError as exc:
-            # Cancelled, failed by an operator or taken by a newer claim as it
-            # completed: the attempt still records its end (never "in progress").
-            bound.warning("run.lease_lost", detail=str(exc))
-            await self._finish(h, "lease_lost", error_reason(exc))
-            return "lease_lost"
+            outcome = await attempt.complete(output)
         except (asyncpg.PostgresError, ValueError) as exc:  # jsonb refused the output
             if is_transient(exc):
                 raise
-            return await self._fail_attempt(h, claimed.max_attempts, exc, bound)
-        bound.info("run.completed", duration_s=round(time.monotonic() - started, 3))
-        return "completed"
+            return await attempt.fail(exc, attempt.claimed.max_attempts)
+        if outcome == Outcome.COMPLETED:
+            attempt.log.info("run.completed", duration_s=round(time.monotonic() - started, 3))
+        return outcome
 
-    async def _with_lease(
-        self,
-        h: RunHandle,
-        ctx: TaskContext,
-        work: Awaitable[T],
-        bound: structlog.typing.FilteringBoundLogger,
-    ) -> T:
-        """Run ``work`` while extending the lease; cancel it if the lease is lost.
+    async def _prepare(self, attempt: Attempt, play_name: str) -> tuple[TaskContext, Any]:
+        """Return the play's context and function; raise what makes the run unrunnable here."""
+        play = self.app.plays.get(play_name)
+        if play is None:
+            known = ", ".join(sorted(self.app.plays)) or "none"
+            raise UnknownPlayError(
+                f"play {play_name!r} is not registered in release {self.release_id} "
+                f"(it has: {known}); the run cannot be executed here."
+            )
+        wait_kind = (attempt.current_wait or {}).get("kind")
+        if wait_kind is not None and wait_kind not in checkpoint.KNOWN_BOUNDARY_KINDS:
+            raise FatalRunError(
+                f"run {attempt.handle.run_id} is parked in a {wait_kind!r} wait, which release "
+                f"{self.release_id} cannot resume."
+            )
+        h = attempt.handle
+        checkpoints = await self.db.run(
+            lambda c: engine.get_checkpoints(c, h.queue, h.task_id, h.engine_run_id)
+        )
+        return TaskContext(attempt, release_id=self.release_id, checkpoints=checkpoints), play
 
-        The attempt ends only once every sync step body it started has
-        returned: a thread cannot be stopped, and an attempt recorded as ended
-        while its step still executes would let a retry or a newer claim run
-        that step beside it. A drain does not wait (the process exits).
-        """
-        host = asyncio.current_task()
-        assert host is not None
-        lost: list[LeaseLostError] = []
-        cancelled_host: list[bool] = []
-
-        async def keep() -> None:
-            while True:
-                await asyncio.sleep(max(1.0, h.lease_s / 3))
-                try:
-                    await self.db.run(
-                        lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s)
-                    )
-                    if self.metrics is not None:
-                        self.metrics.lease_extensions.inc()
-                except LeaseLostError as exc:
-                    lost.append(exc)
-                    if ctx.sync_steps_running():
-                        # Its next checkpoint fails on the lost lease by itself.
-                        bound.warning("run.step_still_running", detail=str(exc))
-                        await ctx.sync_steps_returned()
-                    cancelled_host.append(True)
-                    host.cancel()
-                    return
-                except Exception as exc:  # the database is away: keep trying while the lease lasts
-                    bound.warning("lease.extend_failed", error=repr(exc))
-
-        keeper = asyncio.create_task(keep())
-        # The play runs in a task of its own: what it does to its task's cancel
-        # count (Python 3.11's TaskGroup leaves one behind when a child fails
-        # while the group exits) must not make this run look like a drain. A
-        # cancel of this task (a drain, a lost lease) reaches the play's task.
-        runner = asyncio.ensure_future(_contain_exits(work))
-        try:
-            try:
-                return await runner
-            except _PlayExit as carried:
-                raise carried.exc from None
-            finally:
-                if not really_cancelled() and ctx.sync_steps_running():
-                    # The play ended (a task group gave up a step's await) while
-                    # a step body still runs: the lease stays held until it returns.
-                    bound.warning("run.step_still_running")
-                    await ctx.sync_steps_returned()
-        except asyncio.CancelledError:
-            if cancelled_host:
-                host.uncancel()
-                cancelled_host.clear()
-                raise lost[0] from None
-            raise
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            if cancelled_host:
-                # The keeper cancelled the host just as the work returned: take
-                # that cancel back, or the run would later look like a drain.
-                host.uncancel()
+    async def _end_after(
+        self, attempt: Attempt, ctx: TaskContext | None, exc: BaseException
+    ) -> Outcome:
+        """End the attempt by how its play stopped (``exc``); re-raise a drain's cancel."""
+        armed = ctx.envelope.get("armedWaits") if ctx is not None else None
+        if isinstance(exc, Suspended) or (
+            # A play that waits inside a task group: its park committed, whatever
+            # else the group carries (a sibling step cannot write after it).
+            isinstance(exc, BaseExceptionGroup) and exc.subgroup(Suspended) is not None
+        ):
+            attempt.log.info("run.parked", wait=armed)
+            return Outcome.PARKED
+        if isinstance(exc, BaseExceptionGroup | anyio.get_cancelled_exc_class()):
+            if really_cancelled():
+                raise exc  # shutdown: `handle` gives the run back
+            # Otherwise the play raised CancelledError itself (it awaited a task it
+            # cancelled), or a task group of the play failed.
+            return await attempt.fail(exc, attempt.claimed.max_attempts)
+        if isinstance(exc, RunCancelledError):
+            return await attempt.observe_cancel()
+        if isinstance(exc, LeaseLostError):
+            return await attempt.lose(exc)
+        if isinstance(exc, FatalRunError | UnknownBoundaryError):
+            return await attempt.fail_for_good(exc)
+        return await attempt.fail(exc, attempt.claimed.max_attempts)

@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import structlog
 
-from worker import checkpoint
 from worker.db.pool import Connection, Database
 from worker.db.store import Store, quote_ident
+from worker.run import facts
+from worker.states import RunStatus
 
 log = structlog.get_logger("lane_worker.reconcile")
 
 RECONCILE_BATCH = 100
 
 
-def cancelled_fact(run_id: uuid.UUID, source: str) -> dict[str, Any]:
-    """Return the `run.cancelled` ledger fact (the shared design defines no helper for it)."""
-    return {
-        "type": "run.cancelled",
-        "runId": str(run_id),
-        "occurredAt": int(time.time() * 1000),
-        "source": source,
-    }
+def cancelled_fact(run_id: uuid.UUID, source: facts.Source) -> dict[str, Any]:
+    """Return the `run.cancelled` ledger fact (kept for the client and remedies)."""
+    return facts.cancelled(run_id, source).as_json()
 
 
 async def reconcile_queue(
@@ -66,16 +61,14 @@ async def reconcile_queue(
                     "message": "the engine task is gone (cleaned up) before the run settled",
                 }
             fact = (
-                cancelled_fact(run_id, "reconciler")
+                facts.cancelled(run_id, "reconciler")
                 if status == "cancelled"
-                else checkpoint.terminal_ledger_event(
-                    {"status": status, "runId": str(run_id), "output": output, "error": error}
-                )
+                else facts.TerminalFact(RunStatus(status), run_id, output=output, error=error)
             )
-            assert fact is not None
             if await store.settle(
-                conn, run_id, status=status, fact=fact, attempt_id=None, output=output, error=error
-            ):
+                conn, run_id, status=status, fact=fact.as_json(), attempt_id=None, output=output,
+                error=error,
+            ):  # fmt: skip
                 settled += 1
                 log.warning(
                     "run.reconciled",

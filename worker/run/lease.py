@@ -1,0 +1,110 @@
+"""A play under its lease: extended while it runs, and a lost lease stops it.
+
+The attempt ends only once every sync step body it started has returned: a
+thread cannot be stopped, and an attempt recorded as ended while its step
+still executes would let a retry or a newer claim run that step beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from worker.db import engine
+from worker.db.pool import Database
+from worker.errors import LeaseLostError
+from worker.metrics import Metrics
+from worker.run.attempt import Attempt
+from worker.run.context import TaskContext
+from worker.run.handback import really_cancelled
+
+T = TypeVar("T")
+
+
+class _PlayExit(Exception):
+    """Carries a play's SystemExit or KeyboardInterrupt out of its task.
+
+    asyncio re-raises those two from a task into the event loop, which would
+    stop the daemon; carried, they fail the attempt like any other error.
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+async def _contain_exits(work: Awaitable[T]) -> T:
+    try:
+        return await work
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _PlayExit(exc) from None
+
+
+async def with_lease(
+    db: Database, metrics: Metrics | None, attempt: Attempt, ctx: TaskContext, work: Awaitable[T]
+) -> T:
+    """Run ``work`` while extending the lease; cancel it if the lease is lost.
+
+    The attempt ends only once every sync step body it started has
+    returned: a thread cannot be stopped, and an attempt recorded as ended
+    while its step still executes would let a retry or a newer claim run
+    that step beside it. A drain does not wait (the process exits).
+    """
+    host = asyncio.current_task()
+    assert host is not None
+    h, bound = attempt.handle, attempt.log
+    lost: list[LeaseLostError] = []
+    cancelled_host: list[bool] = []
+
+    async def keep() -> None:
+        while True:
+            await asyncio.sleep(max(1.0, h.lease_s / 3))
+            try:
+                await db.run(lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s))
+                if metrics is not None:
+                    metrics.lease_extensions.inc()
+            except LeaseLostError as exc:
+                lost.append(exc)
+                if ctx.sync_steps_running():
+                    # Its next checkpoint fails on the lost lease by itself.
+                    bound.warning("run.step_still_running", detail=str(exc))
+                    await ctx.sync_steps_returned()
+                cancelled_host.append(True)
+                host.cancel()
+                return
+            except Exception as exc:  # the database is away: keep trying while the lease lasts
+                bound.warning("lease.extend_failed", error=repr(exc))
+
+    keeper = asyncio.create_task(keep())
+    # The play runs in a task of its own: what it does to its task's cancel
+    # count (Python 3.11's TaskGroup leaves one behind when a child fails
+    # while the group exits) must not make this run look like a drain. A
+    # cancel of this task (a drain, a lost lease) reaches the play's task.
+    runner = asyncio.ensure_future(_contain_exits(work))
+    try:
+        try:
+            return await runner
+        except _PlayExit as carried:
+            raise carried.exc from None
+        finally:
+            if not really_cancelled() and ctx.sync_steps_running():
+                # The play ended (a task group gave up a step's await) while
+                # a step body still runs: the lease stays held until it returns.
+                bound.warning("run.step_still_running")
+                await ctx.sync_steps_returned()
+    except asyncio.CancelledError:
+        if cancelled_host:
+            host.uncancel()
+            cancelled_host.clear()
+            raise lost[0] from None
+        raise
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        if cancelled_host:
+            # The keeper cancelled the host just as the work returned: take
+            # that cancel back, or the run would later look like a drain.
+            host.uncancel()
