@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 import structlog
 from runtime_harness import (
@@ -47,9 +48,11 @@ from test_remedies import (
 
 from worker import App, TaskContext
 from worker.client import LaneClient
-from worker.daemon.maintenance import maintain
+from worker.daemon.maintenance import maintain, reconcile_lanes
 from worker.errors import UnknownLaneError
+from worker.metrics import Metrics
 from worker.ops.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
+from worker.run.claim import Capacity, Poller
 from worker.run.execute import Runtime
 
 __all__ = ["plays"]  # the fixture, imported for this module's tests
@@ -334,6 +337,42 @@ async def test_a_pruned_lane_is_drained_safe_to_stop_and_marked_pruned(
         view = await client.lane(A)
         assert (view.status, view.pruned) == ("draining", False)
         assert QA in [v.queue for v in await client.lanes()]
+
+
+async def test_a_continuation_loop_on_a_pruned_queue_detaches_and_maintenance_skips_it(
+    database_url: str, plays: Plays
+) -> None:
+    """A prune racing B's continuation loop and maintenance: no claim error, no queue failure.
+
+    The loop was attached while A drained; `lanes prune` drops A's queue before B
+    re-reads the registry. Its next claim meets no table: it detaches quietly.
+    """
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        await client.submit("plain")
+        assert await work_once(rt_a) == ["completed"]
+        await client.retire_release(A)
+        await age_worker(database_url, rt_a.worker_base)
+        assert await client.prune_lanes(0) == [QA]
+        metrics = Metrics()
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as runs:
+                poller = Poller(
+                    runtime=rt_b, queue=QA, kind="continuation", capacity=Capacity(1),
+                    wakeup=asyncio.Event(), poll_interval_s=0.05, metrics=metrics, runs=runs,
+                    on_guard_failure=lambda _: None,
+                )  # fmt: skip
+                with anyio.fail_after(10):
+                    await poller.run()
+            # Maintenance read the registry just before the prune, then reconciles A.
+            lane_a = {"queue": QA, "status": "retired", "release_ids": [A], "engine_queue": True}
+            await reconcile_lanes(rt_b.db, rt_b.store, [lane_a], worker_id="t", metrics=metrics)
+        assert poller.detach_reason == "queue dropped"
+        assert metrics.loop_errors.labels("continuation")._value.get() == 0
+        assert metrics.maintenance_errors.labels(queue=QA)._value.get() == 0
+        assert [
+            e for e in logs if e["event"] in ("loop.claim_failed", "maintenance.queue_failed")
+        ] == []
 
 
 # -- attempts closed once the run moved on ----------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import structlog
 
 from worker.db import engine
@@ -68,6 +69,23 @@ async def maintain(
     # Logged once the transaction committed: a retried transaction must not count twice.
     for queue, error in failed_cleanups:
         _queue_failed(metrics, queue, worker_id, "cleanup", error)
+    await reconcile_lanes(db, store, registry, worker_id=worker_id, metrics=metrics)
+    # After the reconcile: a run it just ended may leave a dead worker's attempt open.
+    closed = await db.run(lambda c: store.fetch(c, "close_abandoned_attempts", ATTEMPT_SWEEP_BATCH))
+    if closed:
+        log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
+    return True
+
+
+async def reconcile_lanes(
+    db: Database,
+    store: Store,
+    registry: list[Any],
+    *,
+    worker_id: str,
+    metrics: Metrics | None = None,
+) -> None:
+    """Reconcile the queue of each lane in ``registry`` (maintenance's second step)."""
     for lane in registry:
         queue = lane["queue"]
         if not lane["engine_queue"]:
@@ -82,15 +100,14 @@ async def maintain(
             continue
         try:
             await reconcile_queue(db, store, queue, worker_id=worker_id)
+        except asyncpg.UndefinedTableError:
+            # `lanes prune` dropped the queue since the registry was read: its
+            # runs were all settled, so there is nothing to reconcile.
+            log.info("maintenance.queue_dropped", queue=queue, worker_id=worker_id)
         except Exception as exc:
             if is_transient(exc):
                 raise
             _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
-    # After the reconcile: a run it just ended may leave a dead worker's attempt open.
-    closed = await db.run(lambda c: store.fetch(c, "close_abandoned_attempts", ATTEMPT_SWEEP_BATCH))
-    if closed:
-        log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
-    return True
 
 
 def _queue_failed(

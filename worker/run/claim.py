@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
@@ -144,6 +145,11 @@ class Poller:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
                     self.capacity.release(slots)
+                    if self.kind == "continuation" and isinstance(exc, asyncpg.UndefinedTableError):
+                        # `lanes prune` dropped this retired lane's queue: nothing is
+                        # left there to adopt, so the loop detaches (not an error).
+                        self.stop("queue dropped")
+                        break
                     failures += 1
                     self.metrics.loop_errors.labels(self.kind).inc()
                     delay = min(_BACKOFF_MAX_S, 0.5 * 2 ** min(failures, 6))
