@@ -52,7 +52,7 @@ from worker.daemon.maintenance import maintain, reconcile_lanes
 from worker.errors import UnknownLaneError
 from worker.metrics import Metrics
 from worker.ops.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
-from worker.run.claim import Capacity, Poller
+from worker.run.claim import Capacity, LoopShared, Poller
 from worker.run.execute import Runtime
 
 __all__ = ["plays"]  # the fixture, imported for this module's tests
@@ -357,11 +357,8 @@ async def test_a_continuation_loop_on_a_pruned_queue_detaches_and_maintenance_sk
         metrics = Metrics()
         with structlog.testing.capture_logs() as logs:
             async with anyio.create_task_group() as runs:
-                poller = Poller(
-                    runtime=rt_b, queue=QA, kind="continuation", capacity=Capacity(1),
-                    wakeup=asyncio.Event(), poll_interval_s=0.05, metrics=metrics, runs=runs,
-                    on_guard_failure=lambda _: None,
-                )  # fmt: skip
+                shared = LoopShared(Capacity(1), 0.05, metrics, runs, lambda _: None)
+                poller = Poller(rt_b, QA, asyncio.Event(), shared)
                 with anyio.fail_after(10):
                     await poller.run()
             # Maintenance read the registry just before the prune, then reconciles A.

@@ -20,7 +20,7 @@ from worker.daemon.listener import Listener, Wakeups
 from worker.db import engine
 from worker.db.pool import Database
 from worker.metrics import Metrics
-from worker.run.claim import Capacity, Poller
+from worker.run.claim import Capacity, LoopShared, Poller
 from worker.run.execute import Runtime
 
 
@@ -92,22 +92,14 @@ class LoopRegistry:
 
     def attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> Poller:
         """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""
-        kind = lanes.loop_kind(queue, self.own_queue)
-        poller = Poller(
-            runtime=runtime,
-            queue=queue,
-            kind=kind,
-            capacity=self.capacity,
-            wakeup=self.wakeups.for_queue(queue),
-            poll_interval_s=self.poll_interval_s,
-            metrics=self.metrics,
-            runs=runs,
-            on_guard_failure=self.on_guard_failure,
+        shared = LoopShared(
+            self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure
         )
+        poller = Poller(runtime, queue, self.wakeups.for_queue(queue), shared)
         self.pollers[queue] = poller
         self.polled_queues.add(queue)
         side.start_soon(self._run, poller)
-        if kind == "continuation":
+        if poller.kind == "continuation":
             self.metrics.adoptable_queues.set(len(self.continuations()))
             self.log.info("loop.attached", queue=queue)
         self._queues_changed()

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -87,31 +88,32 @@ class Capacity:
             await self._changed.wait()
 
 
+@dataclass(frozen=True)
+class LoopShared:
+    """What every claim loop of one worker shares."""
+
+    capacity: Capacity
+    poll_interval_s: float
+    metrics: Metrics
+    runs: TaskGroup  # where claimed runs are handled
+    on_guard_failure: Callable[[str], None]  # the own loop met another lane's run
+
+
 class Poller:
     """The claim loop of one queue."""
 
     def __init__(
-        self,
-        *,
-        runtime: Runtime,
-        queue: str,
-        kind: lanes.LoopKind,
-        capacity: Capacity,
-        wakeup: asyncio.Event,
-        poll_interval_s: float,
-        metrics: Metrics,
-        runs: TaskGroup,
-        on_guard_failure: Callable[[str], None],
+        self, runtime: Runtime, queue: str, wakeup: asyncio.Event, shared: LoopShared
     ) -> None:
         self.runtime = runtime
         self.queue = queue
-        self.kind = kind
-        self.capacity = capacity
+        self.kind = lanes.loop_kind(queue, runtime.queue)
+        self.capacity = shared.capacity
         self.wakeup = wakeup
-        self.poll_interval_s = poll_interval_s
-        self.metrics = metrics
-        self.runs = runs
-        self.on_guard_failure = on_guard_failure
+        self.poll_interval_s = shared.poll_interval_s
+        self.metrics = shared.metrics
+        self.runs = shared.runs
+        self.on_guard_failure = shared.on_guard_failure
         self.stopped = asyncio.Event()
         self.finished = asyncio.Event()
         self.detach_reason: str | None = None
