@@ -36,7 +36,7 @@ from worker.run import facts
 from worker.run.deferral import Streak, count_deferral, report_streak
 from worker.run.handback import give_back
 from worker.run.handle import STEP_KEYS_CURRENT, DbClock, RunHandle, WorkerSeat
-from worker.states import TERMINAL_STATUSES, Disposition, Outcome
+from worker.states import TERMINAL_STATUSES, Disposition, Outcome, RunStatus
 
 T = TypeVar("T")
 Log = structlog.typing.FilteringBoundLogger
@@ -329,7 +329,7 @@ class Attempt:
 
     async def end_as_settled_elsewhere(self, status: str) -> Outcome:
         """End an attempt whose run was settled by someone else before it was taken over."""
-        outcome = Outcome.CANCELLED if status == "cancelled" else Outcome.LEASE_LOST
+        outcome = Outcome.CANCELLED if status == RunStatus.CANCELLED else Outcome.LEASE_LOST
         await self._end(outcome, {"reason": f"the run is {status}"})
         return outcome
 

@@ -25,6 +25,7 @@ from worker.db.store import quote_ident
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
 from worker.run.execute import Runtime
+from worker.states import Disposition
 
 log = structlog.get_logger("lane_worker.poller")
 
@@ -245,7 +246,7 @@ class Poller:
         try:
             handled = await self.runtime.handle(claimed, on_refuse=self._refused)
         except LaneMismatchError as exc:
-            self.metrics.claims.labels(self.kind, "refuse").inc()
+            self.metrics.claims.labels(self.kind, Disposition.REFUSE).inc()
             self.stop("lane guard failed")
             self.on_guard_failure(str(exc))
             return

@@ -50,24 +50,24 @@ async def reconcile_queue(
         rows = await conn.fetch(sql, queue)
         for row in rows:
             run_id, state = row["run_id"], row["state"]
-            if state == "completed":
-                status, output, error = "completed", row["completed_payload"], None
-            elif state == "cancelled":
-                status, output, error = "cancelled", None, None
+            if state == RunStatus.COMPLETED:
+                status, output, error = RunStatus.COMPLETED, row["completed_payload"], None
+            elif state == RunStatus.CANCELLED:
+                status, output, error = RunStatus.CANCELLED, None, None
             else:
-                status, output = "failed", None
+                status, output = RunStatus.FAILED, None
                 error = row["failure_reason"] or {
                     "name": "EngineTaskMissing",
                     "message": "the engine task is gone (cleaned up) before the run settled",
                 }
             fact = (
                 facts.cancelled(run_id, "reconciler")
-                if status == "cancelled"
-                else facts.TerminalFact(RunStatus(status), run_id, output=output, error=error)
+                if status == RunStatus.CANCELLED
+                else facts.TerminalFact(status, run_id, output=output, error=error)
             )
             if await store.settle(
-                conn, run_id, status=status, fact=fact.as_json(), attempt_id=None, output=output,
-                error=error,
+                conn, run_id, status=str(status), fact=fact.as_json(), attempt_id=None,
+                output=output, error=error,
             ):  # fmt: skip
                 settled += 1
                 log.warning(
