@@ -42,6 +42,50 @@ async def _contain_exits(work: Awaitable[T]) -> T:
         raise _PlayExit(exc) from None
 
 
+class _Keeper:
+    """Extends one attempt's lease every third of it; on a lost lease, cancels the play's host."""
+
+    def __init__(
+        self, db: Database, metrics: Metrics | None, attempt: Attempt, ctx: TaskContext
+    ) -> None:
+        host = asyncio.current_task()
+        assert host is not None
+        self.host = host
+        self.db, self.metrics, self.attempt, self.ctx = db, metrics, attempt, ctx
+        self.lost: LeaseLostError | None = None
+        self.cancelled_host = False
+
+    async def keep(self) -> None:
+        h, bound = self.attempt.handle, self.attempt.log
+        while True:
+            await asyncio.sleep(max(1.0, h.lease_s / 3))
+            try:
+                await self.db.run(
+                    lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s)
+                )
+                if self.metrics is not None:
+                    self.metrics.lease_extensions.inc()
+            except LeaseLostError as exc:
+                self.lost = exc
+                if self.ctx.sync_steps_running():
+                    # Its next checkpoint fails on the lost lease by itself.
+                    bound.warning("run.step_still_running", detail=str(exc))
+                    await self.ctx.sync_steps_returned()
+                self.cancelled_host = True
+                self.host.cancel()
+                return
+            except Exception as exc:  # the database is away: keep trying while the lease lasts
+                bound.warning("lease.extend_failed", error=repr(exc))
+
+    def take_back_cancel(self) -> bool:
+        """Undo the keeper's cancel of the host, if it made one; say whether it did."""
+        if not self.cancelled_host:
+            return False
+        self.host.uncancel()
+        self.cancelled_host = False
+        return True
+
+
 async def with_lease(
     db: Database, metrics: Metrics | None, attempt: Attempt, ctx: TaskContext, work: Awaitable[T]
 ) -> T:
@@ -52,32 +96,8 @@ async def with_lease(
     while its step still executes would let a retry or a newer claim run
     that step beside it. A drain does not wait (the process exits).
     """
-    host = asyncio.current_task()
-    assert host is not None
-    h, bound = attempt.handle, attempt.log
-    lost: list[LeaseLostError] = []
-    cancelled_host: list[bool] = []
-
-    async def keep() -> None:
-        while True:
-            await asyncio.sleep(max(1.0, h.lease_s / 3))
-            try:
-                await db.run(lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s))
-                if metrics is not None:
-                    metrics.lease_extensions.inc()
-            except LeaseLostError as exc:
-                lost.append(exc)
-                if ctx.sync_steps_running():
-                    # Its next checkpoint fails on the lost lease by itself.
-                    bound.warning("run.step_still_running", detail=str(exc))
-                    await ctx.sync_steps_returned()
-                cancelled_host.append(True)
-                host.cancel()
-                return
-            except Exception as exc:  # the database is away: keep trying while the lease lasts
-                bound.warning("lease.extend_failed", error=repr(exc))
-
-    keeper = asyncio.create_task(keep())
+    keeper = _Keeper(db, metrics, attempt, ctx)
+    keeping = asyncio.create_task(keeper.keep())
     # The play runs in a task of its own: what it does to its task's cancel
     # count (Python 3.11's TaskGroup leaves one behind when a child fails
     # while the group exits) must not make this run look like a drain. A
@@ -92,19 +112,17 @@ async def with_lease(
             if not really_cancelled() and ctx.sync_steps_running():
                 # The play ended (a task group gave up a step's await) while
                 # a step body still runs: the lease stays held until it returns.
-                bound.warning("run.step_still_running")
+                attempt.log.warning("run.step_still_running")
                 await ctx.sync_steps_returned()
     except asyncio.CancelledError:
-        if cancelled_host:
-            host.uncancel()
-            cancelled_host.clear()
-            raise lost[0] from None
+        if keeper.take_back_cancel():
+            assert keeper.lost is not None
+            raise keeper.lost from None
         raise
     finally:
-        keeper.cancel()
+        keeping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await keeper
-        if cancelled_host:
-            # The keeper cancelled the host just as the work returned: take
-            # that cancel back, or the run would later look like a drain.
-            host.uncancel()
+            await keeping
+        # The keeper cancelled the host just as the work returned: take that
+        # cancel back, or the run would later look like a drain.
+        keeper.take_back_cancel()
