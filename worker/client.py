@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 
@@ -24,7 +24,8 @@ from worker.config import settings
 from worker.config.dburl import url_problem
 from worker.db import engine
 from worker.db.pool import Connection, Database, PoolOptions
-from worker.db.store import MigrationReport, Store, quote_ident
+from worker.db.store import MigrationReport, Store
+from worker.db.store.rows import IdempotentRun, RunRow
 from worker.db.tasks import LANES_CHANNEL, notify
 from worker.errors import (
     IdempotencyConflict,
@@ -339,29 +340,31 @@ class LaneClient(RunRemedies):
             # such as the engine queue of a lane the first run never used.
             await self.ensure_schemas()
             existing = await self.db.run(
-                lambda c: self.store.fetchrow(c, "run_by_idempotency_key", idempotency_key, params)
+                lambda c: self.store.runs.by_idempotency_key(c, key=idempotency_key, input=params)
             )
             if existing is not None:
                 _same_request(existing, idempotency_key, play, params, queue)
                 return SubmittedRun(
-                    str(existing["run_id"]), existing["release_id"], existing["queue"], False
+                    str(existing.run_id), existing.release_id, existing.queue, False
                 )
         await self.ensure_queue(queue)
         run_id = uuid.uuid4()
         launch = {"absurdReleaseId": release_id, "play": play, "runId": str(run_id)}
 
         async def submit(conn: Connection) -> SubmittedRun:
-            inserted = await self.store.fetchval(
-                conn, "insert_run", run_id, play, params, launch, release_id, queue,
-                idempotency_key, self._max_attempts, None,
+            inserted = await self.store.runs.insert(
+                conn, run_id=run_id, play=play, input=params, launch=launch,
+                release_id=release_id, queue=queue, idempotency_key=idempotency_key,
+                max_attempts=self._max_attempts,
             )  # fmt: skip
             if inserted is None:
-                row = await self.store.fetchrow(
-                    conn, "run_by_idempotency_key", idempotency_key, params
+                assert idempotency_key is not None  # only a key conflicts
+                row = await self.store.runs.by_idempotency_key(
+                    conn, key=idempotency_key, input=params
                 )
                 assert row is not None  # the conflict was on this key
                 _same_request(row, idempotency_key, play, params, queue)
-                return SubmittedRun(str(row["run_id"]), row["release_id"], row["queue"], False)
+                return SubmittedRun(str(row.run_id), row.release_id, row.queue, False)
             await spawn_run_task(conn, self.store, queue, run_id, self._max_attempts)
             return SubmittedRun(str(run_id), release_id, queue)
 
@@ -374,8 +377,10 @@ class LaneClient(RunRemedies):
             await self.ensure_queue(queue)
             return await self.db.transaction(submit)
 
-    async def _run_row(self, conn: Connection, run_id: str, *, lock: str = "get_run") -> Any:
-        row = await self.store.fetchrow(conn, lock, parse_run_id(run_id))
+    async def _run_row(
+        self, conn: Connection, run_id: str, *, lock: Literal["update", "share"] | None = None
+    ) -> RunRow:
+        row = await self.store.runs.get(conn, parse_run_id(run_id), lock=lock)
         if row is None:
             raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
         return row
@@ -390,39 +395,39 @@ class LaneClient(RunRemedies):
         async def deliver(conn: Connection) -> SignalResult:
             # Locked (shared): a `lanes move` or `runs retry` of the run commits
             # before this reads its queue, or waits until this has emitted there.
-            row = await self._run_row(conn, run_id, lock="lock_run_shared")
-            asked = str(row["run_id"])
+            row = await self._run_row(conn, run_id, lock="share")
+            asked = str(row.run_id)
             hops = 0
-            while row["status"] in TERMINAL_STATUSES and row["retried_by"] is not None:
+            while row.status in TERMINAL_STATUSES and row.retried_by is not None:
                 # Retried (`runs retry`): the retry is the run the app's event is for.
                 hops += 1
                 if hops > MAX_RETRY_HOPS:
                     break
-                row = await self._run_row(conn, str(row["retried_by"]), lock="lock_run_shared")
-            target = str(row["run_id"])
-            if row["status"] in TERMINAL_STATUSES:
-                keep = row["status"] in ("failed", "cancelled")
+                row = await self._run_row(conn, str(row.retried_by), lock="share")
+            target = str(row.run_id)
+            if row.status in TERMINAL_STATUSES:
+                keep = row.status in ("failed", "cancelled")
                 if keep:
                     # Nothing waits for it now, but a retry of the run will: it
                     # receives the events its run had (copy_signals).
-                    kept = await self.store.fetchval(
-                        conn, "insert_signal", row["run_id"], event_key, data
+                    kept = await self.store.runs.insert_signal(
+                        conn, run_id=row.run_id, event_key=event_key, payload=data
                     )
                     if kept is None:  # it had this event already: first wins
-                        return SignalResult(asked, event_key, True, row["status"],
+                        return SignalResult(asked, event_key, True, row.status,
                                             delivered_to=target)  # fmt: skip
-                return SignalResult(asked, event_key, False, row["status"],
+                return SignalResult(asked, event_key, False, row.status,
                                     delivered_to=target if keep else None,
                                     kept_for_retry=keep)  # fmt: skip
-            received = await self.store.fetchval(
-                conn, "insert_signal", row["run_id"], event_key, data
+            received = await self.store.runs.insert_signal(
+                conn, run_id=row.run_id, event_key=event_key, payload=data
             )
             if received is None:
                 return SignalResult(asked, event_key, duplicate=True, delivered_to=target)
             # Only a wake-up: the payload the run reads is the signal row above.
             event = checkpoint.integration_event_name(target, event_key)
-            await engine.emit_event(conn, row["queue"], event, data)
-            await notify(conn, row["queue"], row["run_id"])
+            await engine.emit_event(conn, row.queue, event, data)
+            await notify(conn, row.queue, row.run_id)
             return SignalResult(asked, event_key, duplicate=False, delivered_to=target)
 
         await self.check_schemas()
@@ -433,14 +438,14 @@ class LaneClient(RunRemedies):
 
         async def cancel(conn: Connection) -> bool:
             # Locked: a `lanes move` in progress gives the run a new engine task.
-            row = await self._run_row(conn, run_id, lock="lock_run")
-            if row["status"] in TERMINAL_STATUSES:
+            row = await self._run_row(conn, run_id, lock="update")
+            if row.status in TERMINAL_STATUSES:
                 return False
-            if row["task_id"] is not None:
-                await engine.cancel(conn, row["queue"], row["task_id"])
-            return await self.store.settle(
-                conn, row["run_id"], status="cancelled",
-                fact=cancelled_fact(row["run_id"], "client"), attempt_id=None,
+            if row.task_id is not None:
+                await engine.cancel(conn, row.queue, row.task_id)
+            return await self.store.runs.settle(
+                conn, row.run_id, status="cancelled",
+                fact=cancelled_fact(row.run_id, "client"), attempt_id=None,
             )  # fmt: skip
 
         await self.check_schemas()
@@ -451,49 +456,47 @@ class LaneClient(RunRemedies):
 
         async def read(conn: Connection) -> RunStatus:
             row = await self._run_row(conn, run_id)
-            attempts = await self.store.fetch(conn, "run_attempts", row["run_id"])
-            facts = await self.store.fetch(conn, "run_facts", row["run_id"])
+            attempts = await self.store.runs.attempts(conn, row.run_id)
+            facts = await self.store.runs.facts(conn, row.run_id)
             steps = await self._steps(conn, row)
             return RunStatus(
-                run_id=str(row["run_id"]),
-                play=row["play"],
-                status=row["status"],
-                release_id=row["release_id"],
-                adopted_release_id=row["adopted_release_id"],
-                queue=row["queue"],
+                run_id=str(row.run_id),
+                play=row.play,
+                status=row.status,
+                release_id=row.release_id,
+                adopted_release_id=row.adopted_release_id,
+                queue=row.queue,
                 attempts=tuple(
                     AttemptView(
-                        a["attempt"],
-                        a["worker_id"],
-                        a["release_id"],
-                        a["disposition"],
-                        a["outcome"],
+                        a.attempt,
+                        a.worker_id,
+                        a.release_id,
+                        a.disposition,
+                        a.outcome,
                     )
                     for a in attempts
                 ),
-                output=row["output"],
-                error=row["error"],
-                facts=tuple(f["type"] for f in facts),
-                retry_of=str(row["retry_of"]) if row["retry_of"] else None,
+                output=row.output,
+                error=row.error,
+                facts=tuple(f.type for f in facts),
+                retry_of=str(row.retry_of) if row.retry_of else None,
                 steps=steps,
             )
 
         await self.check_schemas()
         return await self.db.run(read)
 
-    async def _steps(self, conn: Connection, row: Any) -> tuple[StepView, ...]:
-        if row["task_id"] is None:
+    async def _steps(self, conn: Connection, row: RunRow) -> tuple[StepView, ...]:
+        if row.task_id is None:
             return ()
-        table = quote_ident(f"c_{row['queue']}")
-        sql = self.store.q["step_provenance"].replace("{checkpoints}", table)
         try:
-            rows = await conn.fetch(sql, row["task_id"], row["run_id"])
+            rows = await self.store.runs.steps(
+                conn, queue=row.queue, task_id=row.task_id, run_id=row.run_id
+            )
         except asyncpg.UndefinedTableError:  # the lane's engine queue was pruned
             return ()
         return tuple(
-            StepView(
-                r["checkpoint_name"], r["release_id"], r["attempt"], r["worker_id"], r["updated_at"]
-            )
+            StepView(r.checkpoint_name, r.release_id, r.attempt, r.worker_id, r.updated_at)
             for r in rows
         )
 
@@ -522,16 +525,15 @@ class LaneClient(RunRemedies):
         """Tell whether the release's lane was ever used: a worker booted or a run went there."""
         queue = _queue_for_operator(release_id)
         await self.check_schemas()
-        known: bool = await self.db.run(lambda c: self.store.fetchval(c, "lane_known", queue))
-        return known
+        return await self.db.run(lambda c: self.store.lanes.known(c, queue=queue))
 
     async def _set_lane(self, release_id: str, status: str, *, force: bool) -> str:
         queue = _queue_for_operator(release_id)
         await self.check_schemas()
 
         async def set_status(conn: Connection) -> None:
-            if not force and not await self.store.fetchval(conn, "lane_known", queue):
-                names = tuple(r["name"] for r in await self.store.fetch(conn, "lane_names"))
+            if not force and not await self.store.lanes.known(conn, queue=queue):
+                names = tuple(await self.store.lanes.names(conn))
                 listed = ", ".join(names[:_KNOWN_SHOWN]) or "none yet"
                 more = f" and {len(names) - _KNOWN_SHOWN} more" if len(names) > _KNOWN_SHOWN else ""
                 raise UnknownLaneError(
@@ -542,7 +544,9 @@ class LaneClient(RunRemedies):
             # A lane row without its engine queue would break every maintenance pass
             # that reconciles it, so the registry only ever names queues that exist.
             await engine.ensure_queue(conn, queue)
-            await self.store.fetchval(conn, "set_release_status", queue, status, release_id.strip())
+            await self.store.lanes.set_status(
+                conn, queue=queue, status=status, release_id=release_id.strip()
+            )
             # Running workers re-read the lane registry at once.
             await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
 
@@ -569,7 +573,7 @@ class LaneClient(RunRemedies):
         for view in views:
             if view.queue == queue:
                 return view
-        if await self.db.run(lambda c: self.store.fetchval(c, "lane_known", queue)):
+        if await self.db.run(lambda c: self.store.lanes.known(c, queue=queue)):
             # Its engine queue exists (runs were submitted there) but no machine of
             # it ever registered and none of its runs is open: nothing is left for
             # it to run (`lanes move` took them, or they ended).
@@ -596,21 +600,21 @@ def _queue_for_operator(release_id: str) -> str:
     return lanes.queue_name_for_release(release_id)
 
 
-def _same_request(row: Any, key: str | None, play: str, params: Any, queue: str) -> None:
+def _same_request(row: IdempotentRun, key: str | None, play: str, params: Any, queue: str) -> None:
     """Refuse a repeat of an idempotency key that asks for something else than its run."""
     differs = [
         name
         for name, same in (
-            ("play", row["play"] == play),
-            ("input", row["same_input"]),
-            ("lane", row["queue"] == queue),
+            ("play", row.play == play),
+            ("input", row.same_input),
+            ("lane", row.queue == queue),
         )
         if not same
     ]
     if differs:
         raise IdempotencyConflict(
-            f"idempotency key {key!r} already names run {row['run_id']} (play {row['play']!r}, "
-            f"lane {row['queue']}), and this submit differs in its {' and '.join(differs)}; "
+            f"idempotency key {key!r} already names run {row.run_id} (play {row.play!r}, "
+            f"lane {row.queue}), and this submit differs in its {' and '.join(differs)}; "
             "use another key for another request.",
-            run_id=str(row["run_id"]),
+            run_id=str(row.run_id),
         )

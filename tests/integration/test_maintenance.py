@@ -29,7 +29,9 @@ async def sql(database_url: str, statement: str, *args: Any) -> Any:
 
 async def register(client: LaneClient, queue: str, release_id: str) -> None:
     """Register a claiming lane, as a worker's boot does."""
-    await client.db.run(lambda c: client.store.fetchval(c, "register_release", queue, release_id))
+    await client.db.run(
+        lambda c: client.store.lanes.register(c, queue=queue, release_id=release_id)
+    )
 
 
 async def cancel_in_engine_only(database_url: str, client: LaneClient, run_id: str) -> None:

@@ -9,7 +9,8 @@ import asyncpg
 import pytest
 from runtime_harness import connect
 
-from worker.db.store import Store, known_migrations, quote_ident
+from worker.db.schema import known_migrations
+from worker.db.store import Store, quote_ident
 from worker.errors import StoreSchemaError
 
 SCHEMA = "pr_store_test"
@@ -30,10 +31,10 @@ async def insert_run(
     """Insert a minimal launch row."""
     run_id = uuid.uuid4()
     launch = {"absurdReleaseId": "rel-1", "play": "p"}
-    result: uuid.UUID | None = await store.fetchval(
-        conn, "insert_run", run_id, "p", {}, launch, "rel-1", "runs_rel_1", key, 3, None
-    )
-    return result
+    return await store.runs.insert(
+        conn, run_id=run_id, play="p", input={}, launch=launch, release_id="rel-1",
+        queue="runs_rel_1", idempotency_key=key, max_attempts=3,
+    )  # fmt: skip
 
 
 def test_quote_ident_doubles_quotes() -> None:
@@ -112,10 +113,14 @@ async def test_registration_never_unretires_a_lane(
 ) -> None:
     """A retired lane stays retired when its worker registers; activate is the way back."""
     store = Store(SCHEMA)
-    assert await store.fetchval(conn, "register_release", "runs_a", "a") == "claiming"
-    assert await store.fetchval(conn, "set_release_status", "runs_a", "retired", "A") == "retired"
-    assert await store.fetchval(conn, "register_release", "runs_a", "a") == "retired"
-    assert await store.fetchval(conn, "set_release_status", "runs_a", "claiming", "a") == "claiming"
+    lanes = store.lanes
+    assert await lanes.register(conn, queue="runs_a", release_id="a") == "claiming"
+    assert (
+        await lanes.set_status(conn, queue="runs_a", status="retired", release_id="A") == "retired"
+    )
+    assert await lanes.register(conn, queue="runs_a", release_id="a") == "retired"
+    claiming = await lanes.set_status(conn, queue="runs_a", status="claiming", release_id="a")
+    assert claiming == "claiming"
     ids = await conn.fetchval(
         f'select release_ids from "{SCHEMA}".releases where queue = $1', "runs_a"
     )
@@ -128,11 +133,11 @@ async def test_terminal_fact_is_written_once(conn: asyncpg.Connection[asyncpg.Re
     run_id = await insert_run(store, conn, None)
     assert run_id is not None
     fact = {"type": "run.completed", "runId": str(run_id)}
-    assert await store.settle(conn, run_id, status="completed", fact=fact, attempt_id=None)
+    assert await store.runs.settle(conn, run_id, status="completed", fact=fact, attempt_id=None)
     failed = {"type": "run.failed", "runId": str(run_id)}
-    assert not await store.settle(conn, run_id, status="failed", fact=failed, attempt_id=None)
-    facts = await store.fetch(conn, "run_facts", run_id)
-    assert [f["type"] for f in facts] == ["run.completed"]
+    assert not await store.runs.settle(conn, run_id, status="failed", fact=failed, attempt_id=None)
+    facts = await store.runs.facts(conn, run_id)
+    assert [f.type for f in facts] == ["run.completed"]
     # Even a direct second insert is refused by the index.
     with pytest.raises(asyncpg.UniqueViolationError):
         await conn.execute(
@@ -147,10 +152,10 @@ async def test_idempotency_key_is_unique(conn: asyncpg.Connection[asyncpg.Record
     first = await insert_run(store, conn, "k-1")
     assert first is not None
     assert await insert_run(store, conn, "k-1") is None
-    row = await store.fetchrow(conn, "run_by_idempotency_key", "k-1", {})
+    row = await store.runs.by_idempotency_key(conn, key="k-1", input={})
     assert row is not None
-    assert row["run_id"] == first
-    assert row["same_input"] is True
-    other = await store.fetchrow(conn, "run_by_idempotency_key", "k-1", {"a": 1})
+    assert row.run_id == first
+    assert row.same_input is True
+    other = await store.runs.by_idempotency_key(conn, key="k-1", input={"a": 1})
     assert other is not None
-    assert other["same_input"] is False
+    assert other.same_input is False

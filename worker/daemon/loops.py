@@ -10,7 +10,6 @@ attached, and handed to the ``Poller``; readiness reads its facts from here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import structlog
 from anyio.abc import TaskGroup
@@ -19,37 +18,39 @@ from worker import lanes
 from worker.daemon.listener import Listener, Wakeups
 from worker.db import engine
 from worker.db.pool import Database
+from worker.db.store.rows import RegistryLane
 from worker.metrics import Metrics
 from worker.run.claim import Capacity, LoopShared, Poller
 from worker.run.execute import Runtime
+from worker.states import LaneState, LaneStatus
 
 
 def wanted_continuations(
-    registry: Mapping[str, Any], own_queue: str, release_id: str, lane_state: str
+    registry: Mapping[str, RegistryLane], own_queue: str, release_id: str, lane_state: str
 ) -> set[str]:
     """Return the queues this worker must run a continuation loop on, from the lane registry.
 
     ``registry`` maps each lane's queue to its ``lane_registry`` row.
     """
     own = registry.get(own_queue)
-    wanted = {q for q, lane in registry.items() if lane["mine_open"] and q != own_queue}
-    if lane_state == "claiming" and own is not None:
+    wanted = {q for q, lane in registry.items() if lane.mine_open and q != own_queue}
+    if lane_state == LaneState.CLAIMING and own is not None:
         # Only from older lanes: releases roll forward, never back.
         adoptable = [
             r
             for r in registry.values()
-            if r["status"] == "retired" and r["has_open"] and r["created_at"] < own["created_at"]
+            if r.status == LaneStatus.RETIRED and r.has_open and r.created_at < own.created_at
         ]
         wanted |= set(
-            lanes.adoption_queues(release_id, [i for r in adoptable for i in r["release_ids"]])
+            lanes.adoption_queues(release_id, [i for r in adoptable for i in r.release_ids])
         )
     return wanted
 
 
-def _detach_reason(lane: Any) -> str:
+def _detach_reason(lane: RegistryLane | None) -> str:
     if lane is None:
         return "lane gone"
-    return "lane drained" if lane["status"] == "retired" else "lane claims"
+    return "lane drained" if lane.status == LaneStatus.RETIRED else "lane claims"
 
 
 class LoopRegistry:
@@ -122,7 +123,7 @@ class LoopRegistry:
         self,
         db: Database,
         runtime: Runtime,
-        registry: Mapping[str, Any],
+        registry: Mapping[str, RegistryLane],
         wanted: Iterable[str],
         runs: TaskGroup,
         side: TaskGroup,

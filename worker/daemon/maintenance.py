@@ -71,7 +71,7 @@ async def maintain(
         _queue_failed(metrics, queue, worker_id, "cleanup", error)
     await reconcile_lanes(db, store, registry, worker_id=worker_id, metrics=metrics)
     # After the reconcile: a run it just ended may leave a dead worker's attempt open.
-    closed = await db.run(lambda c: store.fetch(c, "close_abandoned_attempts", ATTEMPT_SWEEP_BATCH))
+    closed = await db.run(lambda c: store.attempts.close_abandoned(c, limit=ATTEMPT_SWEEP_BATCH))
     if closed:
         log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
     return True

@@ -43,6 +43,7 @@ from worker.daemon.report_cache import (
 from worker.db import engine
 from worker.db.pool import Connection, Database, PoolOptions, is_transient
 from worker.db.store import Store
+from worker.db.store.rows import RegistryLane
 from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError, printable
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
@@ -51,6 +52,7 @@ from worker.run.claim import Capacity
 from worker.run.execute import Runtime
 from worker.run.handback import HAND_BACK_TIMEOUT_S
 from worker.run.handle import WorkerSeat
+from worker.states import LaneState, LaneStatus
 
 log = structlog.get_logger("lane_worker.supervisor")
 
@@ -131,7 +133,7 @@ class Supervisor:
         self.side_loop_outages: dict[str, str] = {}
         self.exit_code = 0
         # claiming, or retired: draining (runs only this release may run remain) / drained.
-        self.lane_state = "claiming"
+        self.lane_state = LaneState.CLAIMING
         self.stop_requested = anyio.Event()
         self.ready = anyio.Event()
         self.db: Database | None = None
@@ -232,12 +234,12 @@ class Supervisor:
             return EXIT_CONFIG
         await db.run(lambda c: engine.ensure_queue(c, s.queue))
         status = await db.run(
-            lambda c: self.store.fetchval(c, "register_release", s.queue, s.release_id)
+            lambda c: self.store.lanes.register(c, queue=s.queue, release_id=s.release_id)
         )
-        if status == "retired":
+        if status == LaneStatus.RETIRED:
             # Draining: its workers may boot (an orchestrator restarts a crashed
             # machine mid-drain) and finish what only they may run. Drained: no.
-            if not await db.run(lambda c: self.store.fetchval(c, "lane_draining_work", s.queue)):
+            if not await db.run(lambda c: self.store.lanes.draining_work(c, queue=s.queue)):
                 _say(
                     f"release lane {s.queue} ({s.release_id}) is retired and drained (nothing on "
                     "it that only this release may run), so this worker will not start; run "
@@ -245,7 +247,7 @@ class Supervisor:
                     "must take work again."
                 )
                 return EXIT_CONFIG
-            self.lane_state = "draining"
+            self.lane_state = LaneState.DRAINING
         await self._heartbeat_once(db)
         return None
 
@@ -286,7 +288,7 @@ class Supervisor:
                         listen=not s.tuning.pgbouncer,
                         lane=self.lane_state,
                     )
-                    if self.lane_state == "draining":
+                    if self.lane_state == LaneState.DRAINING:
                         self.log.warning(
                             "lane.draining",
                             detail="booted on a retired lane: finishing the runs only this "
@@ -303,7 +305,9 @@ class Supervisor:
                 # wait for their lease, and the stop mark is display only.
                 with anyio.move_on_after(STOP_MARK_TIMEOUT_S):
                     await self._give_back_leftovers(runtime)
-                    await db.run(lambda c: self.store.execute(c, "worker_stopped", self.worker_id))
+                    await db.run(
+                        lambda c: self.store.lanes.worker_stopped(c, worker_id=self.worker_id)
+                    )
                 self.log.info(
                     "worker.stopped",
                     claims=_total(self.metrics.claims),
@@ -394,15 +398,17 @@ class Supervisor:
         self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
     ) -> None:
         s = self.settings
-        registry = {r["queue"]: r for r in await db.run(self._lane_registry)}
+        registry = {r.queue: r for r in await db.run(self._lane_registry)}
         own = registry.get(s.queue)
         if own is not None:
-            retired = own["status"] == "retired"
-            state = "claiming" if not retired else "draining" if own["draining_work"] else "drained"
+            if own.status != LaneStatus.RETIRED:
+                state = LaneState.CLAIMING
+            else:
+                state = LaneState.DRAINING if own.draining_work else LaneState.DRAINED
             self._set_lane_state(runtime, state)
-            runtime.foreign_adoptees = bool(own["foreign_adopted"])
+            runtime.foreign_adoptees = own.foreign_adopted
         runtime.claiming_queues = frozenset(
-            q for q, lane in registry.items() if lane["status"] == "claiming" and q != s.queue
+            q for q, lane in registry.items() if lane.status == LaneStatus.CLAIMING and q != s.queue
         )
         # A loop on every queue that holds runs this release adopted (its own work,
         # whatever that lane's status), and, while this lane claims, on every
@@ -412,24 +418,24 @@ class Supervisor:
             db, runtime, registry, wanted, runs, side, stopping=self.stop_requested.is_set()
         )
 
-    async def _lane_registry(self, conn: Connection) -> list[Any]:
-        return await self.store.fetch(conn, "lane_registry", self.settings.queue)
+    async def _lane_registry(self, conn: Connection) -> list[RegistryLane]:
+        return await self.store.lanes.registry(conn, own_queue=self.settings.queue)
 
-    def _set_lane_state(self, runtime: Runtime, state: str) -> None:
+    def _set_lane_state(self, runtime: Runtime, state: LaneState) -> None:
         """Follow this release's lane: claiming, draining or drained."""
         if state == self.lane_state:
             return
         self.lane_state = state
         # A retired lane's loops claim only what no other release may run: its
         # parked runs are left to the claiming releases, which adopt them.
-        runtime.draining = state != "claiming"
-        if state == "draining":
+        runtime.draining = state != LaneState.CLAIMING
+        if state == LaneState.DRAINING:
             self.log.warning(
                 "lane.draining",
                 detail="retired: finishing the runs only this release may run; "
                 "parked runs are left to newer releases",
             )
-        elif state == "drained":
+        elif state == LaneState.DRAINED:
             self.log.info(
                 "lane.drained",
                 detail="retired and drained: nothing here only this release may run; "
@@ -441,16 +447,15 @@ class Supervisor:
     async def _heartbeat_once(self, db: Database) -> None:
         s = self.settings
         await db.run(
-            lambda c: self.store.execute(
+            lambda c: self.store.lanes.heartbeat(
                 c,
-                "heartbeat",
-                self.worker_id,
-                s.release_id,
-                s.queue,
-                socket.gethostname(),
-                os.getpid(),
-                s.tuning.concurrency,
-                sorted(self.app.plays),
+                worker_id=self.worker_id,
+                release_id=s.release_id,
+                queue=s.queue,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                concurrency=s.tuning.concurrency,
+                plays=sorted(self.app.plays),
             )
         )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from worker import checkpoint, lanes
 from worker.db import engine
 from worker.db.store import Store
+from worker.db.store.rows import LaneRow, RunRow
 from worker.db.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
 from worker.states import TERMINAL_STATUSES
@@ -103,7 +104,7 @@ async def spawn_run_task(
         conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
         max_attempts=max_attempts, retry_strategy=RETRY_STRATEGY,
     )  # fmt: skip
-    await store.execute(conn, "set_run_task", run_id, spawned.task_id)
+    await store.runs.set_task(conn, run_id=run_id, task_id=spawned.task_id)
     await notify(conn, queue, run_id)
     return spawned.task_id
 
@@ -131,8 +132,8 @@ class RunRemedies:
     async def check_schemas(self) -> None:  # pragma: no cover - provided by LaneClient
         raise NotImplementedError
 
-    async def _locked_run(self, conn: Connection, run_id: str) -> Any:
-        row = await self.store.fetchrow(conn, "lock_run", parse_run_id(run_id))
+    async def _locked_run(self, conn: Connection, run_id: str) -> RunRow:
+        row = await self.store.runs.get(conn, parse_run_id(run_id), lock="update")
         if row is None:
             raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
         return row
@@ -153,19 +154,19 @@ class RunRemedies:
         queue = lanes.queue_name_for_release(lane) if lane is not None else None
         await self.check_schemas()
         rows = await self.db.run(
-            lambda c: self.store.fetch(c, "list_runs", status, queue, play, limit)
+            lambda c: self.store.runs.listed(c, status=status, lane=queue, play=play, limit=limit)
         )
         return [
             RunSummary(
-                run_id=str(r["run_id"]),
-                play=r["play"],
-                status=r["status"],
-                release_id=r["release_id"],
-                queue=r["queue"],
-                adopted_release_id=r["adopted_release_id"],
-                attempts=r["attempts"],
-                created_at=r["created_at"],
-                retry_of=str(r["retry_of"]) if r["retry_of"] else None,
+                run_id=str(r.run_id),
+                play=r.play,
+                status=r.status,
+                release_id=r.release_id,
+                queue=r.queue,
+                adopted_release_id=r.adopted_release_id,
+                attempts=r.attempts,
+                created_at=r.created_at,
+                retry_of=str(r.retry_of) if r.retry_of else None,
             )
             for r in rows
         ]
@@ -185,17 +186,17 @@ class RunRemedies:
 
         async def fail(conn: Connection) -> bool:
             row = await self._locked_run(conn, run_id)
-            if row["status"] in TERMINAL_STATUSES:
+            if row.status in TERMINAL_STATUSES:
                 return False
             fact = checkpoint.terminal_ledger_event(
-                {"status": "failed", "runId": str(row["run_id"]), "output": None, "error": error}
+                {"status": "failed", "runId": str(row.run_id), "output": None, "error": error}
             )
             assert fact is not None
             fact["source"] = "operator"
-            if row["task_id"] is not None:
-                await engine.cancel(conn, row["queue"], row["task_id"])
-            return await self.store.settle(
-                conn, row["run_id"], status="failed", fact=fact, attempt_id=None, error=error
+            if row.task_id is not None:
+                await engine.cancel(conn, row.queue, row.task_id)
+            return await self.store.runs.settle(
+                conn, row.run_id, status="failed", fact=fact, attempt_id=None, error=error
             )
 
         await self.check_schemas()
@@ -221,52 +222,54 @@ class RunRemedies:
         async def retry(conn: Connection) -> RetriedRun:
             # The row lock serialises retries of one run: the second sees the first.
             old = await self._locked_run(conn, run_id)
-            if old["retried_by"] is not None:
+            if old.retried_by is not None:
                 # Retried already, perhaps more than once (its retry was retried):
                 # the newest run of the chain is the one to look at.
                 again = old
                 for _ in range(MAX_RETRY_HOPS):
-                    if again["retried_by"] is None:
+                    if again.retried_by is None:
                         break
-                    again = await self.store.fetchrow(conn, "get_run", again["retried_by"])
-                    assert again is not None  # runs are never deleted
-                return RetriedRun(str(again["run_id"]), again["release_id"], again["queue"],
-                                  str(again["retry_of"]), created=False,
-                                  status=again["status"])  # fmt: skip
-            if old["status"] not in TERMINAL_STATUSES:
+                    newer = await self.store.runs.get(conn, again.retried_by)
+                    assert newer is not None  # runs are never deleted
+                    again = newer
+                return RetriedRun(str(again.run_id), again.release_id, again.queue,
+                                  str(again.retry_of), created=False,
+                                  status=again.status)  # fmt: skip
+            if old.status not in TERMINAL_STATUSES:
                 raise RunStillOpenError(
-                    f"run {old['run_id']} is {old['status']}: fail it (lane-worker runs fail "
-                    f"{old['run_id']} --reason ...) or cancel it first, so it never runs twice."
+                    f"run {old.run_id} is {old.status}: fail it (lane-worker runs fail "
+                    f"{old.run_id} --reason ...) or cancel it first, so it never runs twice."
                 )
-            if old["status"] == "completed" and not completed:
+            if old.status == "completed" and not completed:
                 raise RetryRefusedError(
-                    f"run {old['run_id']} completed: a retry would run its work again; add "
+                    f"run {old.run_id} completed: a retry would run its work again; add "
                     "--completed if that is what you want."
                 )
             if await self._attempt_in_flight(conn, old):
                 raise RunStillOpenError(
-                    f"run {old['run_id']} ended, but an attempt of it may still be executing a "
+                    f"run {old.run_id} ended, but an attempt of it may still be executing a "
                     "step (it stops once that step body returns; one that never returns stops "
                     "when its worker does); retry once `lane-worker status` shows no attempt "
                     "in progress."
                 )
             release_id, queue = await self._retry_target(conn, old, to_release)
-            launch = {**(old["launch"] or {}), "absurdReleaseId": release_id,
-                      "runId": str(new_id), "retryOf": str(old["run_id"])}  # fmt: skip
-            await self.store.fetchval(
-                conn, "insert_run", new_id, old["play"], old["input"], launch, release_id, queue,
-                None, old["max_attempts"], old["run_id"],
+            launch = {**(old.launch or {}), "absurdReleaseId": release_id,
+                      "runId": str(new_id), "retryOf": str(old.run_id)}  # fmt: skip
+            await self.store.runs.insert(
+                conn, run_id=new_id, play=old.play, input=old.input, launch=launch,
+                release_id=release_id, queue=queue, idempotency_key=None,
+                max_attempts=old.max_attempts, retry_of=old.run_id,
             )  # fmt: skip
-            await self.store.execute(conn, "mark_retried", old["run_id"], new_id)
+            await self.store.runs.mark_retried(conn, run_id=old.run_id, retry_id=new_id)
             # Its play waits for the same events again: an app that signalled the
             # old run must not have to signal again.
-            await self.store.execute(conn, "copy_signals", old["run_id"], new_id)
-            await spawn_run_task(conn, self.store, queue, new_id, old["max_attempts"])
-            return RetriedRun(str(new_id), release_id, queue, str(old["run_id"]))
+            await self.store.runs.copy_signals(conn, from_run=old.run_id, to_run=new_id)
+            await spawn_run_task(conn, self.store, queue, new_id, old.max_attempts)
+            return RetriedRun(str(new_id), release_id, queue, str(old.run_id))
 
         return await self.db.transaction(retry)
 
-    async def _attempt_in_flight(self, conn: Connection, run: Any) -> bool:
+    async def _attempt_in_flight(self, conn: Connection, run: RunRow) -> bool:
         """Tell whether an attempt of ``run`` may still be executing a step.
 
         An attempt that began and recorded no end, on a worker whose heartbeat is
@@ -274,36 +277,37 @@ class RunRemedies:
         cancelled the engine task) and then records its end. A dead worker's
         attempt never will, and runs nothing.
         """
-        held: bool = await self.store.fetchval(conn, "attempt_on_live_worker", run["run_id"])
-        return held
+        return await self.store.attempts.on_live_worker(conn, run_id=run.run_id)
 
     async def _retry_target(
-        self, conn: Connection, old: Any, to_release: str | None
+        self, conn: Connection, old: RunRow, to_release: str | None
     ) -> tuple[str, str]:
-        play = old["play"]
+        play = old.play
         if to_release is not None:
             queue = lanes.queue_name_for_release(to_release)
-            lane = await self.store.fetchrow(conn, "lane_row", queue)
+            lane = await self.store.lanes.row(conn, queue=queue)
             why = await self._cannot_run(conn, lane, queue, play)
             if why:
                 raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
             assert lane is not None
-            return lane["release_ids"][0] if lane["release_ids"] else to_release.strip(), queue
-        dev_run = _is_dev(old["release_id"])
-        for lane in await self.store.fetch(conn, "claiming_lanes_for_play", play):
-            if dev_run or not _is_dev(lane["release_id"]):
-                return lane["release_id"], lane["queue"]
+            return lane.release_ids[0] if lane.release_ids else to_release.strip(), queue
+        dev_run = _is_dev(old.release_id)
+        for claiming in await self.store.lanes.claiming_for_play(conn, play=play):
+            if dev_run or not _is_dev(claiming.release_id):
+                return claiming.release_id, claiming.queue
         raise NoClaimingLaneError(
             f"no claiming release has a live worker that registers play {play!r}, so nothing "
             "would run the retry; start one, or name a release with --to."
         )
 
-    async def _cannot_run(self, conn: Connection, lane: Any, queue: str, play: str) -> str:
+    async def _cannot_run(
+        self, conn: Connection, lane: LaneRow | None, queue: str, play: str
+    ) -> str:
         """Say why runs of ``play`` put on lane ``queue`` would not run there, or ''."""
-        if lane is None or lane["status"] != "claiming":
+        if lane is None or lane.status != "claiming":
             state = "not a registered lane" if lane is None else "retired"
             return f"lane {queue} is {state}; runs go only to a lane that claims new runs"
-        plays = await self.store.fetchval(conn, "live_plays", queue)
+        plays = await self.store.lanes.live_plays(conn, queue=queue)
         if play not in plays:
             return (
                 f"no live worker of lane {queue} registers play {play!r} (its live workers "
@@ -324,33 +328,33 @@ class RunRemedies:
         if from_queue == to_queue:
             raise InvalidRequestError(f"{from_release!r} and {to_release!r} name one lane.")
         await self.check_schemas()
-        if not await self.db.run(lambda c: self.store.fetchval(c, "lane_known", from_queue)):
+        if not await self.db.run(lambda c: self.store.lanes.known(c, queue=from_queue)):
             raise UnknownLaneError(
                 f"no lane has ever had release {from_release.strip()!r} (queue {from_queue}); "
                 "check the id against `lane-worker lanes`.",
                 known=(),
             )
-        target = await self.db.run(lambda c: self.store.fetchrow(c, "lane_row", to_queue))
-        if target is None or target["status"] != "claiming":
+        target = await self.db.run(lambda c: self.store.lanes.row(c, queue=to_queue))
+        if target is None or target.status != "claiming":
             state = "not a registered lane" if target is None else "retired"
             raise InvalidRequestError(
                 f"lane {to_queue} (release {to_release.strip()!r}) is {state}: move runs only "
                 "to a lane that claims new runs."
             )
-        stamp = target["release_ids"][0] if target["release_ids"] else to_release.strip()
-        ids = await self.db.run(lambda c: self.store.fetch(c, "lane_open_runs", from_queue))
+        stamp = target.release_ids[0] if target.release_ids else to_release.strip()
+        ids = await self.db.run(lambda c: self.store.runs.open_on_lane(c, queue=from_queue))
         moved: list[str] = []
         refused: list[tuple[str, str]] = []
-        for row in ids:
+        for run_id in ids:
             move = functools.partial(
-                self._move_one, run_id=row["run_id"], from_queue=from_queue,
+                self._move_one, run_id=run_id, from_queue=from_queue,
                 to_queue=to_queue, stamp=stamp,
             )  # fmt: skip
             why = await self.db.transaction(move)
             if why is None:
-                moved.append(str(row["run_id"]))
+                moved.append(str(run_id))
             elif why:
-                refused.append((str(row["run_id"]), why))
+                refused.append((str(run_id), why))
         return MoveReport(from_queue, to_queue, stamp, tuple(moved), tuple(refused))
 
     async def _move_one(
@@ -358,36 +362,36 @@ class RunRemedies:
     ) -> str | None:
         """Move one run; return None when moved, '' when it ended meanwhile, else why not."""
         run = await self._locked_run(conn, str(run_id))
-        if run["status"] in TERMINAL_STATUSES:
+        if run.status in TERMINAL_STATUSES:
             return ""
-        if run["queue"] != from_queue and run["adopted_queue"] != from_queue:
+        if run.queue != from_queue and run.adopted_queue != from_queue:
             return ""  # moved elsewhere meanwhile (another `lanes move`): not ours now
-        if run["queue"] != from_queue:
+        if run.queue != from_queue:
             return (
-                f"{from_queue}'s release adopted it from {run['queue']}: its steps ran on "
+                f"{from_queue}'s release adopted it from {run.queue}: its steps ran on "
                 "that release's code; fail it and retry it (lane-worker runs fail / runs retry)"
             )
         if (
-            run["status"] != "queued"
-            or run["current_attempt_id"] is not None
-            or run["attempts"]
-            or run["checkpoint"]
-            or run["adopted_queue"] is not None
+            run.status != "queued"
+            or run.current_attempt_id is not None
+            or run.attempts
+            or run.checkpoint
+            or run.adopted_queue is not None
         ):
             return (
-                f"it started on {run['release_id']} ({run['status']}, {run['attempts']} "
+                f"it started on {run.release_id} ({run.status}, {run.attempts} "
                 "attempt(s)): its steps ran on that release's code; fail it and retry it "
                 "(lane-worker runs fail / runs retry)"
             )
-        lane = await self.store.fetchrow(conn, "lane_row", to_queue)
-        why = await self._cannot_run(conn, lane, to_queue, run["play"])
+        lane = await self.store.lanes.row(conn, queue=to_queue)
+        why = await self._cannot_run(conn, lane, to_queue, run.play)
         if why:
             return why
-        if run["task_id"] is not None:
+        if run.task_id is not None:
             # A worker that claimed the old task finds the run moved and stops.
-            await engine.cancel(conn, from_queue, run["task_id"])
-        await self.store.execute(conn, "move_run", run_id, to_queue, stamp)
-        await spawn_run_task(conn, self.store, to_queue, run_id, run["max_attempts"])
+            await engine.cancel(conn, from_queue, run.task_id)
+        await self.store.runs.move(conn, run_id=run_id, queue=to_queue, release_id=stamp)
+        await spawn_run_task(conn, self.store, to_queue, run_id, run.max_attempts)
         return None
 
     async def prune_lanes(self, older_than_s: float, *, dry_run: bool = False) -> list[str]:
@@ -403,22 +407,22 @@ class RunRemedies:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
         await self.check_schemas()
         rows = await self.db.run(
-            lambda c: self.store.fetch(c, "prunable_lanes", float(older_than_s))
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        rows = [r for r in rows if not r["live"]]
+        rows = [r for r in rows if not r.live]
         if dry_run:
-            return [r["queue"] for r in rows]
+            return [r.queue for r in rows]
         pruned = []
         for row in rows:
-            queue = row["queue"]
+            queue = row.queue
 
             async def prune(conn: Connection, queue: str = queue) -> bool:
-                if await self.store.fetchval(conn, "prune_lane", queue) is None:
+                if not await self.store.lanes.prune(conn, queue=queue):
                     return False  # work arrived, or it was activated, meanwhile
                 # Dropping waits for any submit still writing to the queue's tables;
                 # one that committed meanwhile makes the whole prune roll back.
                 await conn.execute("select absurd.drop_queue($1)", queue)
-                if await self.store.fetchval(conn, "queue_has_open_runs", queue):
+                if await self.store.runs.queue_has_open(conn, queue=queue):
                     raise _PruneRace
                 return True
 
@@ -433,9 +437,9 @@ class RunRemedies:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
         await self.check_schemas()
         rows = await self.db.run(
-            lambda c: self.store.fetch(c, "prunable_lanes", float(older_than_s))
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        return [r["queue"] for r in rows if r["live"]]
+        return [r.queue for r in rows if r.live]
 
 
 class _PruneRace(Exception):

@@ -250,9 +250,9 @@ async def read_report(
     """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         now: datetime = await conn.fetchval("select now()")
-        lanes = await store.fetch(conn, "report_lanes")
-        runs = await store.fetch(conn, "report_runs")
-        adopted = await store.fetch(conn, "report_adopted")
+        lanes = await store.report.lanes(conn)
+        runs = await store.report.runs(conn)
+        adopted = await store.report.adopted(conn)
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted["lane"], _Tally()).add(counted)

@@ -29,6 +29,7 @@ from worker.config.dburl import mask_secrets, url_secrets
 from worker.db import engine
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
+from worker.db.store.rows import Begun
 from worker.db.tasks import notify
 from worker.errors import LeaseLostError
 from worker.metrics import Metrics
@@ -87,43 +88,39 @@ class Attempts:
         seat = self.seat
         adopt = disposition == Disposition.ADOPT
 
-        async def begin(conn: Connection) -> tuple[asyncpg.Record | None, float]:
+        async def begin(conn: Connection) -> tuple[Begun, float]:
             # Read just before the statement is sent (a retry reads it again): the
             # database reads its clock later, so this clock runs at most a round
             # trip ahead, never behind.
             sent_s = time.monotonic()
-            row = await self.store.fetchrow(
+            row = await self.store.attempts.begin(
                 conn,
-                "begin_attempt",
-                run_id,
-                claimed.run_id,
-                claimed.attempt,
-                seat.worker_id_for(claimed.queue),
-                seat.release_id,
-                str(disposition),
-                seat.release_id if adopt else None,
-                seat.own_queue if adopt else None,
-                STEP_KEYS_CURRENT,
-                claimed.task_id,
+                run_id=run_id,
+                engine_run_id=claimed.run_id,
+                attempt=claimed.attempt,
+                worker_id=seat.worker_id_for(claimed.queue),
+                release_id=seat.release_id,
+                disposition=str(disposition),
+                adopted_release_id=seat.release_id if adopt else None,
+                adopted_queue=seat.own_queue if adopt else None,
+                step_keys=STEP_KEYS_CURRENT,
+                task_id=claimed.task_id,
             )
             return row, sent_s
 
         row, sent_s = await self.db.run(begin)
-        assert row is not None  # the insert always returns its row
         handle = RunHandle(
             run_id=run_id,
             queue=claimed.queue,
             task_id=claimed.task_id,
             engine_run_id=claimed.run_id,
             attempt=claimed.attempt,
-            attempt_id=row["attempt_id"],
+            attempt_id=row.attempt_id,
             lease_s=seat.lease_s,
-            clock=DbClock(row["db_now_ms"], sent_s),
-            step_keys=row["step_keys"],
+            clock=DbClock(row.db_now_ms, sent_s),
+            step_keys=row.step_keys,
         )
-        return Attempt(
-            self, claimed, handle, disposition, row["checkpoint"], row["current_wait"], log
-        )
+        return Attempt(self, claimed, handle, disposition, row.checkpoint, row.current_wait, log)
 
 
 class Attempt:
@@ -163,7 +160,9 @@ class Attempt:
     # -- the shared ending ---------------------------------------------------
 
     async def _close(self, conn: Connection, outcome: Outcome, error: Any = None) -> None:
-        await self.store.execute(conn, "finish_attempt", self.attempt_id, str(outcome), error)
+        await self.store.attempts.finish(
+            conn, attempt_id=self.attempt_id, outcome=str(outcome), error=error
+        )
 
     async def _end(
         self,
@@ -186,24 +185,30 @@ class Attempt:
         await self.db.transaction(end)
         self.ended = True
 
-    async def _fenced(self, conn: Connection, query: str, *args: Any) -> None:
-        """Run a fenced store write; raise ``LeaseLostError`` when this attempt lost the run."""
+    def _lost(self) -> LeaseLostError:
+        """The error of a fenced write that found a newer claim owns the run."""
         h = self.handle
-        if await self.store.fetchval(conn, query, h.run_id, h.attempt_id, *args) is None:
-            raise LeaseLostError(
-                f"run {h.run_id} was taken over by a newer claim; attempt {h.attempt_id} stops",
-                engine_run_id=h.engine_run_id,
-            )
+        return LeaseLostError(
+            f"run {h.run_id} was taken over by a newer claim; attempt {h.attempt_id} stops",
+            engine_run_id=h.engine_run_id,
+        )
 
     # -- writes while the play runs ------------------------------------------
 
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
-        await self._fenced(conn, "save_checkpoint", envelope)
-
-    async def consume_signal(self, conn: Connection, event_key: str) -> asyncpg.Record | None:
-        """Mark the run's signal for ``event_key`` consumed by this attempt; return its row."""
+        """Write the run's envelope, fenced: a newer claim makes it raise ``LeaseLostError``."""
         h = self.handle
-        return await self.store.fetchrow(conn, "consume_signal", h.run_id, event_key, h.attempt_id)
+        if not await self.store.attempts.save_checkpoint(
+            conn, run_id=h.run_id, attempt_id=h.attempt_id, envelope=envelope
+        ):
+            raise self._lost()
+
+    async def consume_signal(self, conn: Connection, event_key: str) -> tuple[bool, Any]:
+        """Mark the run's signal for ``event_key`` consumed by this attempt: (found, payload)."""
+        h = self.handle
+        return await self.store.attempts.consume_signal(
+            conn, run_id=h.run_id, event_key=event_key, attempt_id=h.attempt_id
+        )
 
     # -- ends ------------------------------------------------------------------
 
@@ -222,7 +227,11 @@ class Attempt:
         async def park(conn: Connection) -> tuple[bool, T]:
             suspended, value = await engine_park(conn)
             if suspended:
-                await self._fenced(conn, "park_run", wait, envelope)
+                h = self.handle
+                if not await self.store.attempts.park(
+                    conn, run_id=h.run_id, attempt_id=h.attempt_id, wait=wait, envelope=envelope
+                ):
+                    raise self._lost()
                 await self._close(conn, Outcome.PARKED)
             return suspended, value
 
@@ -253,9 +262,8 @@ class Attempt:
         def failing(reason: dict[str, Any]) -> Callable[[Connection], Awaitable[None]]:
             async def fail(conn: Connection) -> None:
                 await engine.fail(conn, h.queue, h.engine_run_id, reason)
-                if (
-                    await self.store.fetchval(conn, "lock_running_attempt", h.run_id, h.attempt_id)
-                    is None
+                if not await self.store.attempts.lock_running(
+                    conn, run_id=h.run_id, attempt_id=h.attempt_id
                 ):
                     raise LeaseLostError(
                         "the run parked or was taken by a newer claim",
@@ -264,7 +272,9 @@ class Attempt:
                 if final:
                     await self._settle(conn, facts.failed(h.run_id, reason), error=reason)
                 else:
-                    await self.store.fetchval(conn, "retrying_run", h.run_id, h.attempt_id, reason)
+                    await self.store.attempts.retrying(
+                        conn, run_id=h.run_id, attempt_id=h.attempt_id, error=reason
+                    )
 
             return fail
 
@@ -376,12 +386,12 @@ class Attempt:
         for. Nothing is settled here: whoever ended or moved the run wrote its state.
         """
         h = self.handle
-        row = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", h.run_id))
-        if row is not None and row["task_id"] != self.claimed.task_id:
-            self.log.info("run.moved_away", to_queue=row["queue"])
-            return await self.lose({"reason": f"moved to {row['queue']}"})
-        if row is None or row["status"] in TERMINAL_STATUSES:
-            status = row["status"] if row is not None else "gone"
+        row = await self.db.run(lambda c: self.store.runs.get(c, h.run_id))
+        if row is not None and row.task_id != self.claimed.task_id:
+            self.log.info("run.moved_away", to_queue=row.queue)
+            return await self.lose({"reason": f"moved to {row.queue}"})
+        if row is None or row.status in TERMINAL_STATUSES:
+            status = row.status if row is not None else "gone"
             self.log.info("run.ended_elsewhere", status=status)
             return await self.end_as_settled_elsewhere(status)
         # Open and still this task's: nothing took it, so give the claim back.
@@ -400,7 +410,7 @@ class Attempt:
     async def _settle(
         self, conn: Connection, fact: facts.TerminalFact, *, output: Any = None, error: Any = None
     ) -> bool:
-        return await self.store.settle(
+        return await self.store.runs.settle(
             conn, fact.run_id, status=str(fact.status), fact=fact.as_json(),
             attempt_id=self.attempt_id, output=output, error=error,
         )  # fmt: skip

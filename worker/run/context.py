@@ -277,14 +277,12 @@ class TaskContext:
         """
 
         async def take(conn: Connection) -> dict[str, Any] | None:
-            row = await self._attempt.consume_signal(conn, event_key)
-            if row is not None:
-                payload = row["payload"]
-            elif engine_payload is not None:
+            found, payload = await self._attempt.consume_signal(conn, event_key)
+            if not found:
+                if engine_payload is None:
+                    return None
                 self._log.warning("wait.event_without_signal_row", event_key=event_key)
                 payload = engine_payload
-            else:
-                return None
             output = checkpoint.integration_event_boundary_output(
                 event_key=event_key,
                 # Signal data that is not an object is offered under "value".

@@ -51,9 +51,8 @@ async def count_deferral(
     Returns a ``Streak`` whose ``failed`` is set when the run was failed for good:
     the caller then must not reschedule it.
     """
-    row = await store.fetchrow(conn, "count_deferral", run_id, alert_after_s)
-    assert row is not None  # the run was claimed: its row exists
-    streak = Streak(row["defer_count"], float(row["deferred_s"]), bool(row["alert_now"]))
+    row = await store.attempts.count_deferral(conn, run_id=run_id, alert_after_s=alert_after_s)
+    streak = Streak(row.defer_count, float(row.deferred_s), bool(row.alert_now))
     if not fail_after_s or streak.age_s < fail_after_s:
         return streak
     reason = {
@@ -64,7 +63,7 @@ async def count_deferral(
     }
     fact = facts.failed(run_id, reason)
     # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
-    if await store.settle(
+    if await store.runs.settle(
         conn, run_id, status=str(fact.status), fact=fact.as_json(), attempt_id=None, error=reason,
         own_attempt_id=attempt_id,
     ):  # fmt: skip

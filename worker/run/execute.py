@@ -169,22 +169,24 @@ class Runtime:
     async def _handle(
         self, claimed: engine.ClaimedRun, claim: Claim, on_refuse: Callable[[], None] | None
     ) -> Handled:
-        row = await self.db.run(lambda c: self.store.fetchrow(c, "lane_state", claimed.task_id))
+        row = await self.db.run(
+            lambda c: self.store.attempts.lane_state(c, task_id=claimed.task_id)
+        )
         bound = log.bind(
             queue=claimed.queue, release_id=self.release_id, task_id=str(claimed.task_id)
         )
         if row is None:
             return await self._without_launch_row(claimed, claim, bound)
         facts = LaneFacts(
-            run_id=row["run_id"],
-            release_id=row["release_id"],
-            status=row["status"],
-            play=row["play"],
-            current_wait=row["current_wait"],
-            adopted_release_id=row["adopted_release_id"],
-            adopted_queue=row["adopted_queue"],
-            lane_claiming=row["lane_claiming"],
-            adopter_claiming=row["adopter_claiming"],
+            run_id=row.run_id,
+            release_id=row.release_id,
+            status=row.status,
+            play=row.play,
+            current_wait=row.current_wait,
+            adopted_release_id=row.adopted_release_id,
+            adopted_queue=row.adopted_queue,
+            lane_claiming=row.lane_claiming,
+            adopter_claiming=row.adopter_claiming,
         )
         claim.run_id = facts.run_id
         bound = bound.bind(run_id=str(facts.run_id), worker_id=self.worker_id_for(claimed.queue))
@@ -206,9 +208,7 @@ class Runtime:
             # Settled, or moved to another lane, between the claim and the fence
             # move (possibly while its statement waited on the row).
             return Handled(decision.disposition, await attempt.hand_back_untaken())
-        return Handled(
-            decision.disposition, await self._execute(attempt, row["play"], row["input"])
-        )
+        return Handled(decision.disposition, await self._execute(attempt, row.play, row.input))
 
     async def _decide(self, facts: LaneFacts, queue: str) -> Decision:
         seat = decide.Seat(
@@ -220,11 +220,9 @@ class Runtime:
         registration = None
         if decide.needs_play_registration(facts, seat):
             found = await self.db.run(
-                lambda c: self.store.fetchrow(c, "lane_play_registered", self.queue, facts.play)
+                lambda c: self.store.lanes.play_on_lane(c, queue=self.queue, play=facts.play)
             )
-            registration = PlayRegistration(
-                live=bool(found and found["live"]), ever=bool(found and found["ever"])
-            )
+            registration = PlayRegistration(live=found.live, ever=found.ever)
         return decide.decide(facts, seat, registration)
 
     def _note(
@@ -298,10 +296,10 @@ class Runtime:
             run_id = uuid.UUID(str(params.get("runId")))
         except ValueError:
             return None
-        row = await self.db.run(lambda c: self.store.fetchrow(c, "get_run", run_id))
-        if row is None or row["task_id"] == claimed.task_id:
+        row = await self.db.run(lambda c: self.store.runs.get(c, run_id))
+        if row is None or row.task_id == claimed.task_id:
             return None
-        return run_id, str(row["queue"])
+        return run_id, row.queue
 
     async def _execute(self, attempt: Attempt, play_name: str, play_input: Any) -> Outcome:
         """Run the play from the envelope the attempt took over; end the attempt by how it ended."""

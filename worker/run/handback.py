@@ -70,10 +70,11 @@ async def give_back(
         # The engine row first: the same lock order as every other final write.
         held = await engine.lock_if_held(conn, claimed.queue, claimed.run_id, worker_id)
         outcome = Outcome.HANDED_BACK if held else Outcome.LEASE_LOST
-        closed = await store.fetch(
-            conn, "hand_back_claim", claimed.task_id, claimed.run_id, worker_id, str(outcome)
-        )
-        if attempt_id is not None and attempt_id not in {r["attempt_id"] for r in closed}:
+        closed = await store.attempts.hand_back_claim(
+            conn, task_id=claimed.task_id, engine_run_id=claimed.run_id, worker_id=worker_id,
+            outcome=str(outcome),
+        )  # fmt: skip
+        if attempt_id is not None and attempt_id not in closed:
             return False
         if held:
             await engine.schedule_in(conn, claimed.queue, claimed.run_id, delay_s)

@@ -65,7 +65,7 @@ async def reconcile_queue(
                 if status == RunStatus.CANCELLED
                 else facts.TerminalFact(status, run_id, output=output, error=error)
             )
-            if await store.settle(
+            if await store.runs.settle(
                 conn, run_id, status=str(status), fact=fact.as_json(), attempt_id=None,
                 output=output, error=error,
             ):  # fmt: skip

@@ -136,7 +136,7 @@ update {schema}.runs
 -- the own/adopt attempt on the checkpoint's engine run that began last before
 -- the write (a run handed back mid-step keeps its engine run).
 select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
-  from absurd.{checkpoints} c
+  from {checkpoints} c
   left join lateral (
     select a.attempt, a.release_id, a.worker_id
       from {schema}.attempts a

@@ -1,0 +1,42 @@
+"""The run-state store: launch rows, attempts, signals, the ledger and the lane registry.
+
+Lives in the schema ``DEEPLINE_RUNTIME_SCHEDULER_SCHEMA`` of the engine's
+database, so a store write and the engine transition it goes with commit in
+one transaction: every query takes the connection to run on. One typed
+method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
+``store.lanes``, ``store.report``. The SQL is in ``worker/sql/store/queries.sql``.
+"""
+
+from __future__ import annotations
+
+from worker.db import schema as _schema
+from worker.db.pool import Connection
+from worker.db.schema import MigrationReport
+from worker.db.sql import named_queries, quote_ident
+from worker.db.store.attempts import AttemptQueries
+from worker.db.store.lanes import LaneQueries
+from worker.db.store.report import ReportQueries
+from worker.db.store.runs import RunQueries
+
+__all__ = ["MigrationReport", "Store", "quote_ident"]
+
+
+class Store:
+    """The store's queries, bound to one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.schema_sql = quote_ident(schema)
+        self.q = named_queries("store", "queries.sql", schema=schema)
+        self.runs = RunQueries(self.q)
+        self.attempts = AttemptQueries(self.q)
+        self.lanes = LaneQueries(self.q)
+        self.report = ReportQueries(self.q)
+
+    async def migrate(self, conn: Connection) -> MigrationReport:
+        """Apply this build's missing store migrations (see ``worker/db/schema.py``)."""
+        return await _schema.migrate(conn, self.schema)
+
+    async def is_current(self, conn: Connection) -> bool:
+        """Tell whether every store migration of this build is applied; change nothing."""
+        return await _schema.is_current(conn, self.schema)

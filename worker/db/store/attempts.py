@@ -1,0 +1,116 @@
+"""Store queries on attempts: recording a claim, the fenced writes while it runs, its end."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from worker.db.pool import Connection
+from worker.db.store.base import Queries
+from worker.db.store.rows import Begun, DeferralCount, LaneState
+
+
+class AttemptQueries(Queries):
+    """Attempts (``attempts``) and the run writes fenced by the current one."""
+
+    async def lane_state(self, conn: Connection, *, task_id: uuid.UUID) -> LaneState | None:
+        """Return what a loop needs to decide on the claimed engine task, or None (no launch)."""
+        return await self._row(conn, LaneState, "lane_state", task_id)
+
+    async def begin(
+        self,
+        conn: Connection,
+        *,
+        run_id: uuid.UUID,
+        engine_run_id: uuid.UUID,
+        attempt: int,
+        worker_id: str,
+        release_id: str,
+        disposition: str,
+        adopted_release_id: str | None,
+        adopted_queue: str | None,
+        step_keys: int,
+        task_id: uuid.UUID,
+    ) -> Begun:
+        """Record a claim; own and adopt also move the run's fence to it (see begin_attempt)."""
+        begun = await self._row(
+            conn, Begun, "begin_attempt", run_id, engine_run_id, attempt, worker_id, release_id,
+            disposition, adopted_release_id, adopted_queue, step_keys, task_id,
+        )  # fmt: skip
+        assert begun is not None  # the insert always returns its row
+        return begun
+
+    async def finish(
+        self, conn: Connection, *, attempt_id: int, outcome: str, error: Any = None
+    ) -> None:
+        """Record how an attempt ended (once: an ended attempt is not touched)."""
+        await self._run(conn, "finish_attempt", attempt_id, outcome, error)
+
+    async def save_checkpoint(
+        self, conn: Connection, *, run_id: uuid.UUID, attempt_id: int, envelope: dict[str, Any]
+    ) -> bool:
+        """Write the run's envelope if ``attempt_id`` is still its current attempt."""
+        saved = await self._value(conn, "save_checkpoint", run_id, attempt_id, envelope)
+        return saved is not None
+
+    async def park(
+        self,
+        conn: Connection,
+        *,
+        run_id: uuid.UUID,
+        attempt_id: int,
+        wait: dict[str, Any],
+        envelope: dict[str, Any],
+    ) -> bool:
+        """Mark the run waiting in ``wait`` if ``attempt_id`` is still its current attempt."""
+        parked = await self._value(conn, "park_run", run_id, attempt_id, wait, envelope)
+        return parked is not None
+
+    async def lock_running(self, conn: Connection, *, run_id: uuid.UUID, attempt_id: int) -> bool:
+        """Lock the run while ``attempt_id`` is current and still running its play."""
+        return await self._value(conn, "lock_running_attempt", run_id, attempt_id) is not None
+
+    async def retrying(
+        self, conn: Connection, *, run_id: uuid.UUID, attempt_id: int, error: Any
+    ) -> None:
+        await self._value(conn, "retrying_run", run_id, attempt_id, error)
+
+    async def count_deferral(
+        self, conn: Connection, *, run_id: uuid.UUID, alert_after_s: float
+    ) -> DeferralCount:
+        """Count one more deferral in the run's streak."""
+        counted = await self._row(conn, DeferralCount, "count_deferral", run_id, alert_after_s)
+        assert counted is not None  # the run was claimed: its row exists
+        return counted
+
+    async def hand_back_claim(
+        self,
+        conn: Connection,
+        *,
+        task_id: uuid.UUID,
+        engine_run_id: uuid.UUID,
+        worker_id: str,
+        outcome: str,
+    ) -> set[int]:
+        """End this worker's open attempts on the engine run; return the attempt ids it ended."""
+        rows = await self._records(
+            conn, "hand_back_claim", task_id, engine_run_id, worker_id, outcome
+        )
+        return {r["attempt_id"] for r in rows}
+
+    async def consume_signal(
+        self, conn: Connection, *, run_id: uuid.UUID, event_key: str, attempt_id: int
+    ) -> tuple[bool, Any]:
+        """Mark the run's signal for ``event_key`` consumed; return (found, payload)."""
+        rows = await self._records(conn, "consume_signal", run_id, event_key, attempt_id)
+        return (True, rows[0]["payload"]) if rows else (False, None)
+
+    async def on_live_worker(self, conn: Connection, *, run_id: uuid.UUID) -> bool:
+        """Tell whether an executing attempt of the run has not ended and its worker is live."""
+        return bool(await self._value(conn, "attempt_on_live_worker", run_id))
+
+    async def close_abandoned(self, conn: Connection, *, limit: int) -> list[int]:
+        """Close, as lost leases, attempts whose run moved on and whose worker is gone."""
+        return [
+            r["attempt_id"] for r in await self._records(conn, "close_abandoned_attempts", limit)
+        ]

@@ -1,0 +1,36 @@
+"""What every group of store queries shares: the schema's queries and how to run one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import asyncpg
+
+from worker.db.pool import Connection
+from worker.db.store.rows import row_of
+
+R = TypeVar("R")
+
+
+class Queries:
+    """A group of named store queries, bound to one store schema."""
+
+    def __init__(self, q: Mapping[str, str]) -> None:
+        self._q = q
+
+    async def _row(self, conn: Connection, cls: type[R], name: str, *args: Any) -> R | None:
+        record = await conn.fetchrow(self._q[name], *args)
+        return None if record is None else row_of(cls, record)
+
+    async def _rows(self, conn: Connection, cls: type[R], name: str, *args: Any) -> list[R]:
+        return [row_of(cls, r) for r in await conn.fetch(self._q[name], *args)]
+
+    async def _records(self, conn: Connection, name: str, *args: Any) -> list[asyncpg.Record]:
+        return await conn.fetch(self._q[name], *args)
+
+    async def _value(self, conn: Connection, name: str, *args: Any) -> Any:
+        return await conn.fetchval(self._q[name], *args)
+
+    async def _run(self, conn: Connection, name: str, *args: Any) -> None:
+        await conn.execute(self._q[name], *args)

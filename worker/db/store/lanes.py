@@ -1,0 +1,83 @@
+"""Store queries on lanes and workers: the registry, liveness, prune."""
+
+from __future__ import annotations
+
+from worker.db.pool import Connection
+from worker.db.store.base import Queries
+from worker.db.store.rows import ClaimingLane, LaneRow, PlayOnLane, PrunableLane, RegistryLane
+
+
+class LaneQueries(Queries):
+    """Lanes (``releases``) and the workers that serve them (``workers``)."""
+
+    async def register(self, conn: Connection, *, queue: str, release_id: str) -> str:
+        """Mark a lane claiming, never moving a retired one back; return its status."""
+        status: str = await self._value(conn, "register_release", queue, release_id)
+        return status
+
+    async def set_status(
+        self, conn: Connection, *, queue: str, status: str, release_id: str
+    ) -> str:
+        """Retire or activate a lane (``lanes retire`` / ``activate``); return its status."""
+        done: str = await self._value(conn, "set_release_status", queue, status, release_id)
+        return done
+
+    async def row(self, conn: Connection, *, queue: str) -> LaneRow | None:
+        return await self._row(conn, LaneRow, "lane_row", queue)
+
+    async def names(self, conn: Connection) -> list[str]:
+        """Every registered lane's first spelling, then engine queues no lane row names."""
+        return [r["name"] for r in await self._records(conn, "lane_names")]
+
+    async def known(self, conn: Connection, *, queue: str) -> bool:
+        """Tell whether anything ever used this queue (a lane row or the engine queue)."""
+        return bool(await self._value(conn, "lane_known", queue))
+
+    async def registry(self, conn: Connection, *, own_queue: str) -> list[RegistryLane]:
+        """Every lane with what a worker of ``own_queue`` needs to follow it."""
+        return await self._rows(conn, RegistryLane, "lane_registry", own_queue)
+
+    async def draining_work(self, conn: Connection, *, queue: str) -> bool:
+        """Tell whether the lane holds an open run only its own release may run."""
+        return bool(await self._value(conn, "lane_draining_work", queue))
+
+    async def claiming_for_play(self, conn: Connection, *, play: str) -> list[ClaimingLane]:
+        """Claiming lanes, newest first, with a live worker whose app registers ``play``."""
+        return await self._rows(conn, ClaimingLane, "claiming_lanes_for_play", play)
+
+    async def live_plays(self, conn: Connection, *, queue: str) -> list[str]:
+        """The plays the live workers of the lane register."""
+        plays: list[str] = await self._value(conn, "live_plays", queue)
+        return plays
+
+    async def play_on_lane(self, conn: Connection, *, queue: str, play: str) -> PlayOnLane:
+        """Whether a live worker of the lane registers ``play``, and whether one ever did."""
+        found = await self._row(conn, PlayOnLane, "lane_play_registered", queue, play)
+        return found if found is not None else PlayOnLane(live=False, ever=False)
+
+    async def prunable(self, conn: Connection, *, older_than_s: float) -> list[PrunableLane]:
+        return await self._rows(conn, PrunableLane, "prunable_lanes", older_than_s)
+
+    async def prune(self, conn: Connection, *, queue: str) -> bool:
+        """Mark the lane pruned, re-checked under its row lock; say whether it was."""
+        return await self._value(conn, "prune_lane", queue) is not None
+
+    async def heartbeat(
+        self,
+        conn: Connection,
+        *,
+        worker_id: str,
+        release_id: str,
+        queue: str,
+        hostname: str,
+        pid: int,
+        concurrency: int,
+        plays: list[str],
+    ) -> None:
+        """Record (or refresh) a live worker and the plays its app registers."""
+        await self._run(
+            conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays
+        )
+
+    async def worker_stopped(self, conn: Connection, *, worker_id: str) -> None:
+        await self._run(conn, "worker_stopped", worker_id)

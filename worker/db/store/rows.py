@@ -1,0 +1,200 @@
+"""The rows the store returns: small frozen dataclasses, one per query shape.
+
+A row is built from the columns its dataclass names, so a compatible store
+migration that adds a column (an older build running against a newer store)
+changes nothing here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+R = TypeVar("R")
+
+
+def row_of(cls: type[R], record: asyncpg.Record | Mapping[str, Any]) -> R:
+    """Return ``cls`` built from the columns of ``record`` it names."""
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: record[name] for name in names})
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A run's row in the store (``runs``)."""
+
+    run_id: uuid.UUID
+    play: str
+    input: Any
+    launch: dict[str, Any]
+    release_id: str
+    queue: str
+    task_id: uuid.UUID | None
+    status: str
+    current_wait: dict[str, Any] | None
+    checkpoint: dict[str, Any]
+    adopted_release_id: str | None
+    adopted_queue: str | None
+    output: Any
+    error: Any
+    idempotency_key: str | None
+    attempts: int
+    max_attempts: int
+    current_attempt_id: int | None
+    step_keys: int | None
+    retry_of: uuid.UUID | None
+    retried_by: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IdempotentRun:
+    """The run an idempotency key names, and whether a new request's input is the same."""
+
+    run_id: uuid.UUID
+    release_id: str
+    queue: str
+    play: str
+    same_input: bool
+
+
+@dataclass(frozen=True)
+class ListedRun:
+    """One line of ``lane-worker runs``."""
+
+    run_id: uuid.UUID
+    play: str
+    status: str
+    release_id: str
+    queue: str
+    adopted_release_id: str | None
+    attempts: int
+    created_at: datetime
+    retry_of: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    """One attempt of a run, as ``status`` shows it."""
+
+    attempt: int
+    worker_id: str
+    release_id: str
+    disposition: str
+    outcome: str | None
+    error: Any
+    claimed_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class FactRow:
+    """One ledger fact of a run."""
+
+    type: str
+    fact: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """Which attempt (and release) committed one of a task's checkpoints."""
+
+    checkpoint_name: str
+    updated_at: datetime
+    attempt: int | None
+    release_id: str | None
+    worker_id: str | None
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What recording a claim returned (``begin_attempt``)."""
+
+    attempt_id: int
+    checkpoint: dict[str, Any] | None  # None: not taken over (defer, refuse, or too late)
+    step_keys: int | None
+    current_wait: dict[str, Any] | None
+    db_now_ms: int
+
+
+@dataclass(frozen=True)
+class DeferralCount:
+    """A run's deferral streak after one more deferral."""
+
+    defer_count: int
+    deferred_s: float
+    alert_now: bool
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """What a loop needs to decide on a claimed run, and the play and input to run it."""
+
+    run_id: uuid.UUID
+    release_id: str
+    adopted_release_id: str | None
+    adopted_queue: str | None
+    status: str
+    current_wait: dict[str, Any] | None
+    play: str
+    input: Any
+    lane_claiming: bool
+    adopter_claiming: bool
+
+
+@dataclass(frozen=True)
+class PlayOnLane:
+    """Whether a live worker of a lane registers a play, and whether any ever did."""
+
+    live: bool
+    ever: bool
+
+
+@dataclass(frozen=True)
+class LaneRow:
+    """A lane's registry row."""
+
+    queue: str
+    status: str
+    release_ids: list[str]
+
+
+@dataclass(frozen=True)
+class ClaimingLane:
+    """A claiming lane with a live worker for some play."""
+
+    queue: str
+    release_id: str
+
+
+@dataclass(frozen=True)
+class RegistryLane:
+    """A lane as a worker's registry refresh reads it (``lane_registry``)."""
+
+    queue: str
+    status: str
+    release_ids: list[str]
+    created_at: datetime
+    has_open: bool  # non-terminal runs stamped on it
+    mine_open: bool  # open runs on it adopted by the reading worker's lane
+    foreign_adopted: bool  # open runs on it adopted by another lane
+    draining_work: bool  # work only its own release may run
+
+
+@dataclass(frozen=True)
+class PrunableLane:
+    """A retired lane ``lanes prune`` may drop, unless a worker of it is live."""
+
+    queue: str
+    release_ids: list[str]
+    retired_at: datetime
+    live: bool

@@ -1,0 +1,136 @@
+"""Store queries on runs: launch rows, their signals, facts, attempts and steps."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from worker.db.pool import Connection
+from worker.db.sql import engine_table
+from worker.db.store.base import Queries
+from worker.db.store.rows import AttemptRow, FactRow, IdempotentRun, ListedRun, RunRow, StepRow
+
+_LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
+
+
+class RunQueries(Queries):
+    """Runs (``runs``), their signals (``signals``) and facts (``ledger``)."""
+
+    async def insert(
+        self,
+        conn: Connection,
+        *,
+        run_id: uuid.UUID,
+        play: str,
+        input: Any,
+        launch: dict[str, Any],
+        release_id: str,
+        queue: str,
+        idempotency_key: str | None,
+        max_attempts: int,
+        retry_of: uuid.UUID | None = None,
+    ) -> uuid.UUID | None:
+        """Insert a launch row; None when its idempotency key names another run already."""
+        inserted: uuid.UUID | None = await self._value(
+            conn, "insert_run", run_id, play, input, launch, release_id, queue,
+            idempotency_key, max_attempts, retry_of,
+        )  # fmt: skip
+        return inserted
+
+    async def by_idempotency_key(
+        self, conn: Connection, *, key: str, input: Any
+    ) -> IdempotentRun | None:
+        return await self._row(conn, IdempotentRun, "run_by_idempotency_key", key, input)
+
+    async def set_task(self, conn: Connection, *, run_id: uuid.UUID, task_id: uuid.UUID) -> None:
+        await self._run(conn, "set_run_task", run_id, task_id)
+
+    async def get(
+        self, conn: Connection, run_id: uuid.UUID, *, lock: Literal["update", "share"] | None = None
+    ) -> RunRow | None:
+        """Return the run's row; ``lock`` takes its row lock (``share``: waits for a move)."""
+        return await self._row(conn, RunRow, _LOCKS[lock], run_id)
+
+    async def mark_retried(
+        self, conn: Connection, *, run_id: uuid.UUID, retry_id: uuid.UUID
+    ) -> None:
+        await self._run(conn, "mark_retried", run_id, retry_id)
+
+    async def copy_signals(
+        self, conn: Connection, *, from_run: uuid.UUID, to_run: uuid.UUID
+    ) -> None:
+        """Give retry ``to_run`` the events ``from_run`` received."""
+        await self._run(conn, "copy_signals", from_run, to_run)
+
+    async def listed(
+        self,
+        conn: Connection,
+        *,
+        status: str | None,
+        lane: str | None,
+        play: str | None,
+        limit: int,
+    ) -> list[ListedRun]:
+        """Return runs newest first; each filter applies when given."""
+        return await self._rows(conn, ListedRun, "list_runs", status, lane, play, limit)
+
+    async def move(
+        self, conn: Connection, *, run_id: uuid.UUID, queue: str, release_id: str
+    ) -> None:
+        """Restamp a run onto another lane (``lanes move``)."""
+        await self._run(conn, "move_run", run_id, queue, release_id)
+
+    async def open_on_lane(self, conn: Connection, *, queue: str) -> list[uuid.UUID]:
+        """Return the open runs whose effective lane is ``queue``, oldest first."""
+        return [r["run_id"] for r in await self._records(conn, "lane_open_runs", queue)]
+
+    async def queue_has_open(self, conn: Connection, *, queue: str) -> bool:
+        return bool(await self._value(conn, "queue_has_open_runs", queue))
+
+    async def settle(
+        self,
+        conn: Connection,
+        run_id: uuid.UUID,
+        *,
+        status: str,
+        fact: dict[str, Any],
+        attempt_id: int | None,
+        output: Any = None,
+        error: Any = None,
+        own_attempt_id: int | None = None,
+    ) -> bool:
+        """Move a run to a terminal status and append its one terminal fact.
+
+        Returns False (and writes nothing) when the fence does not match or the
+        run is already terminal: whoever settled it first wrote the fact. The
+        run's other attempts that recorded no end are closed as lost leases
+        (see settle_run), except ``own_attempt_id``, which the caller ends.
+        """
+        settled = await self._value(
+            conn, "settle_run", run_id, attempt_id, status, output, error, fact["type"], fact,
+            own_attempt_id,
+        )  # fmt: skip
+        return settled is not None
+
+    async def facts(self, conn: Connection, run_id: uuid.UUID) -> list[FactRow]:
+        return await self._rows(conn, FactRow, "run_facts", run_id)
+
+    async def attempts(self, conn: Connection, run_id: uuid.UUID) -> list[AttemptRow]:
+        return await self._rows(conn, AttemptRow, "run_attempts", run_id)
+
+    async def steps(
+        self, conn: Connection, *, queue: str, task_id: uuid.UUID, run_id: uuid.UUID
+    ) -> list[StepRow]:
+        """Return which attempt committed each checkpoint of the run's task."""
+        sql = self._q["step_provenance"].replace("{checkpoints}", engine_table("c", queue))
+        return [StepRow(**dict(r)) for r in await conn.fetch(sql, task_id, run_id)]
+
+    async def insert_signal(
+        self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any
+    ) -> datetime | None:
+        """Store a signal; None when the run has one for ``event_key`` already."""
+        received: datetime | None = await self._value(
+            conn, "insert_signal", run_id, event_key, payload
+        )
+        return received
