@@ -100,10 +100,13 @@ async def reconcile_lanes(
             continue
         try:
             await reconcile_queue(db, store, queue, worker_id=worker_id)
-        except asyncpg.UndefinedTableError:
-            # `lanes prune` dropped the queue since the registry was read: its
-            # runs were all settled, so there is nothing to reconcile.
-            log.info("maintenance.queue_dropped", queue=queue, worker_id=worker_id)
+        except asyncpg.UndefinedTableError as exc:
+            if await db.run(lambda c, q=queue: engine.queue_exists(c, q)):  # type: ignore[misc]
+                _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
+            else:
+                # `lanes prune` dropped the queue since the registry was read: its
+                # runs were all settled, so there is nothing to reconcile.
+                log.info("maintenance.queue_dropped", queue=queue, worker_id=worker_id)
         except Exception as exc:
             if is_transient(exc):
                 raise

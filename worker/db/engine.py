@@ -418,3 +418,11 @@ async def cleanup(conn: Connection, queue: str | None = None) -> list[tuple[str,
         queue,
     )
     return [(r["queue_name"], r["tasks_deleted"], r["events_deleted"]) for r in rows]
+
+
+async def queue_exists(conn: Connection, queue: str) -> bool:
+    """Tell whether the engine has queue ``queue`` (``lanes prune`` drops a drained one)."""
+    found: bool = await conn.fetchval(
+        "select exists (select 1 from absurd.queues where queue_name = $1)", queue
+    )
+    return found

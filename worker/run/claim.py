@@ -148,7 +148,7 @@ class Poller:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
                     self.capacity.release(slots)
-                    if self.kind == "continuation" and isinstance(exc, asyncpg.UndefinedTableError):
+                    if await self._dropped(exc):
                         # `lanes prune` dropped this retired lane's queue: nothing is
                         # left there to adopt, so the loop detaches (not an error).
                         self.stop("queue dropped")
@@ -169,6 +169,16 @@ class Poller:
                     await self._idle(self.poll_interval_s, precise=True, empty_claims=empty)
         finally:
             self.finished.set()
+
+    async def _dropped(self, exc: Exception) -> bool:
+        """Tell whether a claim failed because this continuation loop's queue was pruned."""
+        if self.kind != "continuation" or not isinstance(exc, asyncpg.UndefinedTableError):
+            return False
+        try:
+            exists = await self.runtime.db.run(lambda c: engine.queue_exists(c, self.queue))
+        except Exception:
+            return False  # the database is away: retry the claim as for any failure
+        return not exists
 
     async def _reserve(self, backlog: bool) -> int:
         # Waiting for a slot must not outlive a stop request.
