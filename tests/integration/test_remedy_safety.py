@@ -49,6 +49,7 @@ from test_remedies import (
 from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.daemon.maintenance import maintain, reconcile_lanes
+from worker.db.store.rows import MaintainedLane
 from worker.errors import UnknownLaneError
 from worker.metrics import Metrics
 from worker.ops.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
@@ -362,7 +363,7 @@ async def test_a_continuation_loop_on_a_pruned_queue_detaches_and_maintenance_sk
                 with anyio.fail_after(10):
                     await poller.run()
             # Maintenance read the registry just before the prune, then reconciles A.
-            lane_a = {"queue": QA, "status": "retired", "release_ids": [A], "engine_queue": True}
+            lane_a = MaintainedLane(QA, "retired", [A], engine_queue=True)
             await reconcile_lanes(rt_b.db, rt_b.store, [lane_a], worker_id="t", metrics=metrics)
         assert poller.detach_reason == "queue dropped"
         assert metrics.loop_errors.labels("continuation")._value.get() == 0

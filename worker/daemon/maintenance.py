@@ -16,8 +16,10 @@ import structlog
 from worker.db import engine
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
+from worker.db.store.rows import MaintainedLane
 from worker.metrics import Metrics
 from worker.run.reconcile import reconcile_queue
+from worker.states import LaneStatus
 
 log = structlog.get_logger("lane_worker.maintenance")
 
@@ -49,17 +51,7 @@ async def maintain(
                 if is_transient(exc):
                     raise
                 failed.append((queue["queue_name"], repr(exc)))
-        registry = await conn.fetch(
-            f"""select l.queue, l.status, l.release_ids,
-                       exists (select 1 from absurd.queues q
-                                where q.queue_name = l.queue) as engine_queue
-                  from {store.schema_sql}.releases l
-                 -- `lanes prune` dropped a pruned lane's queue on purpose (a submit may
-                 -- have created it again: then it is reconciled as any other).
-                 where l.pruned_at is null
-                    or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
-                 order by l.queue"""
-        )
+        registry = await store.lanes.for_maintenance(conn)
         return failed, registry
 
     outcome = await db.transaction(cleanup)
@@ -80,19 +72,19 @@ async def maintain(
 async def reconcile_lanes(
     db: Database,
     store: Store,
-    registry: list[Any],
+    registry: list[MaintainedLane],
     *,
     worker_id: str,
     metrics: Metrics | None = None,
 ) -> None:
     """Reconcile the queue of each lane in ``registry`` (maintenance's second step)."""
     for lane in registry:
-        queue = lane["queue"]
-        if not lane["engine_queue"]:
+        queue = lane.queue
+        if not lane.engine_queue:
             # Left by a `lanes retire` of an older build (usually a mistyped release
             # id): there are no engine tables, so nothing can end there.
-            command = "retire" if lane["status"] == "retired" else "activate"
-            release_id = (lane["release_ids"] or [queue])[0]
+            command = "retire" if lane.status == LaneStatus.RETIRED else "activate"
+            release_id = (lane.release_ids or [queue])[0]
             _queue_failed(
                 metrics, queue, worker_id, "reconcile", "the lane has no engine queue",
                 remedy=f"`lane-worker lanes {command} {release_id}` creates it",

@@ -19,7 +19,7 @@ import absurdctl
 import asyncpg
 
 from worker.db.pool import Connection
-from worker.db.store import quote_ident
+from worker.db.sql import queue_query
 from worker.errors import EngineSchemaError, RunCancelledError, RunNotRunningError
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
@@ -34,6 +34,10 @@ _ALREADY_FAILED = "AB002"
 def datetime_from_ms(epoch_ms: int) -> datetime:
     """Return the UTC datetime of a Unix time in milliseconds."""
     return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+
+
+# The columns a claim returns (both claim functions return the engine's row shape).
+_CLAIMED = "run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload"
 
 
 def _sql(name: str) -> str:
@@ -213,10 +217,9 @@ async def claim(
     ``CLAIM_DRAIN``), ``lane_worker.claim_lane``, which needs the run-state
     store's schema, the claimer's own lane queue and its app's plays.
     """
-    columns = "run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload"
     if mode is not None:
         rows = await conn.fetch(
-            f"select {columns}, swept from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8)",
+            f"select {_CLAIMED}, swept from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8)",
             queue,
             worker_id,
             lease_s,
@@ -228,7 +231,7 @@ async def claim(
         )
     else:
         rows = await conn.fetch(
-            f"select {columns}, 0 as swept from absurd.claim_task($1, $2, $3, $4)",
+            f"select {_CLAIMED}, 0 as swept from absurd.claim_task($1, $2, $3, $4)",
             queue,
             worker_id,
             lease_s,
@@ -314,12 +317,7 @@ async def schedule_in(conn: Connection, queue: str, run_id: uuid.UUID, delay_s: 
 
 async def lock_if_held(conn: Connection, queue: str, run_id: uuid.UUID, worker_id: str) -> bool:
     """Lock engine run ``run_id`` and tell whether it is still running under ``worker_id``."""
-    held = await conn.fetchval(
-        f"select true from absurd.{quote_ident('r_' + queue)}"
-        " where run_id = $1 and state = 'running' and claimed_by = $2 for update",
-        run_id,
-        worker_id,
-    )
+    held = await conn.fetchval(queue_query("lock_if_held", queue), run_id, worker_id)
     return bool(held)
 
 
@@ -426,3 +424,33 @@ async def queue_exists(conn: Connection, queue: str) -> bool:
         "select exists (select 1 from absurd.queues where queue_name = $1)", queue
     )
     return found
+
+
+async def held_runs(conn: Connection, queue: str, worker_id: str) -> list[asyncpg.Record]:
+    """Return the engine runs (run_id, task_id, attempt) ``worker_id`` holds on ``queue``."""
+    return await conn.fetch(queue_query("held_runs", queue), worker_id)
+
+
+async def next_due_in_s(
+    conn: Connection,
+    queue: str,
+    *,
+    mode: str | None = None,
+    store_schema: str | None = None,
+    own_queue: str | None = None,
+    plays: list[str] | None = None,
+) -> float | None:
+    """Seconds until ``claim`` (with the same arguments) hands out a run of ``queue``, if any.
+
+    Negative: one is due already; measured on the database's clock, which the
+    engine wakes runs by.
+    """
+    if mode is None:
+        due: float | None = await conn.fetchval(queue_query("next_due", queue))
+    else:
+        # The same filter as the claim: only runs this loop would be handed.
+        due = await conn.fetchval(
+            "select lane_worker.next_due_in($1, $2, $3, $4, $5)",
+            queue, store_schema, own_queue, mode, plays or [],
+        )  # fmt: skip
+    return due

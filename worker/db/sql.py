@@ -51,3 +51,14 @@ def named_queries(folder: str, file: str, **identifiers: str) -> dict[str, str]:
             body = body.replace("{" + key + "}", value)
         filled[name] = body
     return filled
+
+
+@cache
+def queue_query(name: str, queue: str, schema: str | None = None) -> str:
+    """Return engine query ``name`` on ``queue``'s tables (and the store ``schema``)."""
+    body = _named("engine", "queries.sql")[name]
+    for kind, table in (("tasks", "t"), ("runs", "r"), ("checkpoints", "c")):
+        body = body.replace("{" + kind + "}", engine_table(table, queue))
+    if schema is not None:
+        body = body.replace("{schema}", quote_ident(schema))
+    return body

@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import asyncpg
@@ -21,7 +20,6 @@ from anyio.abc import TaskGroup
 
 from worker import lanes
 from worker.db import engine
-from worker.db.store import quote_ident
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
 from worker.run.execute import Runtime
@@ -224,27 +222,19 @@ class Poller:
 
     async def _next_due_in_s(self) -> float | None:
         """Return seconds until the next run on this queue becomes claimable, if any."""
-        mode = self.runtime.claim_mode(self.queue)
-        if mode is None:
-            runs = quote_ident(f"r_{self.queue}")
-            sql = (
-                "select extract(epoch from min(available_at) - absurd.current_time())::float8"
-                f" from absurd.{runs} where state in ('pending', 'sleeping')"
-            )
-            args: tuple[Any, ...] = ()
-        else:
-            # The same filter as the claim: only runs this loop would be handed.
-            sql = "select lane_worker.next_due_in($1, $2, $3, $4, $5)"
-            args = (
-                self.queue,
-                self.runtime.store.schema,
-                self.runtime.queue,
-                mode,
-                self.runtime.plays,
-            )
+        rt = self.runtime
+        mode = rt.claim_mode(self.queue)
         try:
-            # Both times on the database's clock: the engine wakes runs by it.
-            due_in: float | None = await self.runtime.db.fetchval(sql, *args)
+            due_in = await rt.db.run(
+                lambda c: engine.next_due_in_s(
+                    c,
+                    self.queue,
+                    mode=mode,
+                    store_schema=rt.store.schema,
+                    own_queue=rt.queue,
+                    plays=rt.plays,
+                )
+            )
         except Exception as exc:
             self.log.warning("loop.next_due_failed", error=repr(exc))
             return None

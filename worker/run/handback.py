@@ -19,7 +19,6 @@ import structlog
 
 from worker.db import engine
 from worker.db.pool import Connection
-from worker.db.store import quote_ident
 from worker.db.tasks import PLAY_RUN_TASK, notify
 from worker.states import Outcome
 
@@ -96,10 +95,8 @@ async def give_back_leftovers(attempts: Attempts, queues: list[str]) -> int:
     given = 0
     for queue in queues:
         worker_id = attempts.seat.worker_id_for(queue)
-        rows = await attempts.db.fetch(
-            f"select run_id, task_id, attempt from absurd.{quote_ident('r_' + queue)}"
-            " where state = 'running' and claimed_by = $1",
-            worker_id,
+        rows = await attempts.db.run(
+            lambda c, q=queue, w=worker_id: engine.held_runs(c, q, w)  # type: ignore[misc]
         )
         for row in rows:
             claimed = engine.ClaimedRun(

@@ -8,7 +8,8 @@ from typing import Any
 import structlog
 
 from worker.db.pool import Connection, Database
-from worker.db.store import Store, quote_ident
+from worker.db.sql import queue_query
+from worker.db.store import Store
 from worker.run import facts
 from worker.states import RunStatus
 
@@ -33,21 +34,11 @@ async def reconcile_queue(
     is left (or ``max_batches``), so a mass lease expiry is settled within one
     maintenance pass. Returns how many runs it settled.
     """
-    tasks, runs = quote_ident(f"t_{queue}"), quote_ident(f"r_{queue}")
-    sql = f"""
-        select s.run_id, s.release_id, t.state, t.completed_payload, r.failure_reason
-          from {store.schema_sql}.runs s
-          left join absurd.{tasks} t on t.task_id = s.task_id
-          left join absurd.{runs} r on r.run_id = t.last_attempt_run
-         where s.queue = $1
-           and s.task_id is not null
-           and s.status not in ('completed', 'failed', 'cancelled')
-           and (t.task_id is null or t.state in ('completed', 'failed', 'cancelled'))
-         limit {RECONCILE_BATCH}"""
+    sql = queue_query("reconcile_batch", queue, store.schema)
 
     async def settle_batch(conn: Connection) -> tuple[int, int]:
         settled = 0
-        rows = await conn.fetch(sql, queue)
+        rows = await conn.fetch(sql, queue, RECONCILE_BATCH)
         for row in rows:
             run_id, state = row["run_id"], row["state"]
             if state == RunStatus.COMPLETED:

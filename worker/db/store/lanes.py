@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-from worker.db.store.rows import ClaimingLane, LaneRow, PlayOnLane, PrunableLane, RegistryLane
+from worker.db.store.rows import (
+    ClaimingLane,
+    LaneRow,
+    MaintainedLane,
+    PlayOnLane,
+    PrunableLane,
+    RegistryLane,
+)
 
 
 class LaneQueries(Queries):
@@ -78,6 +85,10 @@ class LaneQueries(Queries):
         await self._run(
             conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays
         )
+
+    async def for_maintenance(self, conn: Connection) -> list[MaintainedLane]:
+        """The lanes a maintenance pass reconciles, each with whether its engine queue exists."""
+        return await self._rows(conn, MaintainedLane, "maintenance_lanes")
 
     async def worker_stopped(self, conn: Connection, *, worker_id: str) -> None:
         await self._run(conn, "worker_stopped", worker_id)

@@ -198,3 +198,13 @@ class PrunableLane:
     release_ids: list[str]
     retired_at: datetime
     live: bool
+
+
+@dataclass(frozen=True)
+class MaintainedLane:
+    """A lane a maintenance pass reconciles."""
+
+    queue: str
+    status: str
+    release_ids: list[str]
+    engine_queue: bool  # False: no engine tables (a retire by an older build, say)

@@ -538,3 +538,14 @@ on conflict (worker_id) do update
 
 -- name: worker_stopped
 update {schema}.workers set stopped_at = now() where worker_id = $1;
+
+-- name: maintenance_lanes
+-- The lanes a maintenance pass reconciles, and whether each has its engine
+-- queue. `lanes prune` dropped a pruned lane's queue on purpose (a submit may
+-- have created it again: then it is reconciled as any other).
+select l.queue, l.status, l.release_ids,
+       exists (select 1 from absurd.queues q where q.queue_name = l.queue) as engine_queue
+  from {schema}.releases l
+ where l.pruned_at is null
+    or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
+ order by l.queue;
