@@ -33,6 +33,9 @@
 -- effective lane (the adopter's, else the queue's) is p_own_queue and that
 -- need it (the store's needs_own_lane: not parked, or parked where nothing
 -- could adopt it). Other parked runs are left to the claiming releases.
+-- A worker is live while it has no stop mark and beat within 60 seconds: the
+-- window the store names once ({schema}.worker_live, store migration 0006). It is
+-- spelled out here because these filters also serve stores older builds migrated.
 create schema if not exists lane_worker;
 
 create or replace function lane_worker.lane_filter (

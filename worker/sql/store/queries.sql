@@ -59,8 +59,7 @@ select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
   from {schema}.releases l
  where l.status = 'claiming'
    and exists (select 1 from {schema}.workers w
-                where w.queue = l.queue and w.stopped_at is null
-                  and w.heartbeat_at > now() - interval '60 seconds'
+                where w.queue = l.queue and {schema}.worker_live(w.heartbeat_at, w.stopped_at)
                   and $1 = any (w.plays))
  order by l.created_at desc, l.queue desc;
 
@@ -102,14 +101,12 @@ returning a.attempt_id;
 -- The plays the live workers of lane $1 register.
 select coalesce(array_agg(distinct p), '{}') as plays
   from {schema}.workers w cross join lateral unnest(w.plays) as p
- where w.queue = $1 and w.stopped_at is null
-   and w.heartbeat_at > now() - interval '60 seconds';
+ where w.queue = $1 and {schema}.worker_live(w.heartbeat_at, w.stopped_at);
 
 -- name: lane_play_registered
 -- Whether a live worker of lane $1 registers play $2, and whether any worker of
 -- it ever did.
-select coalesce(bool_or(w.stopped_at is null
-                        and w.heartbeat_at > now() - interval '60 seconds'), false) as live,
+select coalesce(bool_or({schema}.worker_live(w.heartbeat_at, w.stopped_at)), false) as live,
        count(*) > 0 as ever
   from {schema}.workers w
  where w.queue = $1 and $2 = any (w.plays);
@@ -423,8 +420,8 @@ select l.queue, l.status, l.release_ids, l.created_at,
 select {schema}.lane_needs_own($1);
 
 -- name: report_lanes
--- The drain report's lanes: every registered lane, its live workers (a
--- heartbeat within 60 s, no stop mark) with the plays each registers. A
+-- The drain report's lanes: every registered lane, its live workers (worker_live:
+-- a heartbeat within 60 s, no stop mark) with the plays each registers. A
 -- pruned lane is `hidden` from the list while no open run names it (`lanes
 -- show` and `lanes wait` still find it: drained, safe to stop, pruned).
 select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
@@ -439,8 +436,8 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
                                                      'plays', to_jsonb(w.plays))
                                   order by w.worker_id)
                    from {schema}.workers w
-                  where w.queue = l.queue and w.stopped_at is null
-                    and w.heartbeat_at > now() - interval '60 seconds'), '[]'::jsonb) as workers
+                  where w.queue = l.queue
+                    and {schema}.worker_live(w.heartbeat_at, w.stopped_at)), '[]'::jsonb) as workers
   from {schema}.releases l
  order by l.created_at, l.queue;
 
@@ -451,8 +448,8 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
 -- lane is not pruned yet: stop its machines first.
 select l.queue, l.release_ids, l.retired_at,
        exists (select 1 from {schema}.workers w
-                where w.queue = l.queue and w.stopped_at is null
-                  and w.heartbeat_at > now() - interval '60 seconds') as live
+                where w.queue = l.queue
+                  and {schema}.worker_live(w.heartbeat_at, w.stopped_at)) as live
   from {schema}.releases l
  where l.status = 'retired' and l.pruned_at is null
    and l.retired_at < now() - make_interval(secs => $1)
@@ -475,8 +472,8 @@ update {schema}.releases l
                     where r.queue = l.queue
                       and r.status not in ('completed', 'failed', 'cancelled'))
    and not exists (select 1 from {schema}.workers w
-                    where w.queue = l.queue and w.stopped_at is null
-                      and w.heartbeat_at > now() - interval '60 seconds')
+                    where w.queue = l.queue
+                      and {schema}.worker_live(w.heartbeat_at, w.stopped_at))
 returning l.queue;
 
 -- name: report_runs
