@@ -18,6 +18,9 @@ from worker.client import CONNECT_VARIABLES, LaneClient
 from worker.config import dburl, settings
 from worker.db.pool import is_transient
 from worker.errors import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_USAGE,
     SHOWN_CHARS,
     EngineSchemaError,
     InvalidRequestError,
@@ -43,7 +46,7 @@ _MISSING_SCHEMA = (
 class Failure(click.ClickException):
     """A command failed: one sentence on stderr, prefixed ``lane-worker:``; exit 1."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
@@ -55,13 +58,13 @@ class Failure(click.ClickException):
 class UsageFailure(Failure):
     """The request itself is unusable (exit 2), found after the command line parsed."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ConfigRefused(Failure):
     """The configuration is refused (exit 78): the environment or the schemas must change."""
 
-    exit_code = settings.EXIT_CONFIG
+    exit_code = EXIT_CONFIG
 
 
 def scrub(text: str, url: str) -> str:

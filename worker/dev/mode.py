@@ -14,18 +14,12 @@ from worker import demo
 from worker.app import App, load_app
 from worker.client import LaneClient, RunStatus, lanes_table
 from worker.config.dburl import url_secrets
-from worker.config.settings import (
-    DATABASE_URL_ENV,
-    EXIT_CONFIG,
-    HEALTH_PORT_ENV,
-    LOG_FORMAT_ENV,
-    Settings,
-    blank_as_unset,
-)
+from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV, blank_as_unset
+from worker.config.settings import Settings
 from worker.daemon import logs
-from worker.daemon.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor
+from worker.daemon.supervisor import Supervisor
 from worker.dev.embedded import embedded_postgres
-from worker.errors import LaneConfigError
+from worker.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, LaneConfigError
 
 DEMO_TIMEOUT_S = 120.0
 _WATCH_EVERY_S = 0.25
