@@ -101,7 +101,8 @@ def with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[st
     """Connect a client from the environment, run ``action`` with it, map failures to exits."""
     env = os.environ
     url = (env.get(settings.DATABASE_URL_ENV) or "").strip()
-    for error in settings.diagnose(env).errors:
+    diagnosis = settings.diagnose(env)  # the one parse of the environment
+    for error in diagnosis.errors:
         if error.variable in CONNECT_VARIABLES + check:
             raise ConfigRefused(str(error))
     # Library logs (retry warnings) would break the one-sentence and --json contracts.
@@ -112,7 +113,9 @@ def with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[st
 
     async def main() -> T:
         try:
-            client = await LaneClient.connect(env=env, retry_for_s=CONNECT_RETRY_S)
+            client = await LaneClient.connect(
+                env=env, retry_for_s=CONNECT_RETRY_S, diagnosis=diagnosis
+            )
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
             if isinstance(exc, LaneConfigError):
                 raise

@@ -100,8 +100,13 @@ def _say(sentence: str) -> None:
     print(printable(f"lane-worker: {sentence}"), file=sys.stderr, flush=True)
 
 
-def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
-    """Run the worker daemon until it is stopped; return the process exit code."""
+def prepare(env: Mapping[str, str], app_spec: str) -> tuple[Settings, App] | int:
+    """The boot every worker process shares (``run`` and ``dev``), up to the event loop.
+
+    Parses the environment (once: the boot guard), configures the logs with the
+    database's secrets masked, logs doctor's warnings and loads the app. Returns
+    the settings and the app, or the exit code of a refusal (said on stderr).
+    """
     try:
         settings = Settings.from_env(env)
     except LaneConfigError as exc:
@@ -115,7 +120,15 @@ def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
     except (ImportError, ValueError) as exc:
         _say(f"cannot load the app {app_spec!r}: {exc}")
         return EXIT_USAGE
-    return anyio.run(Supervisor(settings, app).main)
+    return settings, app
+
+
+def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
+    """Run the worker daemon until it is stopped; return the process exit code."""
+    prepared = prepare(env, app_spec)
+    if isinstance(prepared, int):
+        return prepared
+    return anyio.run(Supervisor(*prepared).main)
 
 
 class Supervisor:
