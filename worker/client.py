@@ -37,7 +37,15 @@ from worker.errors import (
     shown,
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
-from worker.ops.remedies import MAX_RETRY_HOPS, RunRemedies, parse_run_id, spawn_run_task
+from worker.ops.remedies import (
+    MAX_RETRY_HOPS,
+    MoveReport,
+    Remedies,
+    RetriedRun,
+    RunSummary,
+    parse_run_id,
+    spawn_run_task,
+)
 from worker.ops.report import BUCKETS, read_report
 from worker.ops.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.ops.report import lanes_table as lanes_table
@@ -167,7 +175,7 @@ CONNECT_VARIABLES = (
 SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, settings.MAX_ATTEMPTS_ENV)
 
 
-class LaneClient(RunRemedies):
+class LaneClient:
     """Submit, signal, cancel and inspect runs on one runtime database."""
 
     def __init__(
@@ -193,6 +201,7 @@ class LaneClient(RunRemedies):
         self._ready: dict[str, asyncio.Task[None]] = {}
         self._schemas_ready: asyncio.Task[None] | None = None
         self._schemas_checked: asyncio.Task[None] | None = None
+        self.remedies = Remedies(db, store, self.check_schemas)
 
     def _refuse_on(self, variables: tuple[str, ...]) -> None:
         for error in self._diagnosis.errors:
@@ -559,6 +568,41 @@ class LaneClient(RunRemedies):
 
         await self.db.transaction(set_status)
         return queue
+
+    # -- operator remedies (worker/ops/remedies.py) ---------------------------------
+
+    async def runs(
+        self,
+        *,
+        status: str | None = None,
+        lane: str | None = None,
+        play: str | None = None,
+        limit: int = 50,
+    ) -> list[RunSummary]:
+        """List runs newest first (``lane-worker runs``); each filter applies when given."""
+        return await self.remedies.runs(status=status, lane=lane, play=play, limit=limit)
+
+    async def fail_run(self, run_id: str, reason: str) -> bool:
+        """Fail an open run for good (``runs fail``); False when it had ended already."""
+        return await self.remedies.fail_run(run_id, reason)
+
+    async def retry_run(
+        self, run_id: str, *, to_release: str | None = None, completed: bool = False
+    ) -> RetriedRun:
+        """Retry an ended run as a new run (``runs retry``); at most one retry per run."""
+        return await self.remedies.retry_run(run_id, to_release=to_release, completed=completed)
+
+    async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
+        """Move the never-started runs of a lane to a claiming one (``lanes move``)."""
+        return await self.remedies.move_lane(from_release, to_release)
+
+    async def prune_lanes(self, older_than_s: float, *, dry_run: bool = False) -> list[str]:
+        """Drop the engine queues of long-drained lanes (``lanes prune``); return them."""
+        return await self.remedies.prune_lanes(older_than_s, dry_run=dry_run)
+
+    async def prune_kept_live(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
+        return await self.remedies.prune_kept_live(older_than_s)
 
     async def lanes(self, *, include_pruned: bool = False) -> list[LaneView]:
         """Return the drain report: every lane, its workers, its open runs, its verdict.

@@ -136,3 +136,33 @@ class UnknownLaneError(LaneWorkerError):
     def __init__(self, message: str, *, known: tuple[str, ...]) -> None:
         super().__init__(message)
         self.known = known
+
+
+# -- operator remedies -------------------------------------------------------------
+
+
+class RunStillOpenError(LaneWorkerError):
+    """A retry of a run that has not ended: fail or cancel it first."""
+
+
+class NoClaimingLaneError(LaneWorkerError):
+    """No release lane claims new runs, so nothing could run a retry."""
+
+
+class RetryRefusedError(LaneWorkerError):
+    """A retry the run's state does not allow without saying so (a completed run)."""
+
+
+# -- the daemon's health port ------------------------------------------------------
+
+
+class NotBootedError(Exception):
+    """A lanes report asked for before the worker has booted (/lanes answers 503)."""
+
+
+class SharedReadCancelledError(Exception):
+    """The shared read a caller was waiting for was cancelled (its owner is closing)."""
+
+
+class ReportClosedError(Exception):
+    """The report was asked for after the daemon closed its report pool (it is stopping)."""

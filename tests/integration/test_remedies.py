@@ -32,8 +32,13 @@ from worker import App, TaskContext, lanes
 from worker.client import LaneClient
 from worker.daemon.maintenance import maintain
 from worker.db import engine
-from worker.errors import InvalidRequestError, RunNotFoundError
-from worker.ops.remedies import OPERATOR_FAILED, NoClaimingLaneError, RunStillOpenError
+from worker.errors import (
+    InvalidRequestError,
+    NoClaimingLaneError,
+    RunNotFoundError,
+    RunStillOpenError,
+)
+from worker.ops.remedies import OPERATOR_FAILED
 from worker.run.execute import Runtime
 
 A, B, C, D = "rel-a", "rel-b", "rel-c", "rel-d"
@@ -553,7 +558,7 @@ async def test_a_claim_of_the_old_task_executes_nothing_and_b_runs_the_moved_run
                     await tx.start()
                     try:
                         # `lanes move`'s transaction for this run, up to its commit.
-                        why = await client._move_one(
+                        why = await client.remedies._move_one(
                             conn, run_id=uuid.UUID(run.run_id), from_queue=QA, to_queue=QB,
                             stamp=B,
                         )  # fmt: skip

@@ -50,9 +50,9 @@ from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.daemon.maintenance import maintain, reconcile_lanes
 from worker.db.store.rows import MaintainedLane
-from worker.errors import UnknownLaneError
+from worker.errors import RetryRefusedError, RunStillOpenError, UnknownLaneError
 from worker.metrics import Metrics
-from worker.ops.remedies import RetriedRun, RetryRefusedError, RunStillOpenError
+from worker.ops.remedies import RetriedRun
 from worker.run.claim import Capacity, LoopShared, Poller
 from worker.run.execute import Runtime
 
@@ -211,7 +211,7 @@ async def test_a_signal_racing_a_move_wakes_the_run_on_its_new_lane(
             tx = mover.transaction()
             await tx.start()
             # `lanes move`'s own unit of work, held open at its commit.
-            assert await client._move_one(mover, uuid.UUID(run.run_id), QA, QB, B) is None
+            assert await client.remedies._move_one(mover, uuid.UUID(run.run_id), QA, QB, B) is None
             signal = asyncio.create_task(client.signal(run.run_id, "go", {"n": 1}))
             await eventually(lambda: _waits_on_lock(database_url), what="the signal to wait")
             await tx.commit()

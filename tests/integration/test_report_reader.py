@@ -15,9 +15,10 @@ import asyncpg
 import pytest
 from runtime_harness import SCHEMA, connect, eventually, open_client, queue_of
 
-from worker.daemon.report_cache import ReportClosedError, ReportReader, application_name
+from worker.daemon.report_cache import ReportReader, application_name
 from worker.db.pool import PoolOptions
 from worker.db.store import Store
+from worker.errors import ReportClosedError
 
 RELEASE = "rel-r"
 NAME = application_name("lane-worker-report", RELEASE)

@@ -7,7 +7,8 @@ import asyncio
 import anyio
 import pytest
 
-from worker.daemon.report_cache import SharedRead, SharedReadCancelledError, application_name
+from worker.daemon.report_cache import SharedRead, application_name
+from worker.errors import SharedReadCancelledError
 
 
 class Source:

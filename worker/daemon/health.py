@@ -18,7 +18,9 @@ from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.daemon import page
-from worker.errors import HealthPortError
+from worker.errors import (
+    HealthPortError,
+)
 from worker.metrics import Metrics
 from worker.ops.report import LaneView, lanes_table
 
@@ -41,10 +43,6 @@ ReadinessCheck = Callable[[], Awaitable[dict[str, Any]]]
 LanesReport = Callable[[], Awaitable[list[LaneView]]]
 
 log = structlog.get_logger("lane_worker.health")
-
-
-class NotBootedError(Exception):
-    """A lanes report asked for before the worker has booted (/lanes answers 503)."""
 
 
 class _RequestErrors(logging.Handler):

@@ -23,6 +23,7 @@ import anyio
 
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import Store
+from worker.errors import ReportClosedError, SharedReadCancelledError
 from worker.ops.report import LaneView, read_report
 
 T = TypeVar("T")
@@ -42,10 +43,6 @@ def application_name(prefix: str, release_id: str) -> str:
     """Return ``"<prefix> <release_id>"`` cut to the 63 bytes Postgres keeps (whole characters)."""
     name = f"{prefix} {release_id}".encode()[:APPLICATION_NAME_BYTES]
     return name.decode(errors="ignore")
-
-
-class SharedReadCancelledError(Exception):
-    """The shared read a caller was waiting for was cancelled (its owner is closing)."""
 
 
 class SharedRead(Generic[T]):
@@ -112,10 +109,6 @@ class SharedRead(Generic[T]):
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
-
-
-class ReportClosedError(Exception):
-    """The report was asked for after the daemon closed its report pool (it is stopping)."""
 
 
 class ReportReader:

@@ -30,7 +30,7 @@ from worker.app import App, load_app
 from worker.config.dburl import url_secrets
 from worker.config.settings import Settings
 from worker.daemon import logs
-from worker.daemon.health import HealthServer, NotBootedError
+from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
 from worker.daemon.maintenance import maintain
@@ -50,6 +50,7 @@ from worker.errors import (
     EXIT_USAGE,
     EngineSchemaError,
     LaneConfigError,
+    NotBootedError,
     StoreSchemaError,
     printable,
 )

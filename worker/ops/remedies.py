@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,14 @@ from worker.db import engine
 from worker.db.store import Store
 from worker.db.store.rows import LaneRow, RunRow
 from worker.db.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
-from worker.errors import InvalidRequestError, LaneWorkerError, RunNotFoundError, UnknownLaneError
+from worker.errors import (
+    InvalidRequestError,
+    NoClaimingLaneError,
+    RetryRefusedError,
+    RunNotFoundError,
+    RunStillOpenError,
+    UnknownLaneError,
+)
 from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -30,18 +38,6 @@ MAX_LIST = 10_000
 # A signal or a retry follows at most this many `runs retry` links (a retry of a retry ...).
 MAX_RETRY_HOPS = 100
 STATUSES = ("queued", "running", "waiting", "retrying", "completed", "failed", "cancelled")
-
-
-class RunStillOpenError(LaneWorkerError):
-    """A retry of a run that has not ended: fail or cancel it first."""
-
-
-class NoClaimingLaneError(LaneWorkerError):
-    """No release lane claims new runs, so nothing could run a retry."""
-
-
-class RetryRefusedError(LaneWorkerError):
-    """A retry the run's state does not allow without saying so (a completed run)."""
 
 
 @dataclass(frozen=True)
@@ -123,14 +119,19 @@ def parse_run_id(run_id: str) -> uuid.UUID:
         raise RunNotFoundError(f"no run {run_id!r}: a run id is a UUID") from None
 
 
-class RunRemedies:
-    """Operator remedies; needs ``db``, ``store`` and ``check_schemas`` from ``LaneClient``."""
+class Remedies:
+    """Operator remedies on one store: runs fail/retry, lanes move/prune, the runs list.
 
-    db: Database
-    store: Store
+    ``check_schemas`` refuses (run ``lane-worker migrate``) before anything is
+    read from a database whose schemas are missing or old.
+    """
 
-    async def check_schemas(self) -> None:  # pragma: no cover - provided by LaneClient
-        raise NotImplementedError
+    def __init__(
+        self, db: Database, store: Store, check_schemas: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.db = db
+        self.store = store
+        self.check_schemas = check_schemas
 
     async def _locked_run(self, conn: Connection, run_id: str) -> RunRow:
         row = await self.store.runs.get(conn, parse_run_id(run_id), lock="update")
