@@ -13,13 +13,16 @@ import asyncio
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 import asyncpg
 
 from worker import checkpoint, lanes
+from worker.client.results import AttemptView as AttemptView
+from worker.client.results import RunStatus as RunStatus
+from worker.client.results import SignalResult as SignalResult
+from worker.client.results import StepView as StepView
+from worker.client.results import SubmittedRun as SubmittedRun  # public API
 from worker.config import settings
 from worker.config.dburl import url_problem
 from worker.db import engine
@@ -51,117 +54,6 @@ from worker.ops.report import LaneView as LaneView  # re-exported: part of the c
 from worker.ops.report import lanes_table as lanes_table
 from worker.run.reconcile import cancelled_fact
 from worker.states import TERMINAL_STATUSES
-
-
-@dataclass(frozen=True)
-class SubmittedRun:
-    """A submitted run: its id, the release it was stamped with, its queue."""
-
-    run_id: str
-    release_id: str
-    queue: str
-    created: bool = True
-
-
-@dataclass(frozen=True)
-class AttemptView:
-    """One claim of a run."""
-
-    attempt: int
-    worker_id: str
-    release_id: str
-    disposition: str
-    outcome: str | None
-
-
-@dataclass(frozen=True)
-class StepView:
-    """One committed step (an engine checkpoint) and the attempt, so the release, that wrote it."""
-
-    name: str
-    release_id: str | None
-    attempt: int | None
-    worker_id: str | None
-    committed_at: datetime
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    """What ``status`` reports about a run."""
-
-    run_id: str
-    play: str
-    status: str
-    release_id: str
-    adopted_release_id: str | None
-    queue: str
-    attempts: tuple[AttemptView, ...]
-    output: Any
-    error: Any
-    facts: tuple[str, ...] = field(default=())
-    retry_of: str | None = None
-    steps: tuple[StepView, ...] = ()
-
-    @property
-    def finished(self) -> bool:
-        """Tell whether the run reached a terminal status."""
-        return self.status in TERMINAL_STATUSES
-
-    def as_json(self) -> dict[str, Any]:
-        """Return the JSON object ``lane-worker status --json`` prints."""
-        return {
-            "runId": self.run_id,
-            "play": self.play,
-            "status": self.status,
-            "releaseId": self.release_id,
-            "adoptedReleaseId": self.adopted_release_id,
-            "queue": self.queue,
-            "attempts": [
-                {
-                    "attempt": a.attempt,
-                    "workerId": a.worker_id,
-                    "releaseId": a.release_id,
-                    "disposition": a.disposition,
-                    "outcome": a.outcome,
-                }
-                for a in self.attempts
-            ],
-            "output": self.output,
-            "error": self.error,
-            "retryOf": self.retry_of,
-            # Provenance: the release whose code committed each step.
-            "steps": [
-                {
-                    "name": s.name,
-                    "releaseId": s.release_id,
-                    "attempt": s.attempt,
-                    "workerId": s.worker_id,
-                    "committedAt": s.committed_at.isoformat(),
-                }
-                for s in self.steps
-            ],
-        }
-
-
-@dataclass(frozen=True)
-class SignalResult:
-    """Whether a signal was delivered, or ignored: a duplicate (first wins) or the run ended."""
-
-    run_id: str
-    event_key: str
-    duplicate: bool
-    run_ended: str | None = None  # the run's terminal status when it had already ended
-    # The run that holds the event now: run_id itself, or the retry that replaced
-    # it (`runs retry`); None when it was ignored (a completed run).
-    delivered_to: str | None = None
-    # Recorded on an ended run (failed or cancelled) for a retry of it to receive.
-    kept_for_retry: bool = False
-
-    @property
-    def delivered(self) -> bool:
-        """Return whether this call delivered the event to an open run."""
-        return not self.duplicate and self.run_ended is None
-
 
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (
