@@ -36,8 +36,12 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
+# The suite waits on Postgres and real daemons far more than it computes: four workers
+# (pytest-xdist), each with its own databases (and its own embedded server when no URL is set).
+TEST_WORKERS ?= 4
+
 test: lint typecheck chromium
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
 # Embedded PostgreSQL (data in .pg/, reused) unless WORKFLOW_RUNTIME_POSTGRES is set,
 # a worker with the demo app, and the demo runs. DEV_ARGS=--exit-after-demo to stop after them.
