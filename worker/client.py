@@ -456,8 +456,8 @@ class LaneClient(RunRemedies):
 
         async def read(conn: Connection) -> RunStatus:
             row = await self._run_row(conn, run_id)
-            attempts = await self.store.runs.attempts(conn, row.run_id)
-            facts = await self.store.runs.facts(conn, row.run_id)
+            attempts = await self.store.runs.attempts(conn, run_id=row.run_id)
+            facts = await self.store.runs.facts(conn, run_id=row.run_id)
             steps = await self._steps(conn, row)
             return RunStatus(
                 run_id=str(row.run_id),

@@ -8,16 +8,24 @@ from typing import Any, TypeVar
 import asyncpg
 
 from worker.db.pool import Connection
+from worker.db.sql import query
 from worker.db.store.rows import row_of
 
 R = TypeVar("R")
+
+QUERIES_FILE = "queries.sql"
 
 
 class Queries:
     """A group of named store queries, bound to one store schema."""
 
-    def __init__(self, q: Mapping[str, str]) -> None:
+    def __init__(self, schema: str, q: Mapping[str, str]) -> None:
+        self._schema = schema
         self._q = q
+
+    def _on_queue(self, name: str, queue: str) -> str:
+        """Return query ``name`` with ``queue``'s engine tables filled in (cached)."""
+        return query("store", QUERIES_FILE, name, schema=self._schema, queue=queue)
 
     async def _row(self, conn: Connection, cls: type[R], name: str, *args: Any) -> R | None:
         record = await conn.fetchrow(self._q[name], *args)

@@ -1,6 +1,7 @@
--- Run-state store queries. Each starts with a `-- name: <name>` line; `{schema}`
--- is replaced by the quoted store schema when the file is loaded. Values are
--- always bound parameters.
+-- Run-state store queries. Each starts with a `-- name: <name>` line and is
+-- run by one typed method of worker/db/store. `{schema}` is the store schema
+-- and `{checkpoints}` a queue's engine checkpoint table, quoted when the text is
+-- filled in (worker/db/sql.py). Values are always bound parameters.
 
 -- name: insert_run
 insert into {schema}.runs (run_id, play, input, launch, release_id, queue, idempotency_key,
@@ -143,9 +144,6 @@ select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
      limit 1) a on true
  where c.task_id = $1
  order by c.updated_at, c.checkpoint_name;
-
--- name: get_run_by_task
-select * from {schema}.runs where task_id = $1;
 
 -- name: run_attempts
 select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
@@ -340,10 +338,6 @@ select r.run_id, r.release_id, r.adopted_release_id, r.adopted_queue, r.status,
   left join {schema}.releases l on l.queue = r.queue
   left join {schema}.releases al on al.queue = r.adopted_queue
  where r.task_id = $1;
-
--- name: open_runs_on_queue
-select run_id, task_id, status from {schema}.runs
- where queue = $1 and status not in ('completed', 'failed', 'cancelled');
 
 -- name: register_release
 -- Marks a lane claiming, but never moves a retired lane back: returns its status.
