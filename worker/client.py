@@ -22,7 +22,7 @@ import asyncpg
 from worker import checkpoint, lanes
 from worker.config import settings
 from worker.config.dburl import url_problem
-from worker.db import engine
+from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import MigrationReport, Store
 from worker.db.store.rows import IdempotentRun, RunRow
@@ -283,7 +283,9 @@ class LaneClient(RunRemedies):
             raise
 
     async def _check_schemas(self, conn: Connection) -> None:
-        if not (await engine.engine_schema_current(conn) and await self.store.is_current(conn)):
+        if not (
+            await engine_schema.engine_schema_current(conn) and await self.store.is_current(conn)
+        ):
             raise SchemasMissingError(
                 f"the runtime database lacks lane-worker's schemas (engine schema, or the "
                 f"run-state store {self.store.schema}), or holds older ones; run "
@@ -292,7 +294,7 @@ class LaneClient(RunRemedies):
 
     async def migrate(self) -> tuple[str, MigrationReport]:
         """Install or upgrade the engine schema and the store; say what was done."""
-        engine_outcome = await self.db.run(engine.ensure_engine_schema)
+        engine_outcome = await self.db.run(engine_schema.ensure_engine_schema)
         return engine_outcome, await self.db.run(self.store.migrate)
 
     async def ensure_queue(self, queue: str) -> None:

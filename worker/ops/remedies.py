@@ -421,7 +421,7 @@ class RunRemedies:
                     return False  # work arrived, or it was activated, meanwhile
                 # Dropping waits for any submit still writing to the queue's tables;
                 # one that committed meanwhile makes the whole prune roll back.
-                await conn.execute("select absurd.drop_queue($1)", queue)
+                await engine.drop_queue(conn, queue)
                 if await self.store.runs.queue_has_open(conn, queue=queue):
                     raise _PruneRace
                 return True
