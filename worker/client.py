@@ -319,23 +319,7 @@ class LaneClient(RunRemedies):
         play = checked_play(play)
         params = checked_input(input)
         checked_key(idempotency_key, "an idempotency key")
-        if queue_suffix is not None:
-            if not isinstance(queue_suffix, str):
-                raise InvalidRequestError(
-                    f"queue_suffix must be a string (or None), not {type(queue_suffix).__name__}."
-                )
-            if not lanes.normalize_queue_suffix(queue_suffix):
-                # Falling back to the process's own lane would put the run elsewhere.
-                raise InvalidRequestError(
-                    f"queue_suffix={shown(queue_suffix)} has no letter, digit or "
-                    "underscore, so it names no queue: pass the preview's suffix, or None for "
-                    "this process's lane."
-                )
-            release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
-            self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
-        else:
-            self._refuse_on(SUBMIT_VARIABLES)
-            release_id = lanes.launch_release_id(self._env)
+        release_id = self._submit_release(queue_suffix)
         queue = lanes.queue_name_for_release(release_id)
         if idempotency_key is not None:
             # A repeat (or a conflict) is answered before anything is created for it,
@@ -378,6 +362,26 @@ class LaneClient(RunRemedies):
             self._ready.pop(queue, None)
             await self.ensure_queue(queue)
             return await self.db.transaction(submit)
+
+    def _submit_release(self, queue_suffix: str | None) -> str:
+        """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
+        if queue_suffix is None:
+            self._refuse_on(SUBMIT_VARIABLES)
+            return lanes.launch_release_id(self._env)
+        if not isinstance(queue_suffix, str):
+            raise InvalidRequestError(
+                f"queue_suffix must be a string (or None), not {type(queue_suffix).__name__}."
+            )
+        if not lanes.normalize_queue_suffix(queue_suffix):
+            # Falling back to the process's own lane would put the run elsewhere.
+            raise InvalidRequestError(
+                f"queue_suffix={shown(queue_suffix)} has no letter, digit or "
+                "underscore, so it names no queue: pass the preview's suffix, or None for "
+                "this process's lane."
+            )
+        release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
+        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
+        return release_id
 
     async def _run_row(
         self, conn: Connection, run_id: str, *, lock: Literal["update", "share"] | None = None
