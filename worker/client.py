@@ -177,14 +177,18 @@ class LaneClient(RunRemedies):
         *,
         env: Mapping[str, str],
         schemas_installed: bool = False,
+        diagnosis: settings.Diagnosis | None = None,
     ) -> None:
-        """``schemas_installed``: the caller (the daemon, after boot) has migrated both."""
+        """``schemas_installed``: the caller (the daemon, after boot) has migrated both.
+
+        ``diagnosis``: ``env`` as the caller parsed it already (parsed here otherwise).
+        """
         self._schemas_installed = schemas_installed
         self.db = db
         self.store = store
         self._env = env
-        # One parser for the daemon, the CLI and the client: settings.diagnose.
-        self._diagnosis = settings.diagnose(env)
+        # One parser for the daemon, the CLI and the client: settings.diagnose, once.
+        self._diagnosis = diagnosis if diagnosis is not None else settings.diagnose(env)
         self._max_attempts = self._diagnosis.tuning.max_attempts
         self._ready: dict[str, asyncio.Task[None]] = {}
         self._schemas_ready: asyncio.Task[None] | None = None
@@ -203,10 +207,12 @@ class LaneClient(RunRemedies):
         schema: str | None = None,
         env: Mapping[str, str] | None = None,
         retry_for_s: float = 30.0,
+        diagnosis: settings.Diagnosis | None = None,
     ) -> LaneClient:
         """Connect with ``url`` (default ``WORKFLOW_RUNTIME_POSTGRES``) to store ``schema``.
 
         Connection errors are retried for ``retry_for_s`` seconds (here and on every call).
+        ``diagnosis``: ``env`` as the caller parsed it already (the CLI), used as it is.
         """
         values = dict(os.environ if env is None else env)
         # An explicit url or schema stands for the variable: check it by the same rules.
@@ -214,7 +220,8 @@ class LaneClient(RunRemedies):
             values[settings.DATABASE_URL_ENV] = url
         if schema is not None:
             values[lanes.SCHEDULER_SCHEMA_ENV] = schema
-        diagnosis = settings.diagnose(values)
+        if diagnosis is None or url is not None or schema is not None:
+            diagnosis = settings.diagnose(values)
         for error in diagnosis.errors:
             if error.variable in CONNECT_VARIABLES:
                 if error.variable == settings.DATABASE_URL_ENV and url is not None:
@@ -230,7 +237,7 @@ class LaneClient(RunRemedies):
                 retry_for_s=retry_for_s,
             )
         )
-        return cls(db, Store(diagnosis.scheduler_schema), env=values)
+        return cls(db, Store(diagnosis.scheduler_schema), env=values, diagnosis=diagnosis)
 
     async def close(self) -> None:
         """Close the client's pool."""

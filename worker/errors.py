@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+# Exit codes, for the daemon and every command (README "Exit codes").
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the work failed, or the database stayed away
+EXIT_USAGE = 2  # the request itself is unusable
+EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: what orchestrators read as "fix the config"
+
 SHOWN_CHARS = 100
 
 

@@ -208,7 +208,7 @@ def test_status_text_is_a_readable_summary(env: dict[str, str]) -> None:
     assert "adopted release" in out
 
 
-@pytest.mark.parametrize("run_id", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize("run_id", ["9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f", "not-a-uuid"])
 def test_status_of_an_unknown_run_exits_1(migrated: dict[str, str], run_id: str) -> None:
     """An unknown run id, or one that is not a UUID, exits 1 with one 'no run' line."""
     result = lane_worker(migrated, "status", run_id)

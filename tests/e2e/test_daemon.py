@@ -88,11 +88,13 @@ async def test_isolated_schema_without_suffix_exits_78_before_connecting(
 
 @pytest.mark.timeout(150)
 async def test_unreachable_database_exits_1_with_one_sentence(database_url: str) -> None:
-    """A database that never answers: exit 1 with one sentence (slow: the daemon retries first)."""
+    """A database that never answers: exit 1 with one sentence, once the boot retry is over."""
     url = "postgresql://lane:s3cret-pass@127.0.0.1:1/runtime"
     async with Daemons(database_url) as pool:
         started = time.monotonic()
-        daemon = pool.start_raw("no-database", base_env(url, RELEASE))
+        # The retry window is a setting (default 60 s): one second here.
+        env = {**base_env(url, RELEASE), "LANE_WORKER_BOOT_RETRY": "1"}
+        daemon = pool.start_raw("no-database", env)
         code = await daemon.wait_exit(timeout_s=120)
         elapsed = time.monotonic() - started
         print(f"unreachable database: exit {code} after {elapsed:.1f} s")
@@ -100,7 +102,7 @@ async def test_unreachable_database_exits_1_with_one_sentence(database_url: str)
         sentence = one_sentence(daemon.stderr)
         assert "s3cret-pass" not in daemon.stderr
         assert "s3cret-pass" not in "\n".join(json.dumps(r) for r in daemon.records)
-        assert sentence
+        assert "after 1 s" in sentence, sentence
         assert not daemon.events("worker.ready")
 
 

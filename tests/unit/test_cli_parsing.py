@@ -6,7 +6,8 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
-from worker.cli import ConfigRefused, Failure, _failure_for, _scrub, cli
+from worker.cli import cli
+from worker.cli.common import ConfigRefused, Failure, failure_for, scrub
 from worker.errors import (
     EngineSchemaError,
     LaneConfigError,
@@ -33,7 +34,7 @@ URL = "postgresql://app:hunter2@db:5432/runtime"
 )
 def test_failure_for_maps_each_error_to_its_exit_code(exc: Exception, code: int) -> None:
     """Config, engine and store schema errors exit 78; everything else exits 1."""
-    failure = _failure_for(exc, URL)
+    failure = failure_for(exc, URL)
     assert isinstance(failure, Failure)
     assert failure.exit_code == code
     assert (code == 78) == isinstance(failure, ConfigRefused)
@@ -42,28 +43,28 @@ def test_failure_for_maps_each_error_to_its_exit_code(exc: Exception, code: int)
 
 def test_failure_for_never_echoes_the_password() -> None:
     """A driver message that repeats the URL or the password is scrubbed."""
-    failure = _failure_for(RuntimeError(f"could not use {URL} (password hunter2)"), URL)
+    failure = failure_for(RuntimeError(f"could not use {URL} (password hunter2)"), URL)
     assert "hunter2" not in failure.format_message()
     assert "app:***@db" in failure.format_message()
 
 
 def test_unreachable_names_the_host_not_the_password() -> None:
     """A connection error names the redacted URL and the reason."""
-    message = _failure_for(ConnectionRefusedError(111, "Connection refused"), URL).format_message()
+    message = failure_for(ConnectionRefusedError(111, "Connection refused"), URL).format_message()
     assert message.startswith("cannot reach the runtime database at postgresql://app:***@db:5432")
     assert "Connection refused" in message
 
 
 def test_missing_schema_points_at_migrate() -> None:
     """A missing store table tells the operator to run migrate."""
-    message = _failure_for(asyncpg.UndefinedTableError("no relation"), URL).format_message()
+    message = failure_for(asyncpg.UndefinedTableError("no relation"), URL).format_message()
     assert "lane-worker migrate" in message
 
 
 def test_scrub_leaves_text_without_secrets_alone() -> None:
     """Scrubbing text that holds neither URL nor password changes nothing."""
-    assert _scrub("plain words", URL) == "plain words"
-    assert _scrub("plain words", "") == "plain words"
+    assert scrub("plain words", URL) == "plain words"
+    assert scrub("plain words", "") == "plain words"
 
 
 @pytest.mark.parametrize(

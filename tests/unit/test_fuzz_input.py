@@ -76,6 +76,7 @@ KNOWN_VARIABLES = (
     "LANE_WORKER_DEFER_FAIL_AFTER",
     "LANE_WORKER_HEALTH_HOST",
     "LANE_WORKER_TEST_DATABASE_URL",
+    "LANE_WORKER_BOOT_RETRY",
 )
 # A variable added to worker/config.py later is fuzzed too (its name must then be in the
 # contract list above for the errors to name a known variable).

@@ -9,35 +9,45 @@ Nothing else in lane-worker reads ``os.environ``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal
 
 from worker import lanes
-
-# DATABASE_URL_ENV is re-exported: config names every variable of the contract.
-from worker.config.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
 from worker.config.dburl import redact_url, url_problem
+
+# The contract's names, re-exported: tests and tools read them from here.
+from worker.config.env import BOOT_RETRY_ENV as BOOT_RETRY_ENV
+from worker.config.env import CLAIM_TIMEOUT_ENV as CLAIM_TIMEOUT_ENV
+from worker.config.env import CONCURRENCY_ENV as CONCURRENCY_ENV
+from worker.config.env import DATABASE_URL_ENV as DATABASE_URL_ENV
+from worker.config.env import DEFER_ALERT_AFTER_ENV as DEFER_ALERT_AFTER_ENV
+from worker.config.env import DEFER_FAIL_AFTER_ENV as DEFER_FAIL_AFTER_ENV
+from worker.config.env import DRAIN_SECONDS_ENV as DRAIN_SECONDS_ENV
+from worker.config.env import HEALTH_HOST_ENV as HEALTH_HOST_ENV
+from worker.config.env import HEALTH_PORT_ENV as HEALTH_PORT_ENV
+from worker.config.env import LOG_FORMAT_ENV as LOG_FORMAT_ENV
+from worker.config.env import MAX_ATTEMPTS_ENV as MAX_ATTEMPTS_ENV
+from worker.config.env import MAX_RELEASE_ID_CHARS as MAX_RELEASE_ID_CHARS
+from worker.config.env import PGBOUNCER_ENV as PGBOUNCER_ENV
+from worker.config.env import POLL_INTERVAL_ENV as POLL_INTERVAL_ENV
+from worker.config.env import SERVERLESS_ENV as SERVERLESS_ENV
+from worker.config.env import TEST_DATABASE_URL_ENV as TEST_DATABASE_URL_ENV
+from worker.config.env import (
+    Problems,
+    blank_as_unset,
+    flag,
+    plain_text,
+    unknown_variables,
+)
+from worker.config.env import decimal_number as decimal_number
+from worker.config.env import whole_number as whole_number
+from worker.config.tuning import LogFormat as LogFormat
+from worker.config.tuning import Tuning as Tuning
+from worker.config.tuning import read_tuning
+from worker.errors import EXIT_CONFIG as EXIT_CONFIG
+from worker.errors import EXIT_OK as EXIT_OK
 from worker.errors import LaneConfigError, shown
-from worker.jsonvalue import is_utf8
-
-EXIT_OK = 0
-EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: what orchestrators read as "fix the config"
-
-SERVERLESS_ENV = "VERCEL"
-CONCURRENCY_ENV = "LANE_WORKER_CONCURRENCY"
-CLAIM_TIMEOUT_ENV = "LANE_WORKER_CLAIM_TIMEOUT"
-POLL_INTERVAL_ENV = "LANE_WORKER_POLL_INTERVAL"
-DRAIN_SECONDS_ENV = "LANE_WORKER_DRAIN_SECONDS"
-HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
-HEALTH_HOST_ENV = "LANE_WORKER_HEALTH_HOST"
-MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
-LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
-PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
-DEFER_ALERT_AFTER_ENV = "LANE_WORKER_DEFER_ALERT_AFTER"
-DEFER_FAIL_AFTER_ENV = "LANE_WORKER_DEFER_FAIL_AFTER"
-# Read by the test suite only; listed so doctor does not call it a typo.
-TEST_DATABASE_URL_ENV = "LANE_WORKER_TEST_DATABASE_URL"
 
 WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
@@ -46,26 +56,7 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The engine's schemas and Postgres's own: store tables there would mix with theirs.
 _RESERVED_SCHEMAS = frozenset({"absurd", "lane_worker", "public", "information_schema"})
 
-LogFormat = Literal["json", "console", "auto"]
 SuffixSource = Literal["DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_DEPLOY_VERSION", "default"]
-_Number = TypeVar("_Number", int, float)
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """Worker tuning knobs (``LANE_WORKER_*``), each with the documented default."""
-
-    concurrency: int = 8
-    claim_timeout_s: int = 60
-    poll_interval_s: float = 1.0
-    drain_s: float = 25.0
-    health_port: int = 8080
-    health_host: str = "0.0.0.0"  # noqa: S104 (a container's health port: all interfaces)
-    max_attempts: int = 5
-    log_format: LogFormat = "auto"
-    pgbouncer: bool = False
-    defer_alert_after_s: float = 3600.0
-    defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
 
 
 @dataclass(frozen=True)
@@ -183,176 +174,7 @@ class Settings:
         )
 
 
-class _Problems:
-    """Collects configuration errors and warnings while ``diagnose`` reads the environment."""
-
-    def __init__(self) -> None:
-        self.errors: list[LaneConfigError] = []
-        self.warnings: list[str] = []
-
-    def refuse(self, variable: str, sentence: str) -> None:
-        self.errors.append(LaneConfigError(sentence, variable=variable))
-
-
-def blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
-    """Return the stripped value of ``name``, or None when it is unset or blank."""
-    # `NAME=` in an env file means "not set", not "set to nothing".
-    value = (env.get(name) or "").strip()
-    return value or None
-
-
-_WHOLE = re.compile(r"[0-9]+")
-# An IPv4 or IPv6 address or a host name: what a socket can be bound to.
-_HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
-_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
-# Release ids are git shas or deploy slugs; a longer one is a pasted mistake.
-MAX_RELEASE_ID_CHARS = 200
-
-
-# Far past every bound, and short of int()'s digit limit and float's overflow.
-_MAX_DIGITS = 30
-
-
-def whole_number(raw: str) -> int | None:
-    """Parse ASCII digits only: ``int()`` would also take ``1_000``, ``+5`` and fullwidth digits."""
-    return int(raw) if len(raw) <= _MAX_DIGITS and _WHOLE.fullmatch(raw) else None
-
-
-def decimal_number(raw: str) -> float | None:
-    """Parse an ASCII decimal (``0.5``, ``2``); no exponents, signs, ``nan`` or ``inf``."""
-    return float(raw) if len(raw) <= _MAX_DIGITS and _DECIMAL.fullmatch(raw) else None
-
-
-def _number(
-    env: Mapping[str, str],
-    problems: _Problems,
-    name: str,
-    default: _Number,
-    parse: Callable[[str], _Number | None],
-    bounds: tuple[_Number, ...],
-    meaning: str,
-) -> _Number:
-    minimum, maximum = bounds
-    raw = blank_as_unset(env, name)
-    if raw is None:
-        return default
-    value = parse(raw)
-    if value is None or not minimum <= value <= maximum:
-        problems.refuse(
-            name,
-            f"{name}={shown(raw)} is not valid: set it to {meaning} between {minimum} and "
-            f"{maximum} in ASCII digits (default {default}), or unset it.",
-        )
-        return default
-    return value
-
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _flag(env: Mapping[str, str], problems: _Problems, name: str, meaning: str) -> bool:
-    """Read a yes/no variable: 1/true/yes/on, or 0/false/no/off; blank or unset is no."""
-    raw = (blank_as_unset(env, name) or "false").lower()
-    if raw not in _TRUE + _FALSE:
-        problems.refuse(
-            name,
-            f"{name}={shown(env.get(name) or '')} is not valid: set it to 1 or true {meaning}, "
-            "else to 0 or false, or unset it.",
-        )
-    return raw in _TRUE
-
-
-def _tuning(env: Mapping[str, str], problems: _Problems) -> Tuning:
-    defaults = Tuning()
-    log_format = (blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
-    if log_format not in ("json", "console", "auto"):
-        problems.refuse(
-            LOG_FORMAT_ENV,
-            f"{LOG_FORMAT_ENV}={shown(env.get(LOG_FORMAT_ENV) or '')} is not valid: set it to "
-            "json, console or auto (default auto: console on a terminal, json otherwise).",
-        )
-        log_format = defaults.log_format
-    health_host = blank_as_unset(env, HEALTH_HOST_ENV) or defaults.health_host
-    if not _HOST.fullmatch(health_host):
-        problems.refuse(
-            HEALTH_HOST_ENV,
-            f"{HEALTH_HOST_ENV}={shown(health_host)} is not an address to listen on: set it to "
-            "an IP address or host name of this machine (default 0.0.0.0, every interface; "
-            "127.0.0.1 keeps the page local), or unset it.",
-        )
-        health_host = defaults.health_host
-    pgbouncer = _flag(
-        env, problems, PGBOUNCER_ENV,
-        f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
-    )  # fmt: skip
-
-    def read(name: str, default: _Number, parse: Callable[[str], _Number | None],
-             *bounds: _Number, meaning: str) -> _Number:  # fmt: skip
-        return _number(env, problems, name, default, parse, bounds, meaning)
-
-    runs, whole_s, secs = (
-        "a whole number of runs",
-        "a whole number of seconds",
-        "a number of seconds",
-    )
-    return Tuning(
-        concurrency=read(
-            CONCURRENCY_ENV, defaults.concurrency, whole_number, 1, 1000, meaning=runs
-        ),
-        claim_timeout_s=read(
-            CLAIM_TIMEOUT_ENV, defaults.claim_timeout_s, whole_number, 5, 86_400, meaning=whole_s
-        ),
-        poll_interval_s=read(
-            POLL_INTERVAL_ENV,
-            defaults.poll_interval_s,
-            decimal_number,
-            0.01,
-            3600.0,
-            meaning=secs,
-        ),
-        drain_s=read(
-            DRAIN_SECONDS_ENV, defaults.drain_s, decimal_number, 0.0, 3600.0, meaning=secs
-        ),
-        health_port=read(
-            HEALTH_PORT_ENV,
-            defaults.health_port,
-            whole_number,
-            0,
-            65_535,
-            meaning="a TCP port (0: any free)",
-        ),
-        max_attempts=read(
-            MAX_ATTEMPTS_ENV,
-            defaults.max_attempts,
-            whole_number,
-            1,
-            1000,
-            meaning="a whole number of attempts",
-        ),
-        log_format=log_format,  # type: ignore[arg-type]  # checked against the Literal above
-        pgbouncer=pgbouncer,
-        health_host=health_host,
-        defer_alert_after_s=read(
-            DEFER_ALERT_AFTER_ENV,
-            defaults.defer_alert_after_s,
-            decimal_number,
-            1.0,
-            604_800.0,
-            meaning=secs,
-        ),
-        defer_fail_after_s=read(
-            DEFER_FAIL_AFTER_ENV,
-            defaults.defer_fail_after_s,
-            decimal_number,
-            0.0,
-            2_592_000.0,
-            meaning="a number of seconds (0: never)",
-        ),
-    )
-
-
-def _database_url(env: Mapping[str, str], problems: _Problems) -> str | None:
+def _database_url(env: Mapping[str, str], problems: Problems) -> str | None:
     url = blank_as_unset(env, DATABASE_URL_ENV)
     if url is None:
         problems.refuse(
@@ -374,7 +196,7 @@ def database_url_refusal(problem: str) -> str:
     return f"{DATABASE_URL_ENV} {problem}."
 
 
-def _scheduler_schema(env: Mapping[str, str], problems: _Problems) -> str:
+def _scheduler_schema(env: Mapping[str, str], problems: Problems) -> str:
     schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
     if schema.lower() in _RESERVED_SCHEMAS or schema.lower().startswith("pg_"):
         problems.refuse(
@@ -400,30 +222,12 @@ def normalize_twice_differs(raw: str) -> bool:
     return lanes.normalize_queue_suffix(once) != once
 
 
-def _unknown_variables(env: Mapping[str, str]) -> list[str]:
-    known = {
-        CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
-        HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
-        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV, HEALTH_HOST_ENV,
-    }  # fmt: skip
-    return [
-        f"{name} is set but lane-worker does not read it (a typo?); it is ignored."
-        for name in sorted(env)
-        if name.startswith("LANE_WORKER_") and name not in known
-    ]
-
-
-def _plain_text(value: str) -> bool:
-    """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
-    return value.isprintable() and is_utf8(value)
-
-
 def release_id_problem(release_id: str) -> str | None:
     """Say why ``release_id`` (as an operator typed it) names no lane, or None."""
     trimmed = release_id.strip()
     if not trimmed:
         return "a release id must not be blank"
-    if not _plain_text(trimmed):
+    if not plain_text(trimmed):
         return f"release id {shown(trimmed)} holds a control character or invalid text"
     if len(trimmed) > MAX_RELEASE_ID_CHARS:
         return (
@@ -440,13 +244,13 @@ def release_id_problem(release_id: str) -> str | None:
 
 
 def _check_deploy_version(
-    env: Mapping[str, str], deploy_version: str, release_id: str | None, problems: _Problems
+    env: Mapping[str, str], deploy_version: str, release_id: str | None, problems: Problems
 ) -> None:
     """Refuse a deploy version that is too long or spelled like a dev lane."""
     name = lanes.RELEASE_ID_ENV
     if release_id is None:
         return  # current_release_id already refused it
-    if not _plain_text(deploy_version):
+    if not plain_text(deploy_version):
         problems.refuse(
             name,
             f"{name}={shown(deploy_version)} holds a control character or invalid text: set it "
@@ -479,8 +283,8 @@ def _check_deploy_version(
 
 def diagnose(env: Mapping[str, str]) -> Diagnosis:
     """Resolve the worker topology from ``env`` and list everything that would refuse boot."""
-    problems = _Problems()
-    warnings = _unknown_variables(env)
+    problems = Problems()
+    warnings = unknown_variables(env)
     schema = _scheduler_schema(env, problems)
     isolated = lanes.is_isolated_schema(schema)
     raw_suffix = blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV)
@@ -535,7 +339,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
             f"this worker serves the dev lane {release_id!r}, not that release."
         )
 
-    tuning = _tuning(env, problems)
+    tuning = read_tuning(env, problems)
     database = _database_url(env, problems)
     source: SuffixSource = (
         "DEEPLINE_ABSURD_QUEUE_SUFFIX"
@@ -553,7 +357,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         queue_suffix=suffix,
         suffix_source=source,
         database_url_redacted=database,
-        serverless=_flag(env, problems, SERVERLESS_ENV, "on a serverless platform (Vercel sets 1)"),
+        serverless=flag(env, problems, SERVERLESS_ENV, "on a serverless platform (Vercel sets 1)"),
         tuning=tuning,
         errors=tuple(problems.errors),
         warnings=tuple(warnings),

@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from worker.app import App, load_app
 from worker.config.dburl import url_secrets
-from worker.config.settings import EXIT_CONFIG, Settings
+from worker.config.settings import Settings
 from worker.daemon import logs
 from worker.daemon.health import HealthServer, NotBootedError
 from worker.daemon.listener import Listener, Wakeups
@@ -44,7 +44,15 @@ from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import RegistryLane
-from worker.errors import EngineSchemaError, LaneConfigError, StoreSchemaError, printable
+from worker.errors import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    EngineSchemaError,
+    LaneConfigError,
+    StoreSchemaError,
+    printable,
+)
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
 from worker.run.attempt import DeferLimits
@@ -58,9 +66,6 @@ log = structlog.get_logger("lane_worker.supervisor")
 
 # The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-BOOT_RETRY_S = 60.0
 HEARTBEAT_S = 10.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
@@ -95,8 +100,13 @@ def _say(sentence: str) -> None:
     print(printable(f"lane-worker: {sentence}"), file=sys.stderr, flush=True)
 
 
-def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
-    """Run the worker daemon until it is stopped; return the process exit code."""
+def prepare(env: Mapping[str, str], app_spec: str) -> tuple[Settings, App] | int:
+    """The boot every worker process shares (``run`` and ``dev``), up to the event loop.
+
+    Parses the environment (once: the boot guard), configures the logs with the
+    database's secrets masked, logs doctor's warnings and loads the app. Returns
+    the settings and the app, or the exit code of a refusal (said on stderr).
+    """
     try:
         settings = Settings.from_env(env)
     except LaneConfigError as exc:
@@ -110,7 +120,15 @@ def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
     except (ImportError, ValueError) as exc:
         _say(f"cannot load the app {app_spec!r}: {exc}")
         return EXIT_USAGE
-    return anyio.run(Supervisor(settings, app).main)
+    return settings, app
+
+
+def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
+    """Run the worker daemon until it is stopped; return the process exit code."""
+    prepared = prepare(env, app_spec)
+    if isinstance(prepared, int):
+        return prepared
+    return anyio.run(Supervisor(*prepared).main)
 
 
 class Supervisor:
@@ -187,7 +205,7 @@ class Supervisor:
                         max_size=2,
                         application_name=f"lane-worker {self.settings.release_id}"[:63],
                         pgbouncer=self.settings.tuning.pgbouncer,
-                        retry_for_s=BOOT_RETRY_S,
+                        retry_for_s=self.settings.tuning.boot_retry_s,
                     )
                 )
             except Exception as exc:
@@ -195,7 +213,7 @@ class Supervisor:
                     raise
                 _say(
                     f"cannot reach the runtime database at {self.settings.database_url_redacted} "
-                    f"after {BOOT_RETRY_S:g} s ({type(exc).__name__}); check "
+                    f"after {self.settings.tuning.boot_retry_s:g} s ({type(exc).__name__}); check "
                     "WORKFLOW_RUNTIME_POSTGRES and that Postgres is up."
                 )
                 return EXIT_FAILURE

@@ -11,21 +11,13 @@ import anyio
 import click
 
 from worker import demo
-from worker.app import App, load_app
+from worker.app import App
 from worker.client import LaneClient, RunStatus, lanes_table
-from worker.config.dburl import url_secrets
-from worker.config.settings import (
-    DATABASE_URL_ENV,
-    EXIT_CONFIG,
-    HEALTH_PORT_ENV,
-    LOG_FORMAT_ENV,
-    Settings,
-    blank_as_unset,
-)
-from worker.daemon import logs
-from worker.daemon.supervisor import EXIT_FAILURE, EXIT_USAGE, Supervisor
+from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV, blank_as_unset
+from worker.config.settings import Settings
+from worker.daemon.supervisor import Supervisor, prepare
 from worker.dev.embedded import embedded_postgres
-from worker.errors import LaneConfigError
+from worker.errors import EXIT_FAILURE
 
 DEMO_TIMEOUT_S = 120.0
 _WATCH_EVERY_S = 0.25
@@ -45,17 +37,10 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
         except RuntimeError as exc:  # embedded Postgres is not installed
             click.echo(f"lane-worker: {exc}", err=True)
             return EXIT_FAILURE
-        try:
-            settings = Settings.from_env(values)
-        except LaneConfigError as exc:
-            click.echo(f"lane-worker: {exc}", err=True)
-            return EXIT_CONFIG
-        logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
-        try:
-            app = load_app(app_spec)
-        except (ImportError, ValueError) as exc:
-            click.echo(f"lane-worker: cannot load the app {app_spec!r}: {exc}", err=True)
-            return EXIT_USAGE
+        prepared = prepare(values, app_spec)  # the boot `run` does, on these values
+        if isinstance(prepared, int):
+            return prepared
+        settings, app = prepared
         return anyio.run(_dev_main, settings, app, values, exit_after_demo)
 
 

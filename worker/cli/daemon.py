@@ -1,0 +1,61 @@
+"""`run` and `dev`: the worker daemon, and the same with embedded Postgres and the demo."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from worker.cli.common import (
+    DEFAULT_APP,
+    daemon_exit,
+)
+from worker.cli.params import (
+    APP_SPEC,
+)
+from worker.cli.root import cli
+
+
+@cli.command()
+@click.option("--app", default=DEFAULT_APP, show_default=True, type=APP_SPEC,
+              help="The App whose plays to run, as module:attribute.")  # fmt: skip
+def run(app: str) -> None:
+    """Run the worker daemon for this release's lane until SIGTERM."""
+    from worker.daemon.supervisor import (
+        run_daemon,  # the daemon's imports stay out of other commands
+    )
+
+    sys.exit(daemon_exit(functools.partial(run_daemon, os.environ, app), os.environ))
+
+
+@cli.command()
+@click.option(
+    "--app",
+    default=DEFAULT_APP,
+    show_default=True,
+    type=APP_SPEC,
+    help="The App whose plays to run; the demo runs are submitted if it has them.",
+)
+@click.option(
+    "--exit-after-demo",
+    is_flag=True,
+    help="Exit 0 once every demo run completed (1 if one did not).",
+)
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".pg/dev"), show_default=True,
+              help="Embedded PostgreSQL's data folder, reused across starts.")  # fmt: skip
+def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
+    """Run a worker with the demo runs, on embedded PostgreSQL unless one is configured.
+
+    With WORKFLOW_RUNTIME_POSTGRES set, that database is used instead. Ctrl-C
+    drains the worker and stops PostgreSQL.
+    """
+    from worker.dev.mode import run_dev  # embedded Postgres stays out of other commands
+
+    run = functools.partial(
+        run_dev, os.environ, app, exit_after_demo=exit_after_demo, data_dir=data_dir
+    )
+    sys.exit(daemon_exit(run, os.environ))

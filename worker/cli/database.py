@@ -1,0 +1,102 @@
+"""`doctor` (the environment, no database) and `migrate` (the schemas)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from worker.cli.common import (
+    columns,
+    emit,
+    json_option,
+    with_client,
+)
+from worker.cli.root import cli
+from worker.client import LaneClient
+from worker.config import settings
+from worker.db.store import MigrationReport
+from worker.errors import (
+    printable,
+)
+
+
+def _say_errors(diagnosis: settings.Diagnosis) -> None:
+    for error in diagnosis.errors:
+        click.echo(printable(f"lane-worker: {error}"), err=True)
+
+
+def _render(diagnosis: settings.Diagnosis) -> str:
+    t = diagnosis.tuning
+    schema = diagnosis.scheduler_schema + (
+        " (isolated)" if diagnosis.isolated else " (production default)"
+    )
+    suffix = diagnosis.queue_suffix or "(none)"
+    listen = " (PgBouncer: no LISTEN, polling)" if t.pgbouncer else " + 1 LISTEN"
+    rows = [
+        ("release id", diagnosis.release_id or "(unresolved)"),
+        ("launch release id", diagnosis.launch_release_id or "(unresolved)"),
+        ("queue", diagnosis.queue or "(unresolved)"),
+        ("scheduler schema", schema),
+        ("queue suffix", f"{suffix} (lane from {diagnosis.suffix_source})"),
+        ("database", diagnosis.database_url_redacted or _no_url(diagnosis)),
+        ("pool", f"worker 2 connections{listen}; client {diagnosis.client_pool_size}"),
+        ("concurrency", str(t.concurrency)),
+        ("claim timeout", f"{t.claim_timeout_s} s"),
+        ("poll interval", f"{t.poll_interval_s} s"),
+        ("drain window", f"{t.drain_s} s"),
+        ("health port", f"{t.health_port} on {t.health_host}"),
+        ("max attempts", str(t.max_attempts)),
+        ("log format", t.log_format),
+    ]
+    lines = columns(rows)
+    verdict = (
+        f"boot would be REFUSED (exit {diagnosis.exit_code})"
+        if diagnosis.refused
+        else f"boot would proceed (exit {diagnosis.exit_code})"
+    )
+    lines += ["", f"verdict: {verdict}"]
+    lines += [f"  error ({e.variable}): {e}" for e in diagnosis.errors]
+    lines += [f"  warning: {w}" for w in diagnosis.warnings]
+    return "\n".join(lines)
+
+
+def _no_url(diagnosis: settings.Diagnosis) -> str:
+    refused = any(e.variable == settings.DATABASE_URL_ENV for e in diagnosis.errors)
+    return "(set but refused, not shown: see the error below)" if refused else "(not set)"
+
+
+@cli.command()
+@json_option
+def doctor(as_json: bool) -> None:
+    """Print the resolved topology and whether the daemon would refuse to boot.
+
+    Reads the environment only; never connects to the database. Exits with the
+    code the daemon would use: 78 when boot would be refused, else 0.
+    """
+    diagnosis = settings.diagnose(os.environ)
+    emit(as_json, diagnosis.as_json(), _render(diagnosis))
+    _say_errors(diagnosis)
+    sys.exit(diagnosis.exit_code)
+
+
+@cli.command()
+@json_option
+def migrate(as_json: bool) -> None:
+    """Install or upgrade the engine schema and the run-state store."""
+
+    async def action(client: LaneClient) -> tuple[str, MigrationReport, str]:
+        return (*await client.migrate(), client.store.schema)
+
+    engine, store, schema = with_client(action)
+    applied = ", ".join(f"{v:04d}" for v in store.applied) or "nothing (current)"
+    newer = ", ".join(f"{v:04d}" for v in store.unknown_compatible)
+    report = dict(engine=engine, storeSchema=schema, storeVersion=store.current,
+                  storeApplied=list(store.applied),
+                  storeNewer=list(store.unknown_compatible))  # fmt: skip
+    lines = [f"engine schema: {engine}", f"store {schema}: applied {applied}"]
+    lines[-1] += f"; version {store.current:04d}"
+    if newer:
+        lines.append(f"store {schema} also holds newer compatible migrations {newer}")
+    emit(as_json, report, *lines)

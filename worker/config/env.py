@@ -1,0 +1,138 @@
+"""The environment contract's names, and the parsers every value goes through.
+
+Values are refused, never guessed: numbers are ASCII digits within bounds,
+yes/no flags take 1/true/yes/on or 0/false/no/off, and a blank value is unset.
+A refusal names the variable and quotes at most 100 characters of its value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+# DATABASE_URL_ENV is re-exported: this module names every variable of the contract.
+from worker.config.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
+from worker.errors import LaneConfigError, shown
+from worker.jsonvalue import is_utf8
+
+_Number = TypeVar("_Number", int, float)
+
+SERVERLESS_ENV = "VERCEL"
+CONCURRENCY_ENV = "LANE_WORKER_CONCURRENCY"
+CLAIM_TIMEOUT_ENV = "LANE_WORKER_CLAIM_TIMEOUT"
+POLL_INTERVAL_ENV = "LANE_WORKER_POLL_INTERVAL"
+DRAIN_SECONDS_ENV = "LANE_WORKER_DRAIN_SECONDS"
+HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
+HEALTH_HOST_ENV = "LANE_WORKER_HEALTH_HOST"
+BOOT_RETRY_ENV = "LANE_WORKER_BOOT_RETRY"
+MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
+LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
+PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
+DEFER_ALERT_AFTER_ENV = "LANE_WORKER_DEFER_ALERT_AFTER"
+DEFER_FAIL_AFTER_ENV = "LANE_WORKER_DEFER_FAIL_AFTER"
+# Read by the test suite only; listed so doctor does not call it a typo.
+TEST_DATABASE_URL_ENV = "LANE_WORKER_TEST_DATABASE_URL"
+
+
+class Problems:
+    """Collects configuration errors and warnings while ``diagnose`` reads the environment."""
+
+    def __init__(self) -> None:
+        self.errors: list[LaneConfigError] = []
+        self.warnings: list[str] = []
+
+    def refuse(self, variable: str, sentence: str) -> None:
+        self.errors.append(LaneConfigError(sentence, variable=variable))
+
+
+def blank_as_unset(env: Mapping[str, str], name: str) -> str | None:
+    """Return the stripped value of ``name``, or None when it is unset or blank."""
+    # `NAME=` in an env file means "not set", not "set to nothing".
+    value = (env.get(name) or "").strip()
+    return value or None
+
+
+_WHOLE = re.compile(r"[0-9]+")
+# An IPv4 or IPv6 address or a host name: what a socket can be bound to.
+HOST = re.compile(r"[A-Za-z0-9._-]{1,253}|[0-9A-Fa-f:.]{2,45}")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+# Release ids are git shas or deploy slugs; a longer one is a pasted mistake.
+MAX_RELEASE_ID_CHARS = 200
+
+
+# Far past every bound, and short of int()'s digit limit and float's overflow.
+_MAX_DIGITS = 30
+
+
+def whole_number(raw: str) -> int | None:
+    """Parse ASCII digits only: ``int()`` would also take ``1_000``, ``+5`` and fullwidth digits."""
+    return int(raw) if len(raw) <= _MAX_DIGITS and _WHOLE.fullmatch(raw) else None
+
+
+def decimal_number(raw: str) -> float | None:
+    """Parse an ASCII decimal (``0.5``, ``2``); no exponents, signs, ``nan`` or ``inf``."""
+    return float(raw) if len(raw) <= _MAX_DIGITS and _DECIMAL.fullmatch(raw) else None
+
+
+def number(
+    env: Mapping[str, str],
+    problems: Problems,
+    name: str,
+    default: _Number,
+    parse: Callable[[str], _Number | None],
+    bounds: tuple[_Number, ...],
+    meaning: str,
+) -> _Number:
+    minimum, maximum = bounds
+    raw = blank_as_unset(env, name)
+    if raw is None:
+        return default
+    value = parse(raw)
+    if value is None or not minimum <= value <= maximum:
+        problems.refuse(
+            name,
+            f"{name}={shown(raw)} is not valid: set it to {meaning} between {minimum} and "
+            f"{maximum} in ASCII digits (default {default}), or unset it.",
+        )
+        return default
+    return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def flag(env: Mapping[str, str], problems: Problems, name: str, meaning: str) -> bool:
+    """Read a yes/no variable: 1/true/yes/on, or 0/false/no/off; blank or unset is no."""
+    raw = (blank_as_unset(env, name) or "false").lower()
+    if raw not in _TRUE + _FALSE:
+        problems.refuse(
+            name,
+            f"{name}={shown(env.get(name) or '')} is not valid: set it to 1 or true {meaning}, "
+            "else to 0 or false, or unset it.",
+        )
+    return raw in _TRUE
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    known = {
+        CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, DRAIN_SECONDS_ENV,
+        HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
+        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV, HEALTH_HOST_ENV, BOOT_RETRY_ENV,
+    }  # fmt: skip
+    return [
+        f"{name} is set but lane-worker does not read it (a typo?); it is ignored."
+        for name in sorted(env)
+        if name.startswith("LANE_WORKER_") and name not in known
+    ]
+
+
+def _plain_text(value: str) -> bool:
+    """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
+    return value.isprintable() and is_utf8(value)
+
+
+def plain_text(value: str) -> bool:
+    """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
+    return value.isprintable() and is_utf8(value)

@@ -1,0 +1,106 @@
+"""Worker tuning (``LANE_WORKER_*``): each knob with its default and its bounds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from worker.config.env import (
+    BOOT_RETRY_ENV,
+    CLAIM_TIMEOUT_ENV,
+    CONCURRENCY_ENV,
+    DATABASE_URL_ENV,
+    DEFER_ALERT_AFTER_ENV,
+    DEFER_FAIL_AFTER_ENV,
+    DRAIN_SECONDS_ENV,
+    HEALTH_HOST_ENV,
+    HEALTH_PORT_ENV,
+    HOST,
+    LOG_FORMAT_ENV,
+    MAX_ATTEMPTS_ENV,
+    PGBOUNCER_ENV,
+    POLL_INTERVAL_ENV,
+    Problems,
+    blank_as_unset,
+    decimal_number,
+    flag,
+    number,
+    whole_number,
+)
+from worker.errors import shown
+
+LogFormat = Literal["json", "console", "auto"]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Worker tuning knobs (``LANE_WORKER_*``), each with the documented default."""
+
+    concurrency: int = 8
+    claim_timeout_s: int = 60
+    poll_interval_s: float = 1.0
+    drain_s: float = 25.0
+    health_port: int = 8080
+    health_host: str = "0.0.0.0"  # noqa: S104 (a container's health port: all interfaces)
+    max_attempts: int = 5
+    log_format: LogFormat = "auto"
+    pgbouncer: bool = False
+    defer_alert_after_s: float = 3600.0
+    defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
+    # How long a booting worker waits for the database before it gives up (exit 1).
+    boot_retry_s: float = 60.0
+
+
+_RUNS, _WHOLE_S, _SECS = (
+    "a whole number of runs",
+    "a whole number of seconds",
+    "a number of seconds",
+)
+# field, variable, parser, lowest, highest, what the value is (for the refusal)
+_NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str], ...] = (
+    ("concurrency", CONCURRENCY_ENV, whole_number, 1, 1000, _RUNS),
+    ("claim_timeout_s", CLAIM_TIMEOUT_ENV, whole_number, 5, 86_400, _WHOLE_S),
+    ("poll_interval_s", POLL_INTERVAL_ENV, decimal_number, 0.01, 3600.0, _SECS),
+    ("drain_s", DRAIN_SECONDS_ENV, decimal_number, 0.0, 3600.0, _SECS),
+    ("health_port", HEALTH_PORT_ENV, whole_number, 0, 65_535, "a TCP port (0: any free)"),
+    ("max_attempts", MAX_ATTEMPTS_ENV, whole_number, 1, 1000, "a whole number of attempts"),
+    ("defer_alert_after_s", DEFER_ALERT_AFTER_ENV, decimal_number, 1.0, 604_800.0, _SECS),
+    ("defer_fail_after_s", DEFER_FAIL_AFTER_ENV, decimal_number, 0.0, 2_592_000.0,
+     "a number of seconds (0: never)"),
+    ("boot_retry_s", BOOT_RETRY_ENV, decimal_number, 0.0, 3600.0, _SECS),
+)  # fmt: skip
+
+
+def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
+    """Read every tuning variable; a refused one is recorded in ``problems`` and defaulted."""
+    defaults = Tuning()
+    values: dict[str, object] = {
+        name: number(env, problems, variable, getattr(defaults, name), parse, (low, high), meaning)
+        for name, variable, parse, low, high, meaning in _NUMBERS
+    }
+    log_format = (blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
+    if log_format not in ("json", "console", "auto"):
+        problems.refuse(
+            LOG_FORMAT_ENV,
+            f"{LOG_FORMAT_ENV}={shown(env.get(LOG_FORMAT_ENV) or '')} is not valid: set it to "
+            "json, console or auto (default auto: console on a terminal, json otherwise).",
+        )
+        log_format = defaults.log_format
+    health_host = blank_as_unset(env, HEALTH_HOST_ENV) or defaults.health_host
+    if not HOST.fullmatch(health_host):
+        problems.refuse(
+            HEALTH_HOST_ENV,
+            f"{HEALTH_HOST_ENV}={shown(health_host)} is not an address to listen on: set it to "
+            "an IP address or host name of this machine (default 0.0.0.0, every interface; "
+            "127.0.0.1 keeps the page local), or unset it.",
+        )
+        health_host = defaults.health_host
+    values["pgbouncer"] = flag(
+        env, problems, PGBOUNCER_ENV,
+        f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
+    )  # fmt: skip
+    values["log_format"] = log_format
+    values["health_host"] = health_host
+    assert set(values) == {f.name for f in fields(Tuning)}
+    return Tuning(**values)  # type: ignore[arg-type]  # each value checked above
