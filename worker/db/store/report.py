@@ -10,6 +10,8 @@ from worker.db.store.rows import AdoptedCount, ReportLane, ReportRuns
 class ReportQueries(Queries):
     """The three reads of one drain report (one repeatable-read snapshot)."""
 
+    FILE = "report.sql"
+
     async def lanes(self, conn: Connection) -> list[ReportLane]:
         """Every registered lane with its live workers, in registration order."""
         return await self._rows(conn, ReportLane, "report_lanes")

@@ -24,6 +24,8 @@ _LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
 class RunQueries(Queries):
     """Runs (``runs``), their signals (``signals``) and facts (``ledger``)."""
 
+    FILE = "runs.sql"
+
     async def insert(
         self,
         conn: Connection,
