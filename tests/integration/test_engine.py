@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from runtime_harness import connect
 
-from worker.db import engine
+from worker.db import engine, engine_schema
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.errors import EngineSchemaError, RunNotRunningError
@@ -28,7 +28,7 @@ CONT_OWN_QUEUE = "runs_engine_test_newer"  # the lane of the release CONT works 
 async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     """A connection to a fresh database with the engine installed and a test queue."""
     conn = await connect(database_url)
-    await engine.ensure_engine_schema(conn)
+    await engine_schema.ensure_engine_schema(conn)
     await Store(SCHEMA).migrate(conn)  # the continuation claim reads the store's adopters
     await engine.ensure_queue(conn, QUEUE)
     # QUEUE's lane is retired and older than the continuation worker's own lane.
@@ -74,11 +74,12 @@ async def test_concurrent_install_from_ten_connections_installs_once(database_ur
     """Ten workers booting at once: exactly one installs, the rest find it current."""
     conns = [await connect(database_url) for _ in range(10)]
     try:
-        outcomes = await asyncio.gather(*(engine.ensure_engine_schema(c) for c in conns))
+        outcomes = await asyncio.gather(*(engine_schema.ensure_engine_schema(c) for c in conns))
     finally:
         for conn in conns:
             await conn.close()
-    assert sorted(outcomes) == ["current"] * 9 + [f"installed {engine.ENGINE_SCHEMA_VERSION}"]
+    installed = f"installed {engine_schema.ENGINE_SCHEMA_VERSION}"
+    assert sorted(outcomes) == ["current"] * 9 + [installed]
     check = await connect(database_url)
     try:
         assert await check.fetchval("select absurd.get_schema_version()") == "0.5.1"
@@ -88,7 +89,7 @@ async def test_concurrent_install_from_ten_connections_installs_once(database_ur
 
 async def test_install_is_idempotent(eng: asyncpg.Connection[asyncpg.Record]) -> None:
     """A second install changes nothing and reports the schema current."""
-    assert await engine.ensure_engine_schema(eng) == "current"
+    assert await engine_schema.ensure_engine_schema(eng) == "current"
     await engine.ensure_queue(eng, QUEUE)
     policy = await eng.fetchrow(
         "select cleanup_ttl, cleanup_limit from absurd.get_queue_policy($1)", QUEUE
@@ -105,7 +106,7 @@ async def test_newer_engine_schema_is_refused(eng: asyncpg.Connection[asyncpg.Re
         "language sql as $$ select '9.0.0'::text $$"
     )
     with pytest.raises(EngineSchemaError) as caught:
-        await engine.ensure_engine_schema(eng)
+        await engine_schema.ensure_engine_schema(eng)
     assert caught.value.found == "9.0.0"
     assert "9.0.0" in str(caught.value)
     assert "0.5.1" in str(caught.value)
@@ -121,7 +122,7 @@ async def test_older_engine_schema_is_upgraded(database_url: str) -> None:
             "create or replace function absurd.get_schema_version() returns text "
             "language sql as $$ select '0.5.0'::text $$"
         )
-        assert await engine.ensure_engine_schema(conn) == "upgraded 0.5.0 -> 0.5.1"
+        assert await engine_schema.ensure_engine_schema(conn) == "upgraded 0.5.0 -> 0.5.1"
         assert await conn.fetchval("select absurd.get_schema_version()") == "0.5.1"
     finally:
         await conn.close()

@@ -136,7 +136,7 @@ async def test_terminal_fact_is_written_once(conn: asyncpg.Connection[asyncpg.Re
     assert await store.runs.settle(conn, run_id, status="completed", fact=fact, attempt_id=None)
     failed = {"type": "run.failed", "runId": str(run_id)}
     assert not await store.runs.settle(conn, run_id, status="failed", fact=failed, attempt_id=None)
-    facts = await store.runs.facts(conn, run_id)
+    facts = await store.runs.facts(conn, run_id=run_id)
     assert [f.type for f in facts] == ["run.completed"]
     # Even a direct second insert is refused by the index.
     with pytest.raises(asyncpg.UniqueViolationError):

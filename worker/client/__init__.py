@@ -25,7 +25,7 @@ from worker.client.results import StepView as StepView
 from worker.client.results import SubmittedRun as SubmittedRun  # public API
 from worker.config import settings
 from worker.config.dburl import url_problem
-from worker.db import engine
+from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import MigrationReport, Store
 from worker.db.store.rows import IdempotentRun, RunRow
@@ -191,7 +191,9 @@ class LaneClient:
             raise
 
     async def _check_schemas(self, conn: Connection) -> None:
-        if not (await engine.engine_schema_current(conn) and await self.store.is_current(conn)):
+        if not (
+            await engine_schema.engine_schema_current(conn) and await self.store.is_current(conn)
+        ):
             raise SchemasMissingError(
                 f"the runtime database lacks lane-worker's schemas (engine schema, or the "
                 f"run-state store {self.store.schema}), or holds older ones; run "
@@ -200,7 +202,7 @@ class LaneClient:
 
     async def migrate(self) -> tuple[str, MigrationReport]:
         """Install or upgrade the engine schema and the store; say what was done."""
-        engine_outcome = await self.db.run(engine.ensure_engine_schema)
+        engine_outcome = await self.db.run(engine_schema.ensure_engine_schema)
         return engine_outcome, await self.db.run(self.store.migrate)
 
     async def ensure_queue(self, queue: str) -> None:
@@ -225,23 +227,7 @@ class LaneClient:
         play = checked_play(play)
         params = checked_input(input)
         checked_key(idempotency_key, "an idempotency key")
-        if queue_suffix is not None:
-            if not isinstance(queue_suffix, str):
-                raise InvalidRequestError(
-                    f"queue_suffix must be a string (or None), not {type(queue_suffix).__name__}."
-                )
-            if not lanes.normalize_queue_suffix(queue_suffix):
-                # Falling back to the process's own lane would put the run elsewhere.
-                raise InvalidRequestError(
-                    f"queue_suffix={shown(queue_suffix)} has no letter, digit or "
-                    "underscore, so it names no queue: pass the preview's suffix, or None for "
-                    "this process's lane."
-                )
-            release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
-            self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
-        else:
-            self._refuse_on(SUBMIT_VARIABLES)
-            release_id = lanes.launch_release_id(self._env)
+        release_id = self._submit_release(queue_suffix)
         queue = lanes.queue_name_for_release(release_id)
         if idempotency_key is not None:
             # A repeat (or a conflict) is answered before anything is created for it,
@@ -284,6 +270,26 @@ class LaneClient:
             self._ready.pop(queue, None)
             await self.ensure_queue(queue)
             return await self.db.transaction(submit)
+
+    def _submit_release(self, queue_suffix: str | None) -> str:
+        """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
+        if queue_suffix is None:
+            self._refuse_on(SUBMIT_VARIABLES)
+            return lanes.launch_release_id(self._env)
+        if not isinstance(queue_suffix, str):
+            raise InvalidRequestError(
+                f"queue_suffix must be a string (or None), not {type(queue_suffix).__name__}."
+            )
+        if not lanes.normalize_queue_suffix(queue_suffix):
+            # Falling back to the process's own lane would put the run elsewhere.
+            raise InvalidRequestError(
+                f"queue_suffix={shown(queue_suffix)} has no letter, digit or "
+                "underscore, so it names no queue: pass the preview's suffix, or None for "
+                "this process's lane."
+            )
+        release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
+        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
+        return release_id
 
     async def _run_row(
         self, conn: Connection, run_id: str, *, lock: Literal["update", "share"] | None = None
@@ -364,8 +370,8 @@ class LaneClient:
 
         async def read(conn: Connection) -> RunStatus:
             row = await self._run_row(conn, run_id)
-            attempts = await self.store.runs.attempts(conn, row.run_id)
-            facts = await self.store.runs.facts(conn, row.run_id)
+            attempts = await self.store.runs.attempts(conn, run_id=row.run_id)
+            facts = await self.store.runs.facts(conn, run_id=row.run_id)
             steps = await self._steps(conn, row)
             return RunStatus(
                 run_id=str(row.run_id),

@@ -39,18 +39,18 @@ async def maintain(
         if not await conn.fetchval("select pg_try_advisory_xact_lock($1)", _MAINTENANCE_LOCK_KEY):
             return None
         failed: list[tuple[str, str]] = []
-        for queue in await conn.fetch("select queue_name from absurd.queues order by queue_name"):
+        for queue in await engine.queue_names(conn):
             try:
                 # A savepoint per queue: a broken queue's error leaves the others' cleanup.
                 async with conn.transaction():
                     # Deletes at most the queue's cleanup_limit per call.
-                    for name, tasks, events in await engine.cleanup(conn, queue["queue_name"]):
+                    for name, tasks, events in await engine.cleanup(conn, queue):
                         if tasks or events:
                             log.info("maintenance.cleaned", queue=name, tasks=tasks, events=events)
             except Exception as exc:
                 if is_transient(exc):
                     raise
-                failed.append((queue["queue_name"], repr(exc)))
+                failed.append((queue, repr(exc)))
         registry = await store.lanes.for_maintenance(conn)
         return failed, registry
 

@@ -155,9 +155,12 @@ class ReportReader:
 
     async def _read_bounded(self, conn: Connection) -> list[LaneView]:
         # read_report's own transaction nests in this one (a savepoint, same snapshot rules);
-        # `set local` ends with it, so nothing stays on the connection (or a PgBouncer's).
+        # A local setting (`set local`) ends with it, so nothing stays on the connection
+        # (or a PgBouncer's).
         async with conn.transaction(isolation="repeatable_read", readonly=True):
-            await conn.execute(f"set local statement_timeout = {self._statement_timeout_ms}")
+            await conn.execute(
+                "select set_config('statement_timeout', $1, true)", str(self._statement_timeout_ms)
+            )
             return await read_report(conn, self._store)
 
     async def close(self) -> None:

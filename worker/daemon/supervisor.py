@@ -40,7 +40,7 @@ from worker.daemon.report_cache import (
     SharedRead,
     application_name,
 )
-from worker.db import engine
+from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import RegistryLane
@@ -246,7 +246,7 @@ class Supervisor:
     async def _boot(self, db: Database) -> int | None:
         s = self.settings
         try:
-            await db.run(engine.ensure_engine_schema)
+            await db.run(engine_schema.ensure_engine_schema)
             await db.run(self.store.migrate)
         except (EngineSchemaError, StoreSchemaError) as exc:
             _say(str(exc))

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 
 import structlog
 
 from worker.db.pool import Connection
-from worker.db.sql import quote_ident, sql_files
+from worker.db.sql import fill, query, quote_ident, sql_files
 from worker.errors import StoreSchemaError
 
 log = structlog.get_logger("lane_worker.store")
 
 _MIGRATION_FILE = re.compile(r"(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql")
 _INCOMPATIBLE_MARK = "-- lane-worker: incompatible"
+_LEDGER_FILE = "migrations.sql"  # the queries that keep the ledger of applied migrations
+
+
+def _sql(name: str, schema: str) -> str:
+    return query("store", _LEDGER_FILE, name, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,11 @@ class MigrationReport:
 
 def known_migrations() -> list[Migration]:
     """Return this build's store migrations in order."""
+    return list(_read_migrations())
+
+
+@cache
+def _read_migrations() -> tuple[Migration, ...]:
     found = []
     for entry in sql_files("store").iterdir():
         match = _MIGRATION_FILE.fullmatch(entry.name)
@@ -56,7 +67,7 @@ def known_migrations() -> list[Migration]:
                     compatible=_INCOMPATIBLE_MARK not in sql,
                 )
             )
-    return sorted(found, key=lambda m: m.version)
+    return tuple(sorted(found, key=lambda m: m.version))
 
 
 async def migrate(conn: Connection, schema: str) -> MigrationReport:
@@ -65,33 +76,21 @@ async def migrate(conn: Connection, schema: str) -> MigrationReport:
     Refuses (``StoreSchemaError``) when the store holds a migration this build
     does not know and that migration is not marked compatible with older builds.
     """
-    schema_sql = quote_ident(schema)
     known = known_migrations()
     newest_known = known[-1].version if known else 0
     async with conn.transaction():
-        await conn.execute(
-            "select pg_advisory_xact_lock(hashtext('lane_worker.store:' || $1))", schema
-        )
-        await conn.execute(f"create schema if not exists {schema_sql}")
-        await conn.execute(
-            f"create table if not exists {schema_sql}.schema_migrations ("
-            " version integer primary key, name text not null,"
-            " compatible boolean not null default true,"
-            " applied_at timestamptz not null default now())"
-        )
-        applied = await _applied(conn, schema_sql)
+        await conn.execute(_sql("lock", schema), schema)
+        await conn.execute(_sql("create_schema", schema))
+        await conn.execute(_sql("create_ledger", schema))
+        applied = await _applied(conn, schema)
         unknown = _check_unknown(schema, applied, newest_known)
         done = []
         for migration in known:
             if migration.version in applied:
                 continue
-            await conn.execute(migration.sql.replace("{schema}", schema_sql))
+            await conn.execute(fill(migration.sql, schema=schema))
             await conn.execute(
-                f"insert into {schema_sql}.schema_migrations (version, name, compatible)"
-                " values ($1, $2, $3)",
-                migration.version,
-                migration.name,
-                migration.compatible,
+                _sql("record", schema), migration.version, migration.name, migration.compatible
             )
             done.append(migration.version)
     if unknown:
@@ -111,19 +110,17 @@ async def is_current(conn: Connection, schema: str) -> bool:
     Raises ``StoreSchemaError`` when the store holds a migration this build
     cannot run against, as ``migrate`` would.
     """
-    schema_sql = quote_ident(schema)
-    if not await conn.fetchval(
-        "select to_regclass($1) is not null", f"{schema_sql}.schema_migrations"
-    ):
+    ledger = f"{quote_ident(schema)}.schema_migrations"
+    if not await conn.fetchval(_sql("ledger_exists", schema), ledger):
         return False
-    applied = await _applied(conn, schema_sql)
+    applied = await _applied(conn, schema)
     known = known_migrations()
     _check_unknown(schema, applied, known[-1].version if known else 0)
     return all(m.version in applied for m in known)
 
 
-async def _applied(conn: Connection, schema_sql: str) -> dict[int, tuple[str, bool]]:
-    rows = await conn.fetch(f"select version, name, compatible from {schema_sql}.schema_migrations")
+async def _applied(conn: Connection, schema: str) -> dict[int, tuple[str, bool]]:
+    rows = await conn.fetch(_sql("applied", schema))
     return {r["version"]: (r["name"], r["compatible"]) for r in rows}
 
 

@@ -224,18 +224,7 @@ class Remedies:
             # The row lock serialises retries of one run: the second sees the first.
             old = await self._locked_run(conn, run_id)
             if old.retried_by is not None:
-                # Retried already, perhaps more than once (its retry was retried):
-                # the newest run of the chain is the one to look at.
-                again = old
-                for _ in range(MAX_RETRY_HOPS):
-                    if again.retried_by is None:
-                        break
-                    newer = await self.store.runs.get(conn, again.retried_by)
-                    assert newer is not None  # runs are never deleted
-                    again = newer
-                return RetriedRun(str(again.run_id), again.release_id, again.queue,
-                                  str(again.retry_of), created=False,
-                                  status=again.status)  # fmt: skip
+                return await self._newest_retry(conn, old)
             if old.status not in TERMINAL_STATUSES:
                 raise RunStillOpenError(
                     f"run {old.run_id} is {old.status}: fail it (lane-worker runs fail "
@@ -269,6 +258,18 @@ class Remedies:
             return RetriedRun(str(new_id), release_id, queue, str(old.run_id))
 
         return await self.db.transaction(retry)
+
+    async def _newest_retry(self, conn: Connection, old: RunRow) -> RetriedRun:
+        """The newest run of a retried run's chain (its retry may have been retried)."""
+        again = old
+        for _ in range(MAX_RETRY_HOPS):
+            if again.retried_by is None:
+                break
+            newer = await self.store.runs.get(conn, again.retried_by)
+            assert newer is not None  # runs are never deleted
+            again = newer
+        return RetriedRun(str(again.run_id), again.release_id, again.queue,
+                          str(again.retry_of), created=False, status=again.status)  # fmt: skip
 
     async def _attempt_in_flight(self, conn: Connection, run: RunRow) -> bool:
         """Tell whether an attempt of ``run`` may still be executing a step.
@@ -422,7 +423,7 @@ class Remedies:
                     return False  # work arrived, or it was activated, meanwhile
                 # Dropping waits for any submit still writing to the queue's tables;
                 # one that committed meanwhile makes the whole prune roll back.
-                await conn.execute("select absurd.drop_queue($1)", queue)
+                await engine.drop_queue(conn, queue)
                 if await self.store.runs.queue_has_open(conn, queue=queue):
                     raise _PruneRace
                 return True

@@ -15,6 +15,7 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store import Store
+from worker.db.store.rows import ReportRuns
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
@@ -111,24 +112,24 @@ class _Tally:
     # Parked runs it adopted whose stamped lane claims again: stamped queue -> runs.
     claiming_stamps: dict[str, int] = field(default_factory=dict)
 
-    def add(self, row: Any) -> None:
-        bucket = row["bucket"]
-        if row["needs_own"] and row["claiming_stamp"] is not None:
-            stamp = row["claiming_stamp"]
-            self.claiming_stamps[stamp] = self.claiming_stamps.get(stamp, 0) + row["runs"]
-        self.release_id = self.release_id or row["release_id"]
-        self.counts[bucket] += row["runs"]
-        self.deferred += row["deferred"]
+    def add(self, row: ReportRuns) -> None:
+        bucket = row.bucket
+        if row.needs_own and row.claiming_stamp is not None:
+            stamp = row.claiming_stamp
+            self.claiming_stamps[stamp] = self.claiming_stamps.get(stamp, 0) + row.runs
+        self.release_id = self.release_id or row.release_id
+        self.counts[bucket] += row.runs
+        self.deferred += row.deferred
         if bucket in PARKED:
-            self.oldest_wait = _earliest(self.oldest_wait, row["oldest_update"])
-        self.oldest_deferral = _earliest(self.oldest_deferral, row["oldest_deferral"])
-        if row["needs_own"]:
+            self.oldest_wait = _earliest(self.oldest_wait, row.oldest_update)
+        self.oldest_deferral = _earliest(self.oldest_deferral, row.oldest_deferral)
+        if row.needs_own:
             reason = "parkedNotAdoptable" if bucket in PARKED else bucket
             count, oldest, plays = self.own.get(reason, (0, [], []))
             # Two buckets can feed one reason (sleeps and waits): keep the oldest overall.
-            pairs = zip(row["run_created"], (str(i) for i in row["run_ids"]), strict=True)
+            pairs = zip(row.run_created, (str(i) for i in row.run_ids), strict=True)
             oldest = sorted([*oldest, *pairs])[:RUN_IDS_SHOWN]
-            self.own[reason] = (count + row["runs"], oldest, sorted({*plays, *row["plays"]}))
+            self.own[reason] = (count + row.runs, oldest, sorted({*plays, *row.plays}))
 
 
 def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -255,23 +256,23 @@ async def read_report(
         adopted = await store.report.adopted(conn)
     tallies: dict[str, _Tally] = {}
     for counted in runs:
-        tallies.setdefault(counted["lane"], _Tally()).add(counted)
+        tallies.setdefault(counted.lane, _Tally()).add(counted)
     adopted_by: dict[str, dict[str, int]] = {}
     for pair in adopted:
-        adopted_by.setdefault(pair["queue"], {})[pair["adopted_queue"]] = pair["runs"]
-    names = {row["queue"]: (row["release_ids"] or [row["queue"]])[0] for row in lanes}
-    registered = {row["queue"]: row for row in lanes if include_pruned or not row["hidden"]}
+        adopted_by.setdefault(pair.queue, {})[pair.adopted_queue] = pair.runs
+    names = {row.queue: (row.release_ids or [row.queue])[0] for row in lanes}
+    registered = {row.queue: row for row in lanes if include_pruned or not row.hidden}
     views = []
     # Registered lanes in registration order, then lanes only open runs name.
     for queue in [*registered, *sorted(set(tallies) - set(registered))]:
         row = registered.get(queue)
         tally = tallies.get(queue, _Tally())
-        if row is not None and row["release_ids"]:
-            release = row["release_ids"][0]
+        if row is not None and row.release_ids:
+            release = row.release_ids[0]
         else:
             release = tally.release_id or queue
-        workers = tuple(row["workers"]) if row is not None else ()
-        status = _status(row["status"] if row is not None else None, tally)
+        workers = tuple(row.workers) if row is not None else ()
+        status = _status(row.status if row is not None else None, tally)
         c = tally.counts
         views.append(
             LaneView(
@@ -285,14 +286,14 @@ async def read_report(
                 adoptable=sum(c[b] for b in PARKED) - tally.own.get("parkedNotAdoptable", (0,))[0]
                 if status in ("draining", "drained")
                 else 0,
-                release_ids=tuple(row["release_ids"]) if row is not None else (),
+                release_ids=tuple(row.release_ids) if row is not None else (),
                 counts={**c, "deferred": tally.deferred},
                 oldest_wait_s=_age_s(now, tally.oldest_wait),
                 oldest_deferral_s=_age_s(now, tally.oldest_deferral),
                 adopted_by=adopted_by.get(queue, {}),
                 workers=workers,
                 blocked_by=_blockers(status, release, workers, tally, names),
-                pruned=row is not None and row["pruned_at"] is not None,
+                pruned=row is not None and row.pruned_at is not None,
             )
         )
     return views

@@ -13,6 +13,8 @@ from worker.db.store.rows import Begun, DeferralCount, LaneState
 class AttemptQueries(Queries):
     """Attempts (``attempts``) and the run writes fenced by the current one."""
 
+    FILE = "attempts.sql"
+
     async def lane_state(self, conn: Connection, *, task_id: uuid.UUID) -> LaneState | None:
         """Return what a loop needs to decide on the claimed engine task, or None (no launch)."""
         return await self._row(conn, LaneState, "lane_state", task_id)

@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import asyncpg
 
 from worker.db.pool import Connection
+from worker.db.sql import named_queries, query
 from worker.db.store.rows import row_of
 
 R = TypeVar("R")
 
 
 class Queries:
-    """A group of named store queries, bound to one store schema."""
+    """A group of named store queries (one file of ``sql/store``), bound to one store schema."""
 
-    def __init__(self, q: Mapping[str, str]) -> None:
-        self._q = q
+    FILE: ClassVar[str]
+
+    def __init__(self, schema: str) -> None:
+        self._schema = schema
+        self._q = named_queries("store", self.FILE, schema=schema)
+
+    @property
+    def sql(self) -> Mapping[str, str]:
+        """The group's queries by name, ``{schema}`` filled in."""
+        return self._q
+
+    def _on_queue(self, name: str, queue: str) -> str:
+        """Return query ``name`` with ``queue``'s engine tables filled in (cached)."""
+        return query("store", self.FILE, name, schema=self._schema, queue=queue)
 
     async def _row(self, conn: Connection, cls: type[R], name: str, *args: Any) -> R | None:
         record = await conn.fetchrow(self._q[name], *args)

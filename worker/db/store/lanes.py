@@ -17,6 +17,8 @@ from worker.db.store.rows import (
 class LaneQueries(Queries):
     """Lanes (``releases``) and the workers that serve them (``workers``)."""
 
+    FILE = "lanes.sql"
+
     async def register(self, conn: Connection, *, queue: str, release_id: str) -> str:
         """Mark a lane claiming, never moving a retired one back; return its status."""
         status: str = await self._value(conn, "register_release", queue, release_id)

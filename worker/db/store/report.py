@@ -1,23 +1,25 @@
-"""Store queries of the drain report: wide rows, read by name in ``worker/ops/report.py``."""
+"""Store queries of the drain report, read by ``worker/ops/report.py`` in one snapshot."""
 
 from __future__ import annotations
 
-import asyncpg
-
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-
-Row = asyncpg.Record
+from worker.db.store.rows import AdoptedCount, ReportLane, ReportRuns
 
 
 class ReportQueries(Queries):
     """The three reads of one drain report (one repeatable-read snapshot)."""
 
-    async def lanes(self, conn: Connection) -> list[Row]:
-        return await self._records(conn, "report_lanes")
+    FILE = "report.sql"
 
-    async def runs(self, conn: Connection) -> list[Row]:
-        return await self._records(conn, "report_runs")
+    async def lanes(self, conn: Connection) -> list[ReportLane]:
+        """Every registered lane with its live workers, in registration order."""
+        return await self._rows(conn, ReportLane, "report_lanes")
 
-    async def adopted(self, conn: Connection) -> list[Row]:
-        return await self._records(conn, "report_adopted")
+    async def runs(self, conn: Connection) -> list[ReportRuns]:
+        """The open runs, grouped by effective lane, bucket and whether only it may run them."""
+        return await self._rows(conn, ReportRuns, "report_runs")
+
+    async def adopted(self, conn: Connection) -> list[AdoptedCount]:
+        """Open runs adopted away from their stamped lane, per (stamped lane, adopter)."""
+        return await self._rows(conn, AdoptedCount, "report_adopted")

@@ -208,3 +208,42 @@ class MaintainedLane:
     status: str
     release_ids: list[str]
     engine_queue: bool  # False: no engine tables (a retire by an older build, say)
+
+
+@dataclass(frozen=True)
+class ReportLane:
+    """A registered lane as the drain report reads it (``report_lanes``)."""
+
+    queue: str
+    status: str
+    release_ids: list[str]
+    pruned_at: datetime | None  # None also while a submit or a boot made its queue again
+    hidden: bool  # pruned and no open run names it
+    workers: list[dict[str, Any]]  # its live workers: {"workerId", "plays"}
+
+
+@dataclass(frozen=True)
+class ReportRuns:
+    """One group of a lane's open runs (``report_runs``): one bucket, one ``needs_own``."""
+
+    lane: str  # the effective lane: the adopter's, else the run's queue
+    bucket: str
+    needs_own: bool  # only this lane's release may run them
+    runs: int
+    run_ids: list[uuid.UUID]  # the oldest, at most 20
+    run_created: list[datetime]  # their created_at, in the same order
+    plays: list[str]
+    oldest_update: datetime
+    deferred: int
+    oldest_deferral: datetime | None
+    release_id: str | None  # as stamped, for runs not adopted
+    claiming_stamp: str | None  # adopted, parked, and their stamped lane claims again
+
+
+@dataclass(frozen=True)
+class AdoptedCount:
+    """How many open runs of one stamped lane another lane adopted (``report_adopted``)."""
+
+    queue: str
+    adopted_queue: str
+    runs: int

@@ -7,15 +7,24 @@ from datetime import datetime
 from typing import Any, Literal
 
 from worker.db.pool import Connection
-from worker.db.sql import engine_table
 from worker.db.store.base import Queries
-from worker.db.store.rows import AttemptRow, FactRow, IdempotentRun, ListedRun, RunRow, StepRow
+from worker.db.store.rows import (
+    AttemptRow,
+    FactRow,
+    IdempotentRun,
+    ListedRun,
+    RunRow,
+    StepRow,
+    row_of,
+)
 
 _LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
 
 
 class RunQueries(Queries):
     """Runs (``runs``), their signals (``signals``) and facts (``ledger``)."""
+
+    FILE = "runs.sql"
 
     async def insert(
         self,
@@ -113,18 +122,20 @@ class RunQueries(Queries):
         )  # fmt: skip
         return settled is not None
 
-    async def facts(self, conn: Connection, run_id: uuid.UUID) -> list[FactRow]:
+    async def facts(self, conn: Connection, *, run_id: uuid.UUID) -> list[FactRow]:
+        """The run's ledger facts, oldest first."""
         return await self._rows(conn, FactRow, "run_facts", run_id)
 
-    async def attempts(self, conn: Connection, run_id: uuid.UUID) -> list[AttemptRow]:
+    async def attempts(self, conn: Connection, *, run_id: uuid.UUID) -> list[AttemptRow]:
+        """The run's attempts, in the order they were recorded."""
         return await self._rows(conn, AttemptRow, "run_attempts", run_id)
 
     async def steps(
         self, conn: Connection, *, queue: str, task_id: uuid.UUID, run_id: uuid.UUID
     ) -> list[StepRow]:
         """Return which attempt committed each checkpoint of the run's task."""
-        sql = self._q["step_provenance"].replace("{checkpoints}", engine_table("c", queue))
-        return [StepRow(**dict(r)) for r in await conn.fetch(sql, task_id, run_id)]
+        sql = self._on_queue("step_provenance", queue)
+        return [row_of(StepRow, r) for r in await conn.fetch(sql, task_id, run_id)]
 
     async def insert_signal(
         self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any

@@ -34,9 +34,18 @@
 -- need it (the store's needs_own_lane: not parked, or parked where nothing
 -- could adopt it). Other parked runs are left to the claiming releases.
 -- A worker is live while it has no stop mark and beat within 60 seconds: the
--- window the store names once ({schema}.worker_live, store migration 0006). It is
--- spelled out here because these filters also serve stores older builds migrated.
+-- store's window (its worker_live, store migration 0006), named once more here as
+-- lane_worker.worker_live because these filters also serve stores that older
+-- builds migrated, which lack the store's function.
 create schema if not exists lane_worker;
+
+create or replace function lane_worker.worker_live(p_heartbeat_at timestamptz, p_stopped_at timestamptz)
+  returns boolean
+  language sql
+  stable
+as $$
+  select p_stopped_at is null and p_heartbeat_at > now() - interval '60 seconds'
+$$;
 
 create or replace function lane_worker.lane_filter (
   p_mode text,
@@ -63,8 +72,8 @@ begin
                      or (s.play <> all (%3$s)
                          and exists (
                                select 1 from %1$I.workers w
-                                where w.queue = %2$s and w.stopped_at is null
-                                  and w.heartbeat_at > now() - interval ''60 seconds''
+                                where w.queue = %2$s
+                                  and lane_worker.worker_live(w.heartbeat_at, w.stopped_at)
                                   and s.play = any (w.plays)))))',
       p_store_schema, p_own_param, p_plays_param);
   elsif p_mode = 'adopt' then
@@ -111,8 +120,8 @@ begin
                       or (%3$L = %2$s
                           and not exists (
                                 select 1 from %1$I.workers w
-                                 where w.queue = %2$s and w.stopped_at is null
-                                   and w.heartbeat_at > now() - interval ''60 seconds''
+                                 where w.queue = %2$s
+                                   and lane_worker.worker_live(w.heartbeat_at, w.stopped_at)
                                    and s.play = any (w.plays))))
                  and %1$I.needs_own_lane(s.status, s.play, %2$s, s.queue))
             or (%3$L = %2$s

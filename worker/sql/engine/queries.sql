@@ -1,7 +1,96 @@
--- Reads and locks on one engine queue's tables. Each starts with a `-- name:
--- <name>` line; `{tasks}`, `{runs}` and `{checkpoints}` are the queue's engine
--- tables and `{schema}` the run-state store, quoted when the text is filled in
--- (worker/db/sql.py). Values are always bound parameters.
+-- The engine calls lane-worker makes: Absurd's stored functions, this project's
+-- claim functions (claim_lane.sql), and reads and locks on one engine queue's
+-- tables. Each starts with a `-- name: <name>` line and is run by one function
+-- of worker/db/engine.py or worker/db/engine_schema.py. `{tasks}`, `{runs}` and
+-- `{checkpoints}` are a queue's engine tables and `{schema}` the run-state store,
+-- quoted when the text is filled in (worker/db/sql.py). Values are always bound
+-- parameters.
+
+-- name: install_lock
+-- Serialises every lane-worker install step ($1: its advisory lock key).
+select pg_advisory_xact_lock($1);
+
+-- name: schema_version_present
+select to_regprocedure('absurd.get_schema_version()') is not null;
+
+-- name: schema_version
+select absurd.get_schema_version();
+
+-- name: claim_functions_present
+-- The continuation claim functions come with the engine install (claim_lane.sql).
+select to_regnamespace('lane_worker') is not null;
+
+-- name: create_queue
+select absurd.create_queue($1);
+
+-- name: set_queue_policy
+select absurd.set_queue_policy($1, $2::jsonb);
+
+-- name: queue_exists
+select exists (select 1 from absurd.queues where queue_name = $1);
+
+-- name: queue_names
+select queue_name from absurd.queues order by queue_name;
+
+-- name: drop_queue
+select absurd.drop_queue($1);
+
+-- name: cleanup_all_queues
+-- One bounded cleanup batch by each queue's policy ($1: one queue, or null: all).
+select queue_name, tasks_deleted, events_deleted from absurd.cleanup_all_queues($1);
+
+-- name: spawn_task
+select task_id, run_id, attempt, created from absurd.spawn_task($1, $2, $3, $4);
+
+-- name: claim_task
+-- The engine's own claim, in claim_lane's row shape (it sweeps nothing it reports).
+select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
+       0 as swept
+  from absurd.claim_task($1, $2, $3, $4);
+
+-- name: claim_lane
+select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
+       swept
+  from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: next_due_in
+-- The same filter as claim_lane: only runs that loop would be handed.
+select lane_worker.next_due_in($1, $2, $3, $4, $5);
+
+-- name: complete_run
+select absurd.complete_run($1, $2, $3);
+
+-- name: fail_run
+select absurd.fail_run($1, $2, $3, $4);
+
+-- name: schedule_run
+select absurd.schedule_run($1, $2, $3);
+
+-- name: schedule_run_in
+-- Back to sleep for $3 seconds of the database's clock.
+select absurd.schedule_run($1, $2,
+                           absurd.current_time() + make_interval(secs => $3::double precision));
+
+-- name: extend_claim
+select absurd.extend_claim($1, $2, $3);
+
+-- name: checkpoint_states
+select checkpoint_name, state from absurd.get_task_checkpoint_states($1, $2, $3);
+
+-- name: set_checkpoint_state
+select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
+
+-- name: await_event
+select should_suspend, payload from absurd.await_event($1, $2, $3, $4, $5, $6);
+
+-- name: emit_event
+select absurd.emit_event($1, $2, $3);
+
+-- name: cancel_task
+select absurd.cancel_task($1, $2);
+
+-- name: task_state
+select state from absurd.get_task_result($1, $2);
 
 -- name: lock_if_held
 -- Lock engine run $1 while it still runs under worker $2 (a give-back's fence).

@@ -1,0 +1,100 @@
+"""The Absurd engine's schema: its version, its install or upgrade, and the claim functions.
+
+The engine schema is not written here: it is ``absurdctl.BUNDLED_SCHEMA_SQL``
+(and absurdctl's bundled migrations to upgrade an older one). The only
+addition is this project's continuation claim, in its own schema
+(``sql/engine/claim_lane.sql``), (re)created with every install.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import absurdctl
+
+from worker.db.pool import Connection
+from worker.db.sql import engine_query, sql_text
+from worker.errors import EngineSchemaError
+
+ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
+# pg_advisory_xact_lock key shared by every lane-worker install step ("lwschema").
+_INSTALL_LOCK_KEY = 0x6C77_7363_6865_6D61
+
+
+def _version_key(version: str) -> tuple[Any, ...]:
+    key: tuple[Any, ...] = absurdctl.version_sort_key(version)
+    return key
+
+
+async def installed_engine_version(conn: Connection) -> str | None:
+    """Return the engine schema version in the database, or None when it is not installed."""
+    if not await conn.fetchval(engine_query("schema_version_present")):
+        return None
+    version: str = await conn.fetchval(engine_query("schema_version"))
+    return version
+
+
+def _refuse_newer(version: str) -> None:
+    if _version_key(version) > _version_key(ENGINE_SCHEMA_VERSION):
+        raise EngineSchemaError(
+            f"the database holds Absurd engine schema {version}, newer than "
+            f"{ENGINE_SCHEMA_VERSION} which this build knows; deploy a lane-worker built "
+            "against the newer schema.",
+            found=version,
+            expected=ENGINE_SCHEMA_VERSION,
+        )
+
+
+async def engine_schema_current(conn: Connection) -> bool:
+    """Tell whether the engine schema is installed at this build's version; change nothing.
+
+    Raises ``EngineSchemaError`` when it is newer than this build knows.
+    """
+    version = await installed_engine_version(conn)
+    if version is None:
+        return False
+    _refuse_newer(version)
+    current = version == ENGINE_SCHEMA_VERSION
+    # The continuation claim functions come with the engine install (migrate).
+    return current and bool(await conn.fetchval(engine_query("claim_functions_present")))
+
+
+async def _upgrade(conn: Connection, version: str) -> None:
+    _refuse_newer(version)
+    steps = absurdctl.resolve_migration_path(
+        version, ENGINE_SCHEMA_VERSION, absurdctl.discover_bundled_migrations()
+    )
+    if steps is None:
+        raise EngineSchemaError(
+            f"no migration path from Absurd engine schema {version} to "
+            f"{ENGINE_SCHEMA_VERSION}; upgrade the schema with absurdctl first.",
+            found=version,
+            expected=ENGINE_SCHEMA_VERSION,
+        )
+    for step in steps:
+        await conn.execute(absurdctl.get_migration_sql(step))
+
+
+async def ensure_engine_schema(conn: Connection) -> str:
+    """Install or upgrade the engine schema and the continuation claim; return what was done.
+
+    Safe when many workers boot at once: one transaction-scoped advisory lock
+    (it survives PgBouncer transaction pooling) serialises the check and the install.
+    """
+    async with conn.transaction():
+        await conn.execute(engine_query("install_lock"), _INSTALL_LOCK_KEY)
+        version = await installed_engine_version(conn)
+        if version is None:
+            await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
+            outcome = f"installed {ENGINE_SCHEMA_VERSION}"
+        elif version != ENGINE_SCHEMA_VERSION:
+            await _upgrade(conn, version)
+            outcome = f"upgraded {version} -> {ENGINE_SCHEMA_VERSION}"
+        else:
+            outcome = "current"
+        await conn.execute(_claim_functions_sql())
+    return outcome
+
+
+def _claim_functions_sql() -> str:
+    return sql_text("engine", "claim_lane.sql")

@@ -1,0 +1,183 @@
+-- Store queries on attempts: recording a claim, the writes fenced by the current
+-- attempt, its end, and closing attempts left behind (worker/db/store/attempts.py).
+-- Each starts with a `-- name: <name>` line and is run by one typed method.
+-- `{schema}` is the store schema and `{checkpoints}` a queue's engine checkpoint
+-- table, quoted when the text is filled in (worker/db/sql.py). Values are always
+-- bound parameters.
+
+-- name: attempt_on_live_worker
+-- Whether an attempt of run $1 began executing, has not recorded its end, and
+-- belongs to a worker whose heartbeat is live (a continuation loop's worker id
+-- is its process's id plus ':<queue>:continuations').
+select exists (
+  select 1
+    from {schema}.attempts a
+   where a.run_id = $1 and a.outcome is null and a.disposition in ('own', 'adopt')
+     and {schema}.attempt_worker_live(a.worker_id)
+);
+
+-- name: close_abandoned_attempts
+-- Attempts that recorded no end, whose run moved on without them (a newer
+-- attempt took it over, or it ended) and whose worker is gone (killed): closed
+-- as a lost lease, at most $1 per call. begin_attempt and settle_run close most
+-- of them at once; this catches a worker that died after its run ended.
+with gone as (
+  select a.attempt_id
+    from {schema}.attempts a
+    join {schema}.runs r on r.run_id = a.run_id
+   where a.outcome is null
+     and (r.status in ('completed', 'failed', 'cancelled')
+          or r.current_attempt_id is distinct from a.attempt_id)
+     and not {schema}.attempt_worker_live(a.worker_id)
+   limit $1
+)
+update {schema}.attempts a
+   set outcome = 'lease_lost', finished_at = now(),
+       error = coalesce(a.error, jsonb_build_object(
+         'reason', 'its worker stopped without recording its end'))
+  from gone g
+ where a.attempt_id = g.attempt_id and a.outcome is null
+returning a.attempt_id;
+
+-- name: begin_attempt
+-- Own and adopt take the run over (status running, fence moves to this
+-- attempt, the wait it was parked in is over); defer and refuse only record
+-- that the claim happened. Returns the envelope and the wait as of the fence
+-- move (an older attempt may still write them until then, never after), the
+-- run's step-key mapping (stamped by its first execution: $9), and the
+-- database's clock, which every duration of the attempt is measured on.
+with prev as (
+  -- The statement's snapshot: only a park or a settle changes the wait, and
+  -- neither can commit for a run whose engine run this claim now holds.
+  select r.current_wait from {schema}.runs r where r.run_id = $1
+), attempt as (
+  insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
+  values ($1, $2, $3, $4, $5, $6)
+  returning attempt_id
+), taken as (
+  update {schema}.runs r
+     set status = 'running',
+         current_attempt_id = (select attempt_id from attempt),
+         current_wait = null,
+         attempts = greatest(r.attempts, $3),
+         adopted_release_id = case when $6 = 'adopt' then $7 else r.adopted_release_id end,
+         adopted_queue = case when $6 = 'adopt' then $8 else r.adopted_queue end,
+         step_keys = case when r.current_attempt_id is null then $9::smallint else r.step_keys end,
+         -- Taken over: whatever deferral streak it had is over.
+         defer_count = 0, first_deferred_at = null, defer_alerted_at = null,
+         updated_at = now()
+   where r.run_id = $1
+     and $6 in ('own', 'adopt')
+     and r.status not in ('completed', 'failed', 'cancelled')
+     -- `lanes move` gave the run a new engine task: a claim of the old one is stale.
+     and r.task_id = $10
+  returning r.checkpoint, r.step_keys
+), superseded as (
+  -- Taken over: every older claim of the run that recorded no end (its worker
+  -- was killed, or lost its lease) has lost it, in this same statement.
+  update {schema}.attempts o
+     set outcome = 'lease_lost', finished_at = now(),
+         error = coalesce(o.error, jsonb_build_object(
+           'reason', 'a newer attempt took the run over'))
+    from taken t
+   where o.run_id = $1 and o.outcome is null
+)
+select a.attempt_id, t.checkpoint, t.step_keys,
+       case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
+       (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
+  from attempt a left join taken t on true;
+
+-- name: finish_attempt
+update {schema}.attempts
+   set outcome = $2, error = $3, finished_at = now()
+ where attempt_id = $1 and outcome is null;
+
+-- name: save_checkpoint
+-- Fenced: only the run's current attempt may write.
+update {schema}.runs
+   set checkpoint = $3, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: park_run
+update {schema}.runs
+   set status = 'waiting', current_wait = $3, checkpoint = $4, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: count_deferral
+-- One more deferral in the run's current streak; alert_now is true for the one
+-- deferral that finds the streak older than $2 seconds (warned about once).
+update {schema}.runs r
+   set defer_count = r.defer_count + 1,
+       first_deferred_at = coalesce(r.first_deferred_at, now()),
+       defer_alerted_at = case
+         when r.defer_alerted_at is null and r.first_deferred_at is not null
+              and now() - r.first_deferred_at >= make_interval(secs => $2) then now()
+         else r.defer_alerted_at end
+ where r.run_id = $1
+returning r.defer_count,
+          extract(epoch from now() - r.first_deferred_at)::float8 as deferred_s,
+          coalesce(r.defer_alerted_at = now(), false) as alert_now;
+
+-- name: hand_back_claim
+-- A claim given back (shutdown, or an error before the claim ended): end this
+-- worker's open attempts on this engine run ($4: 'handed_back', or 'lease_lost'
+-- when the engine run is no longer held) and return the run to its lane. The
+-- attempt row is the fence: a claim whose attempt already ended (park,
+-- completion, failure, put-back) is not touched.
+with closed as (
+  update {schema}.attempts a
+     set outcome = $4, finished_at = now()
+    from {schema}.runs r
+   where r.task_id = $1
+     and a.run_id = r.run_id
+     and a.engine_run_id = $2
+     and a.worker_id = $3
+     and a.outcome is null
+  returning a.attempt_id, a.run_id
+), released as (
+  update {schema}.runs r
+     set status = case when r.current_wait is not null then 'waiting' else 'queued' end,
+         updated_at = now()
+    from closed c
+   where r.run_id = c.run_id and r.current_attempt_id = c.attempt_id and r.status = 'running'
+  returning r.run_id
+)
+select c.attempt_id, c.run_id, (select count(*) from released) as released from closed c;
+
+-- name: lock_running_attempt
+-- Fenced, and only while the attempt still runs the play: once it parked (a
+-- sleep in a task group, say), failing it would spend an attempt on a run
+-- that is safely waiting.
+select run_id from {schema}.runs
+ where run_id = $1 and current_attempt_id = $2 and status = 'running'
+   for update;
+
+-- name: retrying_run
+update {schema}.runs
+   set status = 'retrying', error = $3, updated_at = now()
+ where run_id = $1 and current_attempt_id = $2
+returning run_id;
+
+-- name: consume_signal
+-- The first claim of a signal marks it consumed; a replay of the same attempt
+-- (or a later one, after a crash) still reads the payload it resolved with.
+update {schema}.signals
+   set consumed_at = coalesce(consumed_at, now()),
+       consumed_by_attempt = coalesce(consumed_by_attempt, $3)
+ where run_id = $1 and event_key = $2
+returning payload;
+
+-- name: lane_state
+-- What a loop needs to decide on a claimed run, plus the play and input to run
+-- it (never changed after submit); the envelope comes from begin_attempt.
+-- lane_claiming is the stamped lane's; adopter_claiming the adopter's lane.
+select r.run_id, r.release_id, r.adopted_release_id, r.adopted_queue, r.status,
+       r.current_wait, r.play, r.input,
+       coalesce(l.status = 'claiming', false) as lane_claiming,
+       coalesce(al.status = 'claiming', false) as adopter_claiming
+  from {schema}.runs r
+  left join {schema}.releases l on l.queue = r.queue
+  left join {schema}.releases al on al.queue = r.adopted_queue
+ where r.task_id = $1;

@@ -1,0 +1,159 @@
+-- Store queries on lanes and workers: the registry, liveness, prune
+-- (worker/db/store/lanes.py).
+-- Each starts with a `-- name: <name>` line and is run by one typed method.
+-- `{schema}` is the store schema and `{checkpoints}` a queue's engine checkpoint
+-- table, quoted when the text is filled in (worker/db/sql.py). Values are always
+-- bound parameters.
+
+-- name: claiming_lanes_for_play
+-- Claiming lanes, newest first, with a live worker whose app registers play $1:
+-- where a retry of that play can run.
+select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
+  from {schema}.releases l
+ where l.status = 'claiming'
+   and exists (select 1 from {schema}.workers w
+                where w.queue = l.queue and {schema}.worker_live(w.heartbeat_at, w.stopped_at)
+                  and $1 = any (w.plays))
+ order by l.created_at desc, l.queue desc;
+
+-- name: live_plays
+-- The plays the live workers of lane $1 register.
+select coalesce(array_agg(distinct p), '{}') as plays
+  from {schema}.workers w cross join lateral unnest(w.plays) as p
+ where w.queue = $1 and {schema}.worker_live(w.heartbeat_at, w.stopped_at);
+
+-- name: lane_play_registered
+-- Whether a live worker of lane $1 registers play $2, and whether any worker of
+-- it ever did.
+select coalesce(bool_or({schema}.worker_live(w.heartbeat_at, w.stopped_at)), false) as live,
+       count(*) > 0 as ever
+  from {schema}.workers w
+ where w.queue = $1 and $2 = any (w.plays);
+
+-- name: lane_row
+select queue, status, release_ids from {schema}.releases where queue = $1;
+
+-- name: register_release
+-- Marks a lane claiming, but never moves a retired lane back: returns its status.
+insert into {schema}.releases as l (queue, status, release_ids)
+values ($1, 'claiming', array[$2::text])
+on conflict (queue) do update
+   set release_ids = case when $2 = any(l.release_ids) then l.release_ids
+                          else l.release_ids || $2 end,
+       updated_at = now()
+returning status;
+
+-- name: set_release_status
+insert into {schema}.releases as l (queue, status, release_ids, retired_at)
+values ($1, $2, array[$3::text], case when $2 = 'retired' then now() end)
+on conflict (queue) do update
+   set status = excluded.status,
+       release_ids = case when $3 = any(l.release_ids) then l.release_ids
+                          else l.release_ids || $3 end,
+       retired_at = case when excluded.status = 'retired' then coalesce(l.retired_at, now()) end,
+       -- set_release_status always comes with ensure_queue: the queue exists again.
+       pruned_at = null,
+       updated_at = now()
+returning status;
+
+-- name: lane_names
+-- What `lanes retire`/`activate` accept without --force: every registered lane
+-- (its first spelling, oldest first), then engine queues no lane row names.
+select name from (
+  select coalesce(release_ids[1], queue) as name, 0 as kind, created_at
+    from {schema}.releases
+  union all
+  -- A queue only a submit created: its runs carry the release id it was stamped with.
+  select coalesce((select r.release_id from {schema}.runs r
+                    where r.queue = q.queue_name limit 1), q.queue_name), 1, null
+    from absurd.queues q
+   where not exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
+) known
+order by kind, created_at, name;
+
+-- name: lane_known
+-- Whether anything ever used this queue: a lane row (a worker booted, or an
+-- operator retired it) or the engine queue (created by the first submit or boot).
+select exists (select 1 from {schema}.releases where queue = $1)
+    or exists (select 1 from absurd.queues where queue_name = $1);
+
+-- name: lane_registry
+-- Every lane with its status; whether it still holds non-terminal runs
+-- (continuation loops attach to retired lanes with open runs, not only parked
+-- ones, so expired leases there are swept, and detach when none is left);
+-- whether it holds open runs adopted by lane $1 (the caller's: its loop there
+-- finishes them, whatever the lane's status) or by any other lane than its
+-- own (its own loop must skip those); and whether it holds work only its own
+-- release may run (a retired lane with such work is draining; without, drained).
+select l.queue, l.status, l.release_ids, l.created_at,
+       exists (select 1 from {schema}.runs r
+                where r.queue = l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
+       exists (select 1 from {schema}.runs r
+                where coalesce(r.adopted_queue, r.queue) = $1
+                  and r.queue = l.queue
+                  and r.adopted_queue is not null
+                  and r.status not in ('completed', 'failed', 'cancelled')) as mine_open,
+       exists (select 1 from {schema}.runs r
+                where r.queue = l.queue
+                  and r.adopted_queue is not null
+                  and r.adopted_queue <> l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled')) as foreign_adopted,
+       {schema}.lane_needs_own(l.queue) as draining_work
+  from {schema}.releases l;
+
+-- name: lane_draining_work
+-- Whether lane $1 holds an open run that only its own release may run: its
+-- effective lane and not parked in a wait.
+select {schema}.lane_needs_own($1);
+
+-- name: prunable_lanes
+-- Retired lanes, retired more than $1 seconds ago, not yet pruned, whose
+-- engine queue no open run uses (adopted runs keep their stamped queue's task).
+-- `live`: a worker of the lane is still live (its loops poll the queue), so the
+-- lane is not pruned yet: stop its machines first.
+select l.queue, l.release_ids, l.retired_at,
+       exists (select 1 from {schema}.workers w
+                where w.queue = l.queue
+                  and {schema}.worker_live(w.heartbeat_at, w.stopped_at)) as live
+  from {schema}.releases l
+ where l.status = 'retired' and l.pruned_at is null
+   and l.retired_at < now() - make_interval(secs => $1)
+   and not exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled'))
+ order by l.retired_at, l.queue;
+
+-- name: prune_lane
+-- Under the lane row's lock, re-checked: still retired, still no open run, no
+-- live worker of the lane.
+update {schema}.releases l
+   set pruned_at = now(), updated_at = now()
+ where l.queue = $1 and l.status = 'retired' and l.pruned_at is null
+   and not exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled'))
+   and not exists (select 1 from {schema}.workers w
+                    where w.queue = l.queue
+                      and {schema}.worker_live(w.heartbeat_at, w.stopped_at))
+returning l.queue;
+
+-- name: heartbeat
+insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays)
+values ($1, $2, $3, $4, $5, $6, $7)
+on conflict (worker_id) do update
+   set heartbeat_at = now(), stopped_at = null, plays = excluded.plays;
+
+-- name: worker_stopped
+update {schema}.workers set stopped_at = now() where worker_id = $1;
+
+-- name: maintenance_lanes
+-- The lanes a maintenance pass reconciles, and whether each has its engine
+-- queue. `lanes prune` dropped a pruned lane's queue on purpose (a submit may
+-- have created it again: then it is reconciled as any other).
+select l.queue, l.status, l.release_ids,
+       exists (select 1 from absurd.queues q where q.queue_name = l.queue) as engine_queue
+  from {schema}.releases l
+ where l.pruned_at is null
+    or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
+ order by l.queue;

@@ -1,0 +1,141 @@
+-- Store queries on runs: launch rows, their signals and facts, the runs a lane holds,
+-- and the terminal settle (worker/db/store/runs.py).
+-- Each starts with a `-- name: <name>` line and is run by one typed method.
+-- `{schema}` is the store schema and `{checkpoints}` a queue's engine checkpoint
+-- table, quoted when the text is filled in (worker/db/sql.py). Values are always
+-- bound parameters.
+
+-- name: insert_run
+insert into {schema}.runs (run_id, play, input, launch, release_id, queue, idempotency_key,
+                          max_attempts, retry_of)
+values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+on conflict (idempotency_key) do nothing
+returning run_id;
+
+-- name: run_by_idempotency_key
+-- same_input compares as jsonb does ($2: the new request's input): 1.0 equals 1,
+-- true does not.
+select run_id, release_id, queue, play, input = $2::jsonb as same_input
+  from {schema}.runs where idempotency_key = $1;
+
+-- name: set_run_task
+update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
+
+-- name: get_run
+select * from {schema}.runs where run_id = $1;
+
+-- name: lock_run
+select * from {schema}.runs where run_id = $1 for update;
+
+-- name: lock_run_shared
+-- A signal or a status-changing read: waits for a `lanes move`, a `runs retry`
+-- or a `runs fail` of the run in progress, and sees what it committed.
+select * from {schema}.runs where run_id = $1 for share;
+
+-- name: mark_retried
+update {schema}.runs set retried_by = $2, updated_at = now() where run_id = $1;
+
+-- name: copy_signals
+-- The events run $1 received, for its retry $2: its plays wait for them again.
+insert into {schema}.signals (run_id, event_key, payload, received_at)
+select $2, s.event_key, s.payload, s.received_at
+  from {schema}.signals s
+ where s.run_id = $1
+on conflict (run_id, event_key) do nothing;
+
+-- name: list_runs
+-- Newest first; each filter applies when given (a lane matches its own runs
+-- and the runs it adopted).
+select run_id, play, status, release_id, queue, adopted_release_id, attempts, created_at,
+       retry_of
+  from {schema}.runs
+ where ($1::text is null or status = $1)
+   and ($2::text is null or queue = $2 or adopted_queue = $2)
+   and ($3::text is null or play = $3)
+ order by created_at desc, run_id
+ limit $4;
+
+-- name: lane_open_runs
+-- Open runs whose effective lane is $1 (what `lanes move` considers), oldest first.
+select run_id from {schema}.runs
+ where coalesce(adopted_queue, queue) = $1
+   and status not in ('completed', 'failed', 'cancelled')
+ order by created_at, run_id;
+
+-- name: move_run
+update {schema}.runs
+   set queue = $2, release_id = $3,
+       launch = launch || jsonb_build_object('absurdReleaseId', $3::text),
+       updated_at = now()
+ where run_id = $1;
+
+-- name: step_provenance
+-- Which attempt (and so which release) committed each of a task's checkpoints:
+-- the own/adopt attempt on the checkpoint's engine run that began last before
+-- the write (a run handed back mid-step keeps its engine run).
+select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
+  from {checkpoints} c
+  left join lateral (
+    select a.attempt, a.release_id, a.worker_id
+      from {schema}.attempts a
+     where a.run_id = $2 and a.engine_run_id = c.owner_run_id
+       and a.disposition in ('own', 'adopt') and a.claimed_at <= c.updated_at
+     order by a.claimed_at desc, a.attempt_id desc
+     limit 1) a on true
+ where c.task_id = $1
+ order by c.updated_at, c.checkpoint_name;
+
+-- name: run_attempts
+select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
+       a.claimed_at, a.finished_at
+  from {schema}.attempts a
+ where a.run_id = $1
+ order by a.attempt_id;
+
+-- name: settle_run
+-- Terminal state for a run, fenced by attempt unless $2 is null (reconciler,
+-- cancel), and never over another terminal state; the terminal fact ($6, $7)
+-- is appended in the same statement, only when the run was settled here. $8:
+-- an unfenced caller's own attempt (a deferral's put-back), which it ends.
+with settled as (
+  update {schema}.runs
+     set status = $3, output = $4, error = $5, current_wait = null,
+         finished_at = now(), updated_at = now()
+   where run_id = $1
+     and ($2::bigint is null or current_attempt_id = $2)
+     and status not in ('completed', 'failed', 'cancelled')
+  returning run_id
+), fact as (
+  insert into {schema}.ledger (run_id, type, fact)
+  select run_id, $6, $7 from settled
+  on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
+), closed as (
+  -- The run ended: its other attempts that recorded no end are over too. Settled
+  -- by its current attempt ($2), every other one; settled from outside (cancel,
+  -- an operator, the reconciler), only those whose worker is gone: a live
+  -- worker's attempt may still be executing a step, and ends itself when its
+  -- next engine call finds the run cancelled.
+  update {schema}.attempts a
+     set outcome = 'lease_lost', finished_at = now(),
+         error = coalesce(a.error, jsonb_build_object(
+           'reason', 'the run ended without this attempt'))
+    from settled s
+   where a.run_id = s.run_id and a.outcome is null
+     and a.attempt_id is distinct from $2
+     and a.attempt_id is distinct from $8  -- the caller's own claim, which it ends itself
+     and ($2::bigint is not null or not {schema}.attempt_worker_live(a.worker_id))
+)
+select run_id from settled;
+
+-- name: run_facts
+select type, fact, created_at from {schema}.ledger where run_id = $1 order by fact_id;
+
+-- name: insert_signal
+insert into {schema}.signals (run_id, event_key, payload)
+values ($1, $2, $3)
+on conflict (run_id, event_key) do nothing
+returning received_at;
+
+-- name: queue_has_open_runs
+select exists (select 1 from {schema}.runs
+                where queue = $1 and status not in ('completed', 'failed', 'cancelled'));
