@@ -138,6 +138,8 @@ class Settings:
     serverless: bool
     tuning: Tuning
     warnings: tuple[str, ...] = ()
+    # What from_env parsed: a client of this process takes it instead of parsing again.
+    diagnosis: Diagnosis | None = field(default=None, repr=False, compare=False)
 
     @property
     def database_url_redacted(self) -> str:
@@ -171,6 +173,7 @@ class Settings:
             serverless=diagnosis.serverless,
             tuning=diagnosis.tuning,
             warnings=diagnosis.warnings,
+            diagnosis=diagnosis,
         )
 
 
