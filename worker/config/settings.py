@@ -47,7 +47,7 @@ from worker.config.tuning import Tuning as Tuning
 from worker.config.tuning import read_tuning
 from worker.errors import EXIT_CONFIG as EXIT_CONFIG
 from worker.errors import EXIT_OK as EXIT_OK
-from worker.errors import LaneConfigError, shown
+from worker.errors import LaneConfigError, exit_code_for, shown
 
 WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
@@ -83,8 +83,8 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """Return the exit code the daemon would use for this configuration."""
-        return EXIT_CONFIG if self.errors else EXIT_OK
+        """Return the exit code the daemon would use for this configuration (78 or 0)."""
+        return exit_code_for(self.errors[0]) if self.errors else EXIT_OK
 
     @property
     def client_pool_size(self) -> int:
