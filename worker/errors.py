@@ -1,4 +1,8 @@
-"""Every error lane-worker raises on purpose, under one base class."""
+"""Every error lane-worker raises on purpose, under one base class; and the exit codes.
+
+``exit_code_for`` is the one map from an error to the exit code of a process it
+ends: the CLI's commands and the daemon's boot both ask it.
+"""
 
 from __future__ import annotations
 
@@ -138,6 +142,21 @@ class UnknownLaneError(LaneWorkerError):
         self.known = known
 
 
+# -- the daemon's boot -------------------------------------------------------------
+
+
+class AppLoadError(LaneWorkerError):
+    """``--app`` names no importable lane-worker ``App``."""
+
+
+class DatabaseUnreachableError(LaneWorkerError):
+    """The database did not answer within the boot's retry window."""
+
+
+class LaneDrainedError(LaneWorkerError):
+    """This release's lane is retired and drained: its worker must not start."""
+
+
 # -- operator remedies -------------------------------------------------------------
 
 
@@ -166,3 +185,28 @@ class SharedReadCancelledError(Exception):
 
 class ReportClosedError(Exception):
     """The report was asked for after the daemon closed its report pool (it is stopping)."""
+
+
+# -- what a process exits with -----------------------------------------------------
+
+# 78: the environment or the schemas must change; 2: the request itself is wrong.
+_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (LaneConfigError, EXIT_CONFIG),
+    (EngineSchemaError, EXIT_CONFIG),
+    (StoreSchemaError, EXIT_CONFIG),
+    (LaneDrainedError, EXIT_CONFIG),
+    (InvalidRequestError, EXIT_USAGE),
+    (AppLoadError, EXIT_USAGE),
+)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """Return the exit code of a process that ``exc`` ends: 78, 2, or else 1 (a failure)."""
+    return next((code for kind, code in _EXIT_CODES if isinstance(exc, kind)), EXIT_FAILURE)
+
+
+def sole_error(exc: Exception) -> Exception:
+    """Return the one error a task group wrapped (``exc`` itself when it wraps none or several)."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from worker.cli import cli
-from worker.cli.common import ConfigRefused, Failure, failure_for, scrub
+from worker.cli.exits import ConfigRefused, Failure, failure_for, scrub
 from worker.errors import (
     EngineSchemaError,
     LaneConfigError,

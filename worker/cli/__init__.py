@@ -1,8 +1,10 @@
 """The ``lane-worker`` command line: a thin shell over settings, client and supervisor.
 
-One module per command group (``runs``, ``lanes``, ``database``, ``daemon``);
-``common`` maps what can go wrong to an exit code and one sentence on stderr
-(0 ok, 1 failure, 2 usage, 78 config); ``params`` holds the parameter types.
+One module per command group (``runs``, ``lanes``, ``database``, ``daemon``), hung
+from ``root``. ``exits`` turns what went wrong into one sentence on stderr and the
+exit code ``errors.exit_code_for`` gives it (0 ok, 1 failure, 2 usage, 78 config);
+``connect`` runs a database command's client; ``params`` holds the parameter types
+and shared options, ``output`` the printing.
 """
 
 from __future__ import annotations

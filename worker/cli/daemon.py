@@ -9,14 +9,11 @@ from pathlib import Path
 
 import click
 
-from worker.cli.common import (
-    DEFAULT_APP,
-    daemon_exit,
-)
-from worker.cli.params import (
-    APP_SPEC,
-)
+from worker.cli.exits import daemon_exit
+from worker.cli.params import APP_SPEC
 from worker.cli.root import cli
+
+DEFAULT_APP = "worker.demo:app"
 
 
 @cli.command()

@@ -7,19 +7,14 @@ import sys
 
 import click
 
-from worker.cli.common import (
-    columns,
-    emit,
-    json_option,
-    with_client,
-)
+from worker.cli.connect import with_client
+from worker.cli.output import columns, emit
+from worker.cli.params import json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.config import settings
 from worker.db.store import MigrationReport
-from worker.errors import (
-    printable,
-)
+from worker.errors import printable
 
 
 def _say_errors(diagnosis: settings.Diagnosis) -> None:

@@ -6,17 +6,15 @@ import asyncio
 
 import click
 
-from worker.cli.common import (
-    Failure,
-    emit,
-    json_option,
-    with_client,
-)
+from worker.cli.connect import with_client
+from worker.cli.exits import Failure
+from worker.cli.output import emit
 from worker.cli.params import (
     RELEASE_ID,
     Duration,
     Seconds,
     force_option,
+    json_option,
 )
 from worker.cli.root import cli
 from worker.client import LaneClient, LaneView

@@ -1,4 +1,4 @@
-"""Parameter types: each refuses a bad value with exit 2 and one sentence."""
+"""Parameter types (each refuses a bad value with exit 2 and one sentence), shared options."""
 
 from __future__ import annotations
 
@@ -175,6 +175,7 @@ class Duration(click.ParamType[float]):
         return number * _UNITS[unit]
 
 
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 force_option = click.option(
     "--force", is_flag=True, help="Create the lane even if no lane has ever had this release id."
 )

@@ -9,14 +9,9 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from worker.cli.common import (
-    Failure,
-    columns,
-    emit,
-    json_option,
-    one_line,
-    with_client,
-)
+from worker.cli.connect import with_client
+from worker.cli.exits import Failure
+from worker.cli.output import columns, emit, one_line
 from worker.cli.params import (
     EVENT_KEY,
     IDEMPOTENCY_KEY,
@@ -27,13 +22,12 @@ from worker.cli.params import (
     SUFFIX,
     TEXT,
     Seconds,
+    json_option,
 )
 from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunStatus
 from worker.config import settings
-from worker.errors import (
-    printable,
-)
+from worker.errors import printable
 from worker.ops.remedies import MAX_LIST, STATUSES
 from worker.ops.report import aligned
 

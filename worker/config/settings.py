@@ -47,7 +47,7 @@ from worker.config.tuning import Tuning as Tuning
 from worker.config.tuning import read_tuning
 from worker.errors import EXIT_CONFIG as EXIT_CONFIG
 from worker.errors import EXIT_OK as EXIT_OK
-from worker.errors import LaneConfigError, shown
+from worker.errors import LaneConfigError, exit_code_for, shown
 
 WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
@@ -83,8 +83,8 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        """Return the exit code the daemon would use for this configuration."""
-        return EXIT_CONFIG if self.errors else EXIT_OK
+        """Return the exit code the daemon would use for this configuration (78 or 0)."""
+        return exit_code_for(self.errors[0]) if self.errors else EXIT_OK
 
     @property
     def client_pool_size(self) -> int:
@@ -138,6 +138,8 @@ class Settings:
     serverless: bool
     tuning: Tuning
     warnings: tuple[str, ...] = ()
+    # What from_env parsed: a client of this process takes it instead of parsing again.
+    diagnosis: Diagnosis | None = field(default=None, repr=False, compare=False)
 
     @property
     def database_url_redacted(self) -> str:
@@ -171,6 +173,7 @@ class Settings:
             serverless=diagnosis.serverless,
             tuning=diagnosis.tuning,
             warnings=diagnosis.warnings,
+            diagnosis=diagnosis,
         )
 
 
@@ -282,15 +285,48 @@ def _check_deploy_version(
 
 
 def diagnose(env: Mapping[str, str]) -> Diagnosis:
-    """Resolve the worker topology from ``env`` and list everything that would refuse boot."""
+    """Resolve the worker topology from ``env`` and list everything that would refuse boot.
+
+    Problems are listed in the order they are found (the boot guard says the first):
+    the store schema, the lane, the tuning variables, the URL, ``VERCEL``.
+    """
     problems = Problems()
-    warnings = unknown_variables(env)
+    problems.warnings += unknown_variables(env)
     schema = _scheduler_schema(env, problems)
     isolated = lanes.is_isolated_schema(schema)
+    lane = _lane(env, schema, isolated, problems)
+    tuning = read_tuning(env, problems)
+    database = _database_url(env, problems)
+    return Diagnosis(
+        release_id=lane.release_id,
+        launch_release_id=lanes.launch_release_id(env) if lane.release_id is not None else None,
+        queue=lane.queue,
+        scheduler_schema=schema,
+        isolated=isolated,
+        queue_suffix=lane.suffix,
+        suffix_source=lane.source,
+        database_url_redacted=database,
+        serverless=flag(env, problems, SERVERLESS_ENV, "on a serverless platform (Vercel sets 1)"),
+        tuning=tuning,
+        errors=tuple(problems.errors),
+        warnings=tuple(problems.warnings),
+    )
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """The lane the environment names (release id and queue None when refused)."""
+
+    release_id: str | None
+    queue: str | None
+    suffix: str
+    source: SuffixSource
+
+
+def _lane(env: Mapping[str, str], schema: str, isolated: bool, problems: Problems) -> _Lane:
     raw_suffix = blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV)
     suffix = lanes.queue_suffix_from_env(env)
     deploy_version = blank_as_unset(env, lanes.RELEASE_ID_ENV)
-
     if raw_suffix is not None and not suffix:
         # Falling back to the shared queue would drain another topology's runs.
         problems.refuse(
@@ -317,30 +353,6 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
 
     if deploy_version is not None and not suffix:
         _check_deploy_version(env, deploy_version, release_id, problems)
-    if suffix and raw_suffix is not None and normalize_twice_differs(raw_suffix):
-        warnings.append(
-            f"{lanes.QUEUE_SUFFIX_ENV}={shown(raw_suffix)} is cut at 32 characters just before "
-            f"an underscore: the lane queue is {queue} but runs_queue_for_suffix() gives "
-            f"runs_{suffix}; choose a suffix of at most 31 characters."
-        )
-    if isolated and suffix and _SCHEMA_NAME.fullmatch(schema):
-        # The hosted preview app learns the schema per request and derives the
-        # suffix from it; a worker on any other suffix drains a queue nobody fills.
-        app_suffix = lanes.queue_suffix_for_schema(schema, {})
-        if suffix != app_suffix:
-            warnings.append(
-                f"{lanes.QUEUE_SUFFIX_ENV}={suffix!r} differs from {app_suffix!r}, the suffix "
-                f"the app derives for schema {shown(schema)}; runs the app submits for that schema "
-                f"land on runs_{app_suffix}, which this worker does not drain."
-            )
-    if suffix and deploy_version is not None:
-        warnings.append(
-            f"{lanes.QUEUE_SUFFIX_ENV} outranks {lanes.RELEASE_ID_ENV}={shown(deploy_version)}: "
-            f"this worker serves the dev lane {release_id!r}, not that release."
-        )
-
-    tuning = read_tuning(env, problems)
-    database = _database_url(env, problems)
     source: SuffixSource = (
         "DEEPLINE_ABSURD_QUEUE_SUFFIX"
         if suffix
@@ -348,17 +360,35 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         if deploy_version is not None
         else "default"
     )
-    return Diagnosis(
-        release_id=release_id,
-        launch_release_id=lanes.launch_release_id(env) if release_id is not None else None,
-        queue=queue,
-        scheduler_schema=schema,
-        isolated=isolated,
-        queue_suffix=suffix,
-        suffix_source=source,
-        database_url_redacted=database,
-        serverless=flag(env, problems, SERVERLESS_ENV, "on a serverless platform (Vercel sets 1)"),
-        tuning=tuning,
-        errors=tuple(problems.errors),
-        warnings=tuple(warnings),
-    )
+    lane = _Lane(release_id, queue, suffix, source)
+    problems.warnings += _lane_warnings(lane, schema, isolated, raw_suffix, deploy_version)
+    return lane
+
+
+def _lane_warnings(
+    lane: _Lane, schema: str, isolated: bool, raw_suffix: str | None, deploy_version: str | None
+) -> list[str]:
+    """What doctor warns about a lane that boots: suffixes the app may derive otherwise."""
+    suffix, said = lane.suffix, []
+    if suffix and raw_suffix is not None and normalize_twice_differs(raw_suffix):
+        said.append(
+            f"{lanes.QUEUE_SUFFIX_ENV}={shown(raw_suffix)} is cut at 32 characters just before "
+            f"an underscore: the lane queue is {lane.queue} but runs_queue_for_suffix() gives "
+            f"runs_{suffix}; choose a suffix of at most 31 characters."
+        )
+    if isolated and suffix and _SCHEMA_NAME.fullmatch(schema):
+        # The hosted preview app learns the schema per request and derives the
+        # suffix from it; a worker on any other suffix drains a queue nobody fills.
+        app_suffix = lanes.queue_suffix_for_schema(schema, {})
+        if suffix != app_suffix:
+            said.append(
+                f"{lanes.QUEUE_SUFFIX_ENV}={suffix!r} differs from {app_suffix!r}, the suffix "
+                f"the app derives for schema {shown(schema)}; runs the app submits for that schema "
+                f"land on runs_{app_suffix}, which this worker does not drain."
+            )
+    if suffix and deploy_version is not None:
+        said.append(
+            f"{lanes.QUEUE_SUFFIX_ENV} outranks {lanes.RELEASE_ID_ENV}={shown(deploy_version)}: "
+            f"this worker serves the dev lane {lane.release_id!r}, not that release."
+        )
+    return said

@@ -73,12 +73,12 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
 
 
 def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
-    """Read every tuning variable; a refused one is recorded in ``problems`` and defaulted."""
+    """Read every tuning variable; a refused one is recorded in ``problems`` and defaulted.
+
+    The refusals are recorded in a fixed order (the boot guard says the first):
+    log format, health host, PgBouncer, then the numbers as ``_NUMBERS`` lists them.
+    """
     defaults = Tuning()
-    values: dict[str, object] = {
-        name: number(env, problems, variable, getattr(defaults, name), parse, (low, high), meaning)
-        for name, variable, parse, low, high, meaning in _NUMBERS
-    }
     log_format = (blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
     if log_format not in ("json", "console", "auto"):
         problems.refuse(
@@ -96,11 +96,14 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
             "127.0.0.1 keeps the page local), or unset it.",
         )
         health_host = defaults.health_host
-    values["pgbouncer"] = flag(
+    pgbouncer = flag(
         env, problems, PGBOUNCER_ENV,
         f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
     )  # fmt: skip
-    values["log_format"] = log_format
-    values["health_host"] = health_host
+    values: dict[str, object] = {
+        name: number(env, problems, variable, getattr(defaults, name), parse, (low, high), meaning)
+        for name, variable, parse, low, high, meaning in _NUMBERS
+    }
+    values.update(log_format=log_format, health_host=health_host, pgbouncer=pgbouncer)
     assert set(values) == {f.name for f in fields(Tuning)}
     return Tuning(**values)  # type: ignore[arg-type]  # each value checked above

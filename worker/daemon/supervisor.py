@@ -1,10 +1,8 @@
-"""The daemon: boot, claim loops, adoption refresh, maintenance, health, SIGTERM drain.
+"""The daemon: claim loops, adoption refresh, maintenance, health, SIGTERM drain.
 
-Boot resolves the lane (refusing a topology that needs a suffix it lacks,
-before any connection), binds the health port (a busy one exits before any
-connection), connects with retry, installs the schemas, registers the lane as
-claiming (never un-retiring it; a retired lane boots draining while runs only
-this release may run remain, and refuses once drained) and starts, in one task
+``run_daemon`` boots (``worker.daemon.boot``: the environment and the app before
+the event loop; the health port, the database, the schemas and the lane's
+registration first thing in ``Supervisor.main``), then starts, in one task
 group: the own claim loop, one ``:continuations`` loop per retired lane that
 still has open runs (kept current), the LISTEN connection, heartbeats and
 maintenance. The first SIGTERM / SIGINT drains; a second exits at once. A side
@@ -18,7 +16,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -26,10 +23,9 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from worker.app import App, load_app
-from worker.config.dburl import url_secrets
+from worker.app import App
 from worker.config.settings import Settings
-from worker.daemon import logs
+from worker.daemon import boot
 from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
@@ -40,20 +36,10 @@ from worker.daemon.report_cache import (
     SharedRead,
     application_name,
 )
-from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import RegistryLane
-from worker.errors import (
-    EXIT_CONFIG,
-    EXIT_FAILURE,
-    EXIT_USAGE,
-    EngineSchemaError,
-    LaneConfigError,
-    NotBootedError,
-    StoreSchemaError,
-    printable,
-)
+from worker.errors import EXIT_FAILURE, NotBootedError
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
 from worker.run.attempt import DeferLimits
@@ -96,40 +82,13 @@ def longest_stop_s(drain_s: float) -> float:
     return POLLER_STOP_GRACE_S + drain_s + HAND_BACK_TIMEOUT_S + STOP_MARK_TIMEOUT_S
 
 
-def _say(sentence: str) -> None:
-    # An undecodable byte from the environment must not crash the refusal.
-    print(printable(f"lane-worker: {sentence}"), file=sys.stderr, flush=True)
-
-
-def prepare(env: Mapping[str, str], app_spec: str) -> tuple[Settings, App] | int:
-    """The boot every worker process shares (``run`` and ``dev``), up to the event loop.
-
-    Parses the environment (once: the boot guard), configures the logs with the
-    database's secrets masked, logs doctor's warnings and loads the app. Returns
-    the settings and the app, or the exit code of a refusal (said on stderr).
-    """
-    try:
-        settings = Settings.from_env(env)
-    except LaneConfigError as exc:
-        _say(str(exc))
-        return EXIT_CONFIG
-    logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
-    for warning in settings.warnings:  # what doctor lists, such as a mistyped LANE_WORKER_*
-        log.warning("config.warning", message=warning)
-    try:
-        app = load_app(app_spec)
-    except (ImportError, ValueError) as exc:
-        _say(f"cannot load the app {app_spec!r}: {exc}")
-        return EXIT_USAGE
-    return settings, app
-
-
 def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
     """Run the worker daemon until it is stopped; return the process exit code."""
-    prepared = prepare(env, app_spec)
-    if isinstance(prepared, int):
-        return prepared
-    return anyio.run(Supervisor(*prepared).main)
+
+    async def serve(settings: Settings, app: App) -> int:
+        return await Supervisor(settings, app).main()
+
+    return boot.run_worker(env, app_spec, serve)
 
 
 class Supervisor:
@@ -192,6 +151,7 @@ class Supervisor:
         The health port is bound before anything else: a busy one raises
         HealthPortError (exit 1, one sentence) before any connection, and the
         probes answer (/readyz 503, ``booting``) during the connect retry and boot.
+        A boot refusal (``boot.BOOT_REFUSALS``) is raised, for ``run_worker`` to say.
         """
         health = HealthServer(
             self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view,
@@ -199,28 +159,9 @@ class Supervisor:
         )  # fmt: skip
         self.health_port = await health.start()
         try:
-            try:
-                self.db = await Database.open(
-                    PoolOptions(
-                        url=self.settings.database_url,
-                        max_size=2,
-                        application_name=f"lane-worker {self.settings.release_id}"[:63],
-                        pgbouncer=self.settings.tuning.pgbouncer,
-                        retry_for_s=self.settings.tuning.boot_retry_s,
-                    )
-                )
-            except Exception as exc:
-                if not is_transient(exc) and not isinstance(exc, OSError):
-                    raise
-                _say(
-                    f"cannot reach the runtime database at {self.settings.database_url_redacted} "
-                    f"after {self.settings.tuning.boot_retry_s:g} s ({type(exc).__name__}); check "
-                    "WORKFLOW_RUNTIME_POSTGRES and that Postgres is up."
-                )
-                return EXIT_FAILURE
-            code = await self._boot(self.db)
-            if code is not None:
-                return code
+            self.db = await boot.open_database(self.settings)
+            self.lane_state = await boot.install_and_register(self.db, self.store, self.settings)
+            await self._heartbeat_once(self.db)
             await self._serve(self.db, health)
             return self.exit_code
         finally:
@@ -242,33 +183,6 @@ class Supervisor:
         if not self.schemas_ready:
             raise NotBootedError("the worker has not finished booting")
         return await self.report_reader.report()
-
-    async def _boot(self, db: Database) -> int | None:
-        s = self.settings
-        try:
-            await db.run(engine_schema.ensure_engine_schema)
-            await db.run(self.store.migrate)
-        except (EngineSchemaError, StoreSchemaError) as exc:
-            _say(str(exc))
-            return EXIT_CONFIG
-        await db.run(lambda c: engine.ensure_queue(c, s.queue))
-        status = await db.run(
-            lambda c: self.store.lanes.register(c, queue=s.queue, release_id=s.release_id)
-        )
-        if status == LaneStatus.RETIRED:
-            # Draining: its workers may boot (an orchestrator restarts a crashed
-            # machine mid-drain) and finish what only they may run. Drained: no.
-            if not await db.run(lambda c: self.store.lanes.draining_work(c, queue=s.queue)):
-                _say(
-                    f"release lane {s.queue} ({s.release_id}) is retired and drained (nothing on "
-                    "it that only this release may run), so this worker will not start; run "
-                    f"`lane-worker lanes activate {s.launch_release_id}` first if this release "
-                    "must take work again."
-                )
-                return EXIT_CONFIG
-            self.lane_state = LaneState.DRAINING
-        await self._heartbeat_once(db)
-        return None
 
     def _runtime(self, db: Database) -> Runtime:
         tuning = self.settings.tuning

@@ -15,7 +15,8 @@ from worker.app import App
 from worker.client import LaneClient, RunStatus, lanes_table
 from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV, blank_as_unset
 from worker.config.settings import Settings
-from worker.daemon.supervisor import Supervisor, prepare
+from worker.daemon import boot
+from worker.daemon.supervisor import Supervisor
 from worker.dev.embedded import embedded_postgres
 from worker.errors import EXIT_FAILURE
 
@@ -34,14 +35,15 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     with contextlib.ExitStack() as stack:
         try:
             values[DATABASE_URL_ENV] = stack.enter_context(_database(values, data_dir))
-        except RuntimeError as exc:  # embedded Postgres is not installed
-            click.echo(f"lane-worker: {exc}", err=True)
-            return EXIT_FAILURE
-        prepared = prepare(values, app_spec)  # the boot `run` does, on these values
-        if isinstance(prepared, int):
-            return prepared
-        settings, app = prepared
-        return anyio.run(_dev_main, settings, app, values, exit_after_demo)
+        except RuntimeError as exc:  # embedded Postgres is not installed, or did not start
+            return boot.refuse(exc)
+
+        async def serve(settings: Settings, app: App) -> int:
+            return await _dev_main(settings, app, values, exit_after_demo)
+
+        # The boot `run` does, on these values; inside the stack, so a refusal is said
+        # before PostgreSQL stops.
+        return boot.run_worker(values, app_spec, serve)
 
 
 @contextlib.contextmanager
@@ -84,7 +86,9 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str]) -> int:
     if not runs:
         click.echo("dev: this app has none of the demo plays; the worker runs, nothing submitted")
         return 0
-    async with await LaneClient.connect(env=env) as client:
+    # The environment boot parsed, as it parsed it.
+    diagnosis = supervisor.settings.diagnosis
+    async with await LaneClient.connect(env=env, diagnosis=diagnosis) as client:
         submitted = [(play, (await client.submit(play, params)).run_id) for play, params in runs]
         click.echo(f"dev: submitted {len(submitted)} demo runs to {supervisor.settings.queue}")
         last: dict[str, str] = {}
