@@ -230,11 +230,6 @@ async def held(conn: Connection, queue: str, worker_id: str) -> list[HeldRun]:
     return [HeldRun(r["run_id"], r["task_id"], r["attempt"]) for r in rows]
 
 
-async def held_runs(conn: Connection, queue: str, worker_id: str) -> list[asyncpg.Record]:
-    """``held`` as rows read by name (kept until worker/run is converted)."""
-    return await conn.fetch(engine_query("held_runs", queue=queue), worker_id)
-
-
 async def lock_if_held(conn: Connection, queue: str, run_id: uuid.UUID, worker_id: str) -> bool:
     """Lock engine run ``run_id`` and tell whether it is still running under ``worker_id``."""
     return bool(await conn.fetchval(engine_query("lock_if_held", queue=queue), run_id, worker_id))

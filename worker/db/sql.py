@@ -86,12 +86,3 @@ def query(
 def engine_query(name: str, *, queue: str | None = None, schema: str | None = None) -> str:
     """Return engine query ``name`` (``sql/engine/queries.sql``), on ``queue``'s tables."""
     return query("engine", "queries.sql", name, schema=schema, queue=queue)
-
-
-def queue_query(name: str, queue: str, schema: str | None = None) -> str:
-    """Return engine query ``name`` on ``queue``'s tables (and the store ``schema``).
-
-    Kept until worker/run is converted (``run/reconcile.py`` reads
-    ``reconcile_batch`` with it; ``engine.reconcile_batch`` is the typed read).
-    """
-    return engine_query(name, queue=queue, schema=schema)

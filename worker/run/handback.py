@@ -96,14 +96,14 @@ async def give_back_leftovers(attempts: Attempts, queues: list[str]) -> int:
     for queue in queues:
         worker_id = attempts.seat.worker_id_for(queue)
         rows = await attempts.db.run(
-            lambda c, q=queue, w=worker_id: engine.held_runs(c, q, w)  # type: ignore[misc]
+            lambda c, q=queue, w=worker_id: engine.held(c, q, w)  # type: ignore[misc]
         )
         for row in rows:
             claimed = engine.ClaimedRun(
                 queue=queue,
-                run_id=row["run_id"],
-                task_id=row["task_id"],
-                attempt=row["attempt"],
+                run_id=row.run_id,
+                task_id=row.task_id,
+                attempt=row.attempt,
                 task_name=PLAY_RUN_TASK,
                 params=None,
                 max_attempts=None,
@@ -116,9 +116,9 @@ async def give_back_leftovers(attempts: Attempts, queues: list[str]) -> int:
                     "run.handed_back",
                     queue=queue,
                     release_id=attempts.seat.release_id,
-                    task_id=str(row["task_id"]),
+                    task_id=str(row.task_id),
                     worker_id=worker_id,
-                    attempt=row["attempt"],
+                    attempt=row.attempt,
                     cause="left over at shutdown",
                 )
     return given

@@ -7,8 +7,8 @@ from typing import Any
 
 import structlog
 
+from worker.db import engine
 from worker.db.pool import Connection, Database
-from worker.db.sql import queue_query
 from worker.db.store import Store
 from worker.run import facts
 from worker.states import RunStatus
@@ -34,20 +34,21 @@ async def reconcile_queue(
     is left (or ``max_batches``), so a mass lease expiry is settled within one
     maintenance pass. Returns how many runs it settled.
     """
-    sql = queue_query("reconcile_batch", queue, store.schema)
 
     async def settle_batch(conn: Connection) -> tuple[int, int]:
         settled = 0
-        rows = await conn.fetch(sql, queue, RECONCILE_BATCH)
+        rows = await engine.ended_tasks(
+            conn, queue, store_schema=store.schema, limit=RECONCILE_BATCH
+        )
         for row in rows:
-            run_id, state = row["run_id"], row["state"]
+            run_id, state = row.run_id, row.state
             if state == RunStatus.COMPLETED:
-                status, output, error = RunStatus.COMPLETED, row["completed_payload"], None
+                status, output, error = RunStatus.COMPLETED, row.completed_payload, None
             elif state == RunStatus.CANCELLED:
                 status, output, error = RunStatus.CANCELLED, None, None
             else:
                 status, output = RunStatus.FAILED, None
-                error = row["failure_reason"] or {
+                error = row.failure_reason or {
                     "name": "EngineTaskMissing",
                     "message": "the engine task is gone (cleaned up) before the run settled",
                 }
@@ -64,7 +65,7 @@ async def reconcile_queue(
                 log.warning(
                     "run.reconciled",
                     run_id=str(run_id),
-                    release_id=row["release_id"],
+                    release_id=row.release_id,
                     queue=queue,
                     worker_id=worker_id,
                     status=status,

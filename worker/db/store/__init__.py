@@ -10,11 +10,6 @@ method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
-import asyncpg
-
 from worker.db import schema as _schema
 from worker.db.pool import Connection
 from worker.db.schema import MigrationReport
@@ -47,41 +42,3 @@ class Store:
     async def is_current(self, conn: Connection) -> bool:
         """Tell whether every store migration of this build is applied; change nothing."""
         return await _schema.is_current(conn, self.schema)
-
-    # -- kept until worker/run is converted ------------------------------------
-    # The untyped named-query calls of before the typed groups above: a caller
-    # outside worker/run uses the typed method of each query instead.
-
-    async def fetchrow(self, conn: Connection, name: str, *args: Any) -> asyncpg.Record | None:
-        """Run named query ``name``; return its first row (kept until worker/run is converted)."""
-        return await conn.fetchrow(self.q[name], *args)
-
-    async def fetch(self, conn: Connection, name: str, *args: Any) -> list[asyncpg.Record]:
-        """Run named query ``name`` and return its rows (kept until worker/run is converted)."""
-        return await conn.fetch(self.q[name], *args)
-
-    async def fetchval(self, conn: Connection, name: str, *args: Any) -> Any:
-        """Run named query ``name``; return its first value (kept until worker/run is converted)."""
-        return await conn.fetchval(self.q[name], *args)
-
-    async def execute(self, conn: Connection, name: str, *args: Any) -> str:
-        """Run named query ``name`` for its effect (kept until worker/run is converted)."""
-        return await conn.execute(self.q[name], *args)
-
-    async def settle(
-        self,
-        conn: Connection,
-        run_id: uuid.UUID,
-        *,
-        status: str,
-        fact: dict[str, Any],
-        attempt_id: int | None,
-        output: Any = None,
-        error: Any = None,
-        own_attempt_id: int | None = None,
-    ) -> bool:
-        """``store.runs.settle`` under its old name (kept until worker/run is converted)."""
-        return await self.runs.settle(
-            conn, run_id, status=status, fact=fact, attempt_id=attempt_id, output=output,
-            error=error, own_attempt_id=own_attempt_id,
-        )  # fmt: skip
