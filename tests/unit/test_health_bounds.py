@@ -2,9 +2,10 @@
 
 A silent client, one that sends half a request or dribbles its headers, and one
 that does not read its response are all disconnected within the bound; at the
-cap a new connection takes the place of the one idle the longest (a crowd of
-keep-alive page viewers cannot lock a health probe out), and only when every
-connection has a request in progress is it closed at once (one log line).
+cap a new connection takes the place of the one idle the longest, else of the
+page request in progress the longest (a crowd of page viewers cannot lock a
+health probe out), and only when every connection is a probe in progress is it
+closed at once (one log line).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ async def _ready() -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def serving(lanes: Any = None) -> AsyncIterator[HealthServer]:
+async def serving(lanes: Any = None, ready: Any = _ready) -> AsyncIterator[HealthServer]:
     """A health server on a free port of 127.0.0.1, stopped afterwards."""
-    server = HealthServer(0, Metrics(), _ready, lanes, host="127.0.0.1")
+    server = HealthServer(0, Metrics(), ready, lanes, host="127.0.0.1")
     await server.start()
     try:
         yield server
@@ -200,14 +201,30 @@ async def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(
         await wait_until(lambda: server.open_connections == 0)
 
 
-async def test_connections_beyond_a_cap_of_busy_ones_are_closed_and_logged_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Every connection has a request in progress: new ones are closed (one log line)."""
+def slowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cap of 3 and bounds long enough that only the test's gate ends a request."""
     monkeypatch.setattr(health, "MAX_CONNECTIONS", 3)
     monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 60.0)
     monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 60.0)
     monkeypatch.setattr(health, "LANES_TIMEOUT_S", 60.0)
+
+
+async def hold(server: HealthServer, path: str) -> list[Any]:
+    """Fill the cap with requests of ``path`` in progress; return their connections."""
+    assert server.port is not None
+    held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+    for _, writer in held:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await wait_until(lambda: server.open_connections == 3)
+    await wait_until(lambda: all(h.idle_since is None for h in server._bounds.handlers))
+    return held
+
+
+async def test_at_a_cap_of_busy_page_requests_a_probe_takes_the_place_of_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Page viewers hold every slot with a request in progress: probes are still served."""
+    slowed(monkeypatch)
     gate = asyncio.Event()
 
     async def slow_lanes() -> list[LaneView]:
@@ -216,11 +233,33 @@ async def test_connections_beyond_a_cap_of_busy_ones_are_closed_and_logged_once(
 
     async with serving(slow_lanes) as server:
         assert server.port is not None
-        held = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(3)]
+        held = await hold(server, "/lanes")
+        assert await get_status(server.port, "/healthz") == 200
+        assert await get_status(server.port, "/readyz") == 200
+        assert await get_status(server.port, "/healthz") == 200
+        # The first probe took a page request's place; the rest found its slot free.
+        assert server._bounds.pages_dropped == 1
+        assert server.open_connections <= 3
+        gate.set()
         for _, writer in held:
-            writer.write(b"GET /lanes HTTP/1.1\r\nHost: x\r\n\r\n")
-        await wait_until(lambda: server.open_connections == 3)
-        await wait_until(lambda: all(h.idle_since is None for h in server._bounds.handlers))
+            writer.close()
+        await wait_until(lambda: server.open_connections == 0)
+
+
+async def test_connections_beyond_a_cap_of_busy_probes_are_closed_and_logged_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only probes are in progress (none is ever dropped): new connections are closed."""
+    slowed(monkeypatch)
+    gate = asyncio.Event()
+
+    async def slow_ready() -> dict[str, Any]:
+        await gate.wait()
+        return {"ready": True}
+
+    async with serving(ready=slow_ready) as server:
+        assert server.port is not None
+        held = await hold(server, "/readyz")
         with capture_logs() as lines:
             for _ in range(3):
                 reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

@@ -206,8 +206,21 @@ def unreadable_files(url: str) -> list[str]:
     return found
 
 
+# A secret shorter than this is masked only as a whole word: a password such as
+# `run` must not turn `runs_rel_a` and `run.started` in every log line into `***s_rel_a`.
+WHOLE_WORD_BELOW = 8
+
+
 def mask_secrets(text: str, secrets: Sequence[str]) -> str:
-    """Return ``text`` with every occurrence of each of ``secrets`` replaced by ``***``."""
+    """Return ``text`` with each of ``secrets`` replaced by ``***``.
+
+    A secret of ``WHOLE_WORD_BELOW`` characters or more is replaced wherever it
+    occurs; a shorter one only where no letter, digit or ``_`` touches it (in a
+    URL it is bounded by ``:`` and ``@``). ``doctor`` warns about a short password.
+    """
     for secret in secrets:
-        text = text.replace(secret, _REDACTED)
+        if len(secret) >= WHOLE_WORD_BELOW:
+            text = text.replace(secret, _REDACTED)
+        elif secret in text:
+            text = re.sub(rf"(?<![0-9A-Za-z_]){re.escape(secret)}(?![0-9A-Za-z_])", _REDACTED, text)
     return text

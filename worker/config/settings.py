@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from worker import lanes
-from worker.config.dburl import redact_url, url_problem
+from worker.config.dburl import WHOLE_WORD_BELOW, redact_url, url_problem, url_secrets
 
 # The contract's names, re-exported: tests and tools read them from here.
 from worker.config.env import BOOT_RETRY_ENV as BOOT_RETRY_ENV
@@ -191,6 +191,11 @@ def _database_url(env: Mapping[str, str], problems: Problems) -> str | None:
         # The sentence quotes none of the value: any part of it may be the password.
         problems.refuse(DATABASE_URL_ENV, database_url_refusal(problem))
         return None
+    if any(len(s) < WHOLE_WORD_BELOW for s in url_secrets(url)):
+        problems.warnings.append(
+            f"the password in {DATABASE_URL_ENV} is shorter than {WHOLE_WORD_BELOW} characters: "
+            "logs and messages mask it only where it stands as a whole word; use a longer one."
+        )
     return redact_url(url)
 
 

@@ -96,21 +96,29 @@ class _Bounds:
         self.open = 0
         self.handlers: set[_BoundedHandler] = set()
         self._refused = 0  # since the last log line
+        self.pages_dropped = 0  # page requests cut short to admit a newcomer
         self._logged_at: float | None = None
 
     def make_room(self) -> bool:
-        """At the cap, drop the connection idle the longest; False if every one is busy.
+        """At the cap, drop a connection for the newcomer; False if only probes are busy.
 
-        Idle keep-alive connections (no handler running) are what a crowd of
-        page viewers holds: dropping one costs its client a reconnect, while
-        refusing the newcomer could cost an orchestrator's health probe.
+        First the connection idle the longest (no handler running): idle
+        keep-alive connections are what a crowd of page viewers holds. Else the
+        one serving a page request (``/``, ``/lanes``, ``/metrics``) the longest.
+        Dropping either costs a viewer a retry, while refusing the newcomer could
+        cost an orchestrator's health probe its machine (a probe is never dropped).
         """
         if self.open < self.max_connections:
             return True
         idle = [h for h in self.handlers if h.idle_since is not None]
-        if not idle:
+        if idle:
+            min(idle, key=lambda h: cast(float, h.idle_since)).drop()
+            return self.open < self.max_connections
+        pages = [h for h in self.handlers if h.page_since is not None]
+        if not pages:
             return False
-        min(idle, key=lambda h: cast(float, h.idle_since)).drop()
+        min(pages, key=lambda h: cast(float, h.page_since)).drop()
+        self.pages_dropped += 1
         return self.open < self.max_connections
 
     def refuse(self) -> None:
@@ -146,6 +154,8 @@ class _BoundedHandler(RequestHandler):
         self._deadline: asyncio.TimerHandle | None = None
         # When its clock started (no handler running), or None while one runs.
         self.idle_since: float | None = None
+        # When the page request it serves began (None: idle, or a probe).
+        self.page_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         real = cast(asyncio.Transport, transport)
@@ -229,6 +239,10 @@ class _BoundedRunner(web.AppRunner):
         return _BoundedServer(await super()._make_server(), self._bounds)
 
 
+# The orchestrator's probes: never dropped to make room (a page request is).
+_PROBES = frozenset({"/healthz", "/readyz"})
+
+
 @web.middleware
 async def _handler_clock(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -238,10 +252,13 @@ async def _handler_clock(
     bounded = protocol if isinstance(protocol, _BoundedHandler) else None
     if bounded is not None:
         bounded.stop_clock()
+        if request.path not in _PROBES:
+            bounded.page_since = asyncio.get_running_loop().time()
     try:
         return await handler(request)
     finally:
         if bounded is not None:
+            bounded.page_since = None
             bounded.start_clock()
 
 

@@ -11,6 +11,12 @@ import structlog
 
 from worker.config.dburl import mask_secrets
 
+# Keys whose values the daemon writes from its own names, never from a driver's text.
+_OWN_NAMES = frozenset(
+    {"event", "level", "log_level", "timestamp", "logger", "queue", "release_id", "worker_id",
+     "run_id", "task_id", "schema", "loop", "from_release_id", "to_queue", "adopter_release_id"}
+)  # fmt: skip
+
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
     if isinstance(value, str):
@@ -65,7 +71,11 @@ def configure(
     secrets = tuple(s for s in secrets if s)
 
     def scrub_secrets(_logger: Any, _method: str, event: Any) -> Any:
-        return _scrub(event, secrets) if secrets else event
+        if not secrets or not isinstance(event, dict):
+            return _scrub(event, secrets) if secrets else event
+        # Names the daemon itself writes hold no secret; a short password must not
+        # mangle them (`run.started`, the queue a filter looks for).
+        return {k: v if k in _OWN_NAMES else _scrub(v, secrets) for k, v in event.items()}
 
     out = stream if stream is not None else sys.stdout
     use_console = log_format == "console" or (
