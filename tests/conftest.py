@@ -2,10 +2,11 @@
 
 Real PostgreSQL: ``pg_server`` (session) is the server, ``database_url`` a fresh database for
 one test, ``db`` an open asyncpg connection to it. The server starts on first use, so a test
-run that requests none of these never starts PostgreSQL. The machinery is in ``pgfixture.py``
-next to this file: ``tests/`` has no ``__init__.py``, so pytest's default ("prepend") import
-mode puts this directory on ``sys.path`` before importing this conftest, which makes the
-helper importable as the top-level module ``pgfixture`` (from test modules too).
+run that requests none of these never starts PostgreSQL. The machinery is in
+``support/pgfixture.py`` next to this file: ``tests/`` has no ``__init__.py``, so pytest's
+default ("prepend") import mode puts this directory on ``sys.path`` before importing this
+conftest, which makes the package importable as the top-level ``support`` (from test
+modules too: ``from support.cli import run_cli``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-import pgfixture
-from pgfixture import DatabaseFactory, PgServer
+from support import pgfixture
+from support.pgfixture import DatabaseFactory, PgServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

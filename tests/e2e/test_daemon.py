@@ -10,9 +10,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon import Daemons, base_env, queue_of
-from runtime_harness import eventually, open_client
 
+from support.daemon import Daemons, base_env, queue_of
+from support.runtime import eventually, open_client
 from worker import lanes
 from worker.client import RunStatus
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import asyncpg
 from aiohttp import http_exceptions
-from daemon import Daemons, base_env, queue_of
-from runtime_harness import eventually, open_client
 
+from support.daemon import Daemons, base_env, queue_of
+from support.runtime import eventually, open_client
 from worker import lanes
 
 RELEASE = "rel-hb"

@@ -20,11 +20,9 @@ import asyncio
 import contextlib
 import errno
 import json
-import os
 import re
 import secrets
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -37,17 +35,15 @@ import aiohttp
 import asyncpg
 import pytest
 from click.testing import CliRunner
-from daemon import Daemons
-from test_cli import one_error_line
 
-import pgfixture
-from pgfixture import PgServer
+from support import pgfixture
+from support.cli import one_error_line, run_cli
+from support.daemon import Daemons
+from support.pgfixture import PgServer
 from worker.cli import cli
 from worker.client import LaneClient
 from worker.limits import MAX_INPUT_BYTES
 
-REPO = Path(__file__).resolve().parents[2]
-LANE_WORKER = Path(sys.executable).with_name("lane-worker")
 PASSWORD = "Hunter2-s3cret-pw"
 KNOWN_RELEASE = "rel-known"
 KEY = "order-42"
@@ -87,17 +83,7 @@ def lane_worker(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run the ``lane-worker`` script with exactly ``env`` (plus PATH); return it and its time."""
     started = time.monotonic()
-    result = subprocess.run(
-        [str(LANE_WORKER), *args],
-        cwd=REPO,
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        input=stdin.decode() if stdin is not None else None,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=timeout,
-        check=False,
-    )
+    result = run_cli(env, *args, stdin=stdin, timeout=timeout, script=True, errors="replace")
     return result, time.monotonic() - started
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon import Daemons
-from runtime_harness import connect, eventually, open_client
+
+from support.daemon import Daemons
+from support.runtime import connect, eventually, open_client
 
 RELEASE = "rel-a"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}

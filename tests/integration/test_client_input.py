@@ -17,8 +17,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-from runtime_harness import connect, open_client
 
+from support.runtime import connect, open_client
 from worker.client import LaneClient
 from worker.errors import (
     IdempotencyConflict,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from pgfixture import DatabaseFactory, PgServer
+from support.pgfixture import DatabaseFactory, PgServer
 
 
 @pytest.fixture

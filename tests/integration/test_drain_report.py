@@ -20,7 +20,8 @@ from typing import Any
 import asyncpg
 import pytest
 import structlog
-from runtime_harness import (
+
+from support.runtime import (
     SCHEMA,
     connect,
     eventually,
@@ -31,7 +32,6 @@ from runtime_harness import (
     sleepers_due,
     work_once,
 )
-
 from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.db import engine

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import absurdctl
 import asyncpg
 import pytest
-from runtime_harness import connect
 
+from support.runtime import connect
 from worker.db import engine
 from worker.db.pool import Connection
 from worker.db.store import Store

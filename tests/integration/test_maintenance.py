@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime_harness import SCHEMA, connect, open_client
 from structlog.testing import capture_logs
 
+from support.runtime import SCHEMA, connect, open_client
 from worker.client import LaneClient, RunStatus
 from worker.daemon.maintenance import maintain
 from worker.metrics import Metrics

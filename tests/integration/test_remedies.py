@@ -16,7 +16,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from runtime_harness import (
+from structlog.testing import capture_logs
+
+from support.runtime import (
     SCHEMA,
     connect,
     eventually,
@@ -26,8 +28,6 @@ from runtime_harness import (
     register_worker,
     work_once,
 )
-from structlog.testing import capture_logs
-
 from worker import App, TaskContext, lanes
 from worker.client import LaneClient
 from worker.daemon.maintenance import maintain

@@ -21,16 +21,6 @@ from typing import Any
 import anyio
 import pytest
 import structlog
-from runtime_harness import (
-    SCHEMA,
-    connect,
-    eventually,
-    open_client,
-    open_runtime,
-    queue_of,
-    register_worker,
-    work_once,
-)
 from test_remedies import (
     ENV_A,
     QA,
@@ -46,6 +36,16 @@ from test_remedies import (
     two_lanes,
 )
 
+from support.runtime import (
+    SCHEMA,
+    connect,
+    eventually,
+    open_client,
+    open_runtime,
+    queue_of,
+    register_worker,
+    work_once,
+)
 from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.daemon.maintenance import maintain, reconcile_lanes

@@ -14,7 +14,8 @@ import anyio
 import asyncpg
 import pytest
 import structlog
-from runtime_harness import (
+
+from support.runtime import (
     SCHEMA,
     connect,
     eventually,
@@ -25,7 +26,6 @@ from runtime_harness import (
     work_once,
     work_until,
 )
-
 from worker import App, TaskContext
 from worker.db import engine
 from worker.run.execute import Runtime

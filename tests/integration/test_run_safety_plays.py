@@ -16,8 +16,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-from runtime_harness import eventually, open_client, open_runtime, work_once, work_until
 
+from support.runtime import eventually, open_client, open_runtime, work_once, work_until
 from worker import App, TaskContext
 from worker.db.engine import ClaimedRun
 from worker.errors import FatalRunError

@@ -7,7 +7,8 @@ import asyncio
 from typing import Any
 
 import structlog
-from runtime_harness import (
+
+from support.runtime import (
     connect,
     eventually,
     open_client,
@@ -18,7 +19,6 @@ from runtime_harness import (
     work_once,
     work_until,
 )
-
 from worker import App, TaskContext
 
 A, B = "rel-a", "rel-b"
