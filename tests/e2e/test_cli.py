@@ -46,14 +46,21 @@ def env(database_url: str) -> dict[str, str]:
 
 
 @pytest.fixture
+def empty_env(empty_database_url: str) -> dict[str, str]:
+    """The environment of the commands on a fresh database without lane-worker's schemas."""
+    return {"WORKFLOW_RUNTIME_POSTGRES": empty_database_url}
+
+
+@pytest.fixture
 def migrated(env: dict[str, str]) -> dict[str, str]:
     """``env`` after ``lane-worker migrate``."""
     ok(env, "migrate")
     return env
 
 
-def test_migrate_installs_then_reports_current(env: dict[str, str]) -> None:
+def test_migrate_installs_then_reports_current(empty_env: dict[str, str]) -> None:
     """The first migrate installs both schemas; a second one finds them current."""
+    env = empty_env
     first = ok(env, "migrate").stdout
     assert "engine schema: installed" in first
     assert "applied 0001" in first
@@ -64,17 +71,18 @@ def test_migrate_installs_then_reports_current(env: dict[str, str]) -> None:
     assert again["storeVersion"] >= 1
 
 
-def test_status_before_migrate_says_to_migrate(env: dict[str, str]) -> None:
+def test_status_before_migrate_says_to_migrate(empty_env: dict[str, str]) -> None:
     """On a database without the store, status exits 1 and names migrate as the remedy."""
-    result = run_cli(env, "status", str(uuid.uuid4()))
+    result = run_cli(empty_env, "status", str(uuid.uuid4()))
     assert result.returncode == 1
     assert "lane-worker migrate" in one_error_line(result)
 
 
-def test_submit_prints_the_run_id(env: dict[str, str]) -> None:
-    """Without --json, submit prints only the new run's UUID."""
-    out = ok(env, "submit", "enrich-company").stdout.strip()
+def test_submit_prints_the_run_id(empty_env: dict[str, str]) -> None:
+    """Without --json, submit prints only the new run's UUID (installing the schemas first)."""
+    out = ok(empty_env, "submit", "enrich-company").stdout.strip()
     assert str(uuid.UUID(out)) == out
+    assert ok_json(empty_env, "status", out)["status"] == "queued"
 
 
 def test_submit_json_stamps_the_release_and_its_queue(env: dict[str, str]) -> None:

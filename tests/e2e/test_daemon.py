@@ -123,9 +123,12 @@ async def test_busy_health_port_exits_1_naming_the_variable(database_url: str) -
     assert not daemon.events("worker.ready")
 
 
-async def test_ready_daemon_serves_health_readiness_and_metrics(database_url: str) -> None:
-    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics, /lanes."""
-    async with Daemons(database_url) as pool:
+async def test_ready_daemon_serves_health_readiness_and_metrics(empty_database_url: str) -> None:
+    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics, /lanes.
+
+    On a database without the schemas: boot installs them before it is ready.
+    """
+    async with Daemons(empty_database_url) as pool:
         daemon = pool.start(RELEASE)
         ready = await daemon.ready()
         assert ready["release_id"] == WORKER_RELEASE

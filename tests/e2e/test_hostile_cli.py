@@ -10,7 +10,7 @@ PATH) as a child process, with exactly the environment it gives (plus PATH), and
 * the database is the same afterwards: its schemas, the row count of every table, the
   lane registry, the runs and the engine's queues (``snapshot``).
 
-A case runs against an *empty* database (created here from ``template0``, no schemas at
+A case runs against an *empty* database (the ``empty_database_url`` fixture: no schemas at
 all) or a *migrated* one (both schemas, one known lane, one run with an idempotency key).
 """
 
@@ -39,7 +39,7 @@ from click.testing import CliRunner
 from support import pgfixture
 from support.cli import one_error_line, run_cli
 from support.daemon import Daemons
-from support.pgfixture import PgServer
+from support.pgfixture import DatabaseFactory, PgServer
 from worker.cli import cli
 from worker.client import LaneClient
 from worker.limits import MAX_INPUT_BYTES
@@ -260,18 +260,14 @@ def created_database(server: PgServer, template: str, tag: str) -> Iterator[str]
 
 
 @pytest.fixture(scope="module")
-def migrated_template(pg_server: PgServer) -> Iterator[tuple[str, str]]:
-    """A migrated database to clone (name, prepared run id): migrating once is much faster."""
-    with created_database(pg_server, "template0", "tpl") as name:
+def migrated_template(
+    pg_server: PgServer, pg_databases: DatabaseFactory
+) -> Iterator[tuple[str, str]]:
+    """A prepared database to clone (name, prepared run id): preparing once is much faster."""
+    session_template = pgfixture.quote_ident(pg_databases.template)  # migrated already
+    with created_database(pg_server, session_template, "tpl") as name:
         run_id = pgfixture.run(_prepare(pg_server.url_for(name)))
         yield name, run_id
-
-
-@pytest.fixture
-def empty_database_url(pg_server: PgServer) -> Iterator[str]:
-    """A database created here from template0: no engine schema, no store, nothing."""
-    with created_database(pg_server, "template0", "empty") as name:
-        yield pg_server.url_for(name)
 
 
 @pytest.fixture

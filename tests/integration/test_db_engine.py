@@ -70,16 +70,18 @@ async def run_state(conn: Connection, run_id: uuid.UUID) -> str:
     return state
 
 
-async def test_concurrent_install_from_ten_connections_installs_once(database_url: str) -> None:
+async def test_concurrent_install_from_ten_connections_installs_once(
+    empty_database_url: str,
+) -> None:
     """Ten workers booting at once: exactly one installs, the rest find it current."""
-    conns = [await connect(database_url) for _ in range(10)]
+    conns = [await connect(empty_database_url) for _ in range(10)]
     try:
         outcomes = await asyncio.gather(*(engine.ensure_engine_schema(c) for c in conns))
     finally:
         for conn in conns:
             await conn.close()
     assert sorted(outcomes) == ["current"] * 9 + [f"installed {engine.ENGINE_SCHEMA_VERSION}"]
-    check = await connect(database_url)
+    check = await connect(empty_database_url)
     try:
         assert await check.fetchval("select absurd.get_schema_version()") == "0.5.1"
     finally:
@@ -111,9 +113,9 @@ async def test_newer_engine_schema_is_refused(eng: asyncpg.Connection[asyncpg.Re
     assert "0.5.1" in str(caught.value)
 
 
-async def test_older_engine_schema_is_upgraded(database_url: str) -> None:
+async def test_older_engine_schema_is_upgraded(empty_database_url: str) -> None:
     """An engine schema one release older is upgraded through absurdctl's bundled migration."""
-    conn = await connect(database_url)
+    conn = await connect(empty_database_url)
     try:
         await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
         # Pretend the 0.5.1 step has not run: its migration is idempotent.
