@@ -8,7 +8,7 @@ exit 78; a server that answers "no such database" or nothing at all: exit 1),
 the daemon's boot failure, its JSON logs, and a play's error as stored and as
 ``status`` shows it.
 
-Unit-level checks of the same table are in ``tests/unit/test_dburl.py``. The
+Unit-level checks of the same table are in ``tests/unit/test_config_dburl.py``. The
 daemon runs ``support.apps.leaky:app``, whose play raises quoting the URL.
 """
 
@@ -35,7 +35,7 @@ RELEASE = "rel-mask"  # no piece of a password ("rel-secret" holds "cret")
 APP = "support.apps.leaky:app"
 # Nothing listens on port 1: a connection is refused at once, and the CLI retries for 10 s.
 CLOSED_PORT = 1
-# See tests/unit/test_dburl.py: 3-character pieces give false positives ("%2F" is in
+# See tests/unit/test_config_dburl.py: 3-character pieces give false positives ("%2F" is in
 # the refusal's hint, " us" in English); a password of 4 characters or fewer counts whole.
 MIN_FRAGMENT = 4
 COMMAND_TIMEOUT_S = 60.0
