@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from support.daemon import Daemons, base_env, queue_of
+from support.daemon import Daemons, base_env, one_sentence, queue_of
 from support.runtime import eventually, open_client
 from worker import lanes
 from worker.client import RunStatus
@@ -34,14 +34,6 @@ async def step_started(path: Path) -> None:
         return lines_in(path) >= 1
 
     await eventually(started, what=f"{path.name} to be written")
-
-
-def one_sentence(stderr: str) -> str:
-    """Return stderr as one line, failing when it is empty, several lines or a traceback."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 async def http_get(port: int, path: str) -> tuple[int, str, str]:

@@ -12,6 +12,7 @@ daemon started by :mod:`support.daemon` gets the same directory on ``PYTHONPATH`
 - :mod:`support.runtime`: in-process runtimes and clients, for claims driven by the test.
 - :mod:`support.db`: one query on a connection of its own, and the rows tests read.
 - :mod:`support.report`: reading the drain report (buckets, blockers) in assertions.
+- :mod:`support.page`: the lanes page as headless Chromium renders it.
 - :mod:`support.plays`: the in-process apps the integration tests share.
 - :mod:`support.apps`: the apps the daemons of the e2e tests run.
 """

@@ -255,6 +255,14 @@ class Daemon:
                 pipe.close()
 
 
+def one_sentence(stderr: str) -> str:
+    """Return stderr as one line, failing when it is empty, several lines or a traceback."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
 def _matches(record: dict[str, Any], event: str | None, filters: Mapping[str, Any]) -> bool:
     if event is not None and record.get("event") != event:
         return False
