@@ -150,7 +150,7 @@ class Ran:
 async def lane_worker(env: dict[str, str], *args: str) -> Ran:
     """Run ``python -m worker ARGS`` with exactly ``env`` (plus PATH); return what it did."""
     try:
-        done = await run_cli_async(env, *args, timeout=COMMAND_TIMEOUT_S)
+        done = await run_cli_async(env, *args, timeout_s=COMMAND_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise AssertionError(
             f"lane-worker {' '.join(args)} ran over {COMMAND_TIMEOUT_S} s"

@@ -70,10 +70,37 @@ def run_cli(
 
 
 async def run_cli_async(
-    env: Mapping[str, str], *args: str | bytes, **options: Any
+    env: Mapping[str, str],
+    *args: str | bytes,
+    stdin: bytes | None = None,
+    timeout_s: float = TIMEOUT_S,
+    script: bool = False,
+    errors: str = "strict",
 ) -> subprocess.CompletedProcess[str]:
-    """:func:`run_cli` from async code (in a thread: the event loop goes on meanwhile)."""
-    return await asyncio.to_thread(run_cli, env, *args, **options)
+    """:func:`run_cli` from async code: the event loop goes on while the command runs.
+
+    A child process of its own, not a thread: any number of commands run side by side
+    (a thread pool would queue them, a few at a time).
+    """
+    argv = cli_argv(*args, script=script)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        cwd=REPO,
+        env=cli_env(env),
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise subprocess.TimeoutExpired(argv, timeout_s) from None
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(
+        argv, proc.returncode, out.decode("utf-8", errors), err.decode("utf-8", errors)
+    )
 
 
 async def cli_json(
