@@ -1,11 +1,13 @@
 """Fixtures for every test suite (unit, integration, e2e).
 
-Real PostgreSQL: ``pg_server`` (session) is the server, ``database_url`` a fresh database for
-one test, ``db`` an open asyncpg connection to it. The server starts on first use, so a test
-run that requests none of these never starts PostgreSQL. The machinery is in ``pgfixture.py``
-next to this file: ``tests/`` has no ``__init__.py``, so pytest's default ("prepend") import
-mode puts this directory on ``sys.path`` before importing this conftest, which makes the
-helper importable as the top-level module ``pgfixture`` (from test modules too).
+Real PostgreSQL: ``pg_server`` (session) is the server, ``database_url`` a fresh, migrated
+database for one test, ``db`` an open asyncpg connection to it, ``empty_database_url`` a fresh
+database without lane-worker's schemas. The server starts on first use, so a test
+run that requests none of these never starts PostgreSQL. The machinery is in
+``support/pgfixture.py`` next to this file: ``tests/`` has no ``__init__.py``, so pytest's
+default ("prepend") import mode puts this directory on ``sys.path`` before importing this
+conftest, which makes the package importable as the top-level ``support`` (from test
+modules too: ``from support.cli import run_cli``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 import asyncpg
 import pytest
 
-import pgfixture
-from pgfixture import DatabaseFactory, PgServer
+from support import pgfixture
+from support.pgfixture import DatabaseFactory, PgServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,8 +53,23 @@ def pg_databases(pg_server: PgServer) -> Iterator[DatabaseFactory]:
 
 @pytest.fixture
 def database_url(pg_databases: DatabaseFactory) -> Iterator[str]:
-    """URL of a fresh database for this test (cloned from the template, dropped afterwards)."""
+    """URL of a fresh, migrated database for this test (a clone of the template, dropped after).
+
+    It holds the engine schema and the store in its default schema, as ``lane-worker
+    migrate`` leaves them, and nothing else: no queue, no lane, no row.
+    """
     with pg_databases.fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+def empty_database_url(pg_databases: DatabaseFactory) -> Iterator[str]:
+    """URL of a fresh database with no schema of lane-worker's at all (dropped afterwards).
+
+    For what must start from nothing: installing the schemas, and refusing to work
+    without them.
+    """
+    with pg_databases.empty_database() as url:
         yield url
 
 

@@ -12,7 +12,7 @@ twice, some held until two releases claim while their predecessor is retired).
 
 Everything is then judged from the tables: the store (runs, attempts, ledger),
 the engine's run rows and ``chaos_exec``, where every step execution leaves a
-row (``chaos_app.py``). ``LANE_WORKER_CHAOS_SEED`` replays a seed;
+row (``support/apps/chaos.py``). ``LANE_WORKER_CHAOS_SEED`` replays a seed;
 ``LANE_WORKER_CHAOS_REPORT`` names a file that receives the figures table.
 """
 
@@ -33,10 +33,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from chaos_app import EXEC_TABLE_SQL, FAIL_ONCE_ERROR
-from daemon import Daemon, Daemons
-from runtime_harness import open_client
 
+from support.apps.chaos import EXEC_TABLE_SQL, FAIL_ONCE_ERROR
+from support.daemon import Daemon, Daemons
+from support.runtime import open_client
 from worker import lanes
 from worker.client import LaneClient
 
@@ -130,7 +130,7 @@ class Chaos:
     def spawn(self, release: str) -> Daemon:
         """Start one daemon of ``release`` running the chaos app."""
         name = f"{release}/{next(self.serial)}"
-        return self.pool.start(release, name=name, app="chaos_app:app", **WORKER_ENV)
+        return self.pool.start(release, name=name, app="support.apps.chaos:app", **WORKER_ENV)
 
     async def deploy(self, release: str) -> None:
         """Start a release's workers and wait until each is ready."""

@@ -1,52 +1,34 @@
 """The operator commands as an operator runs them: real processes against a real database.
 
 Every test runs ``python -m worker ...`` with exactly the environment it gives
-(plus PATH) against its own fresh database. ``submit --wait`` up to a finished
+(plus PATH, see ``support.cli``) against its own fresh database. ``submit --wait`` up to a finished
 run needs a running worker, so it is covered with the daemon tests, not here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import click
 import pytest
 
+from support.cli import one_error_line, run_cli
 from worker.cli import cli as root_command
 
-REPO = Path(__file__).resolve().parents[2]
 RELEASE = "Release-2026.12.02"
 RELEASE_QUEUE = "runs_release_2026_12_02"
 SECRET = "secretpw"
 UNREACHABLE = f"postgresql://u:{SECRET}@127.0.0.1:1/x"
 
 
-def lane_worker(
-    env: dict[str, str], *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m worker ARGS`` with exactly ``env`` (plus PATH)."""
-    return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
-        cwd=REPO,
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def ok(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run a command that must succeed silently on stderr."""
-    result = lane_worker(env, *args)
+    result = run_cli(env, *args)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     return result
@@ -57,19 +39,16 @@ def ok_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(ok(env, *args, "--json").stdout)
 
 
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """Return the single ``lane-worker: ...`` line a failed command printed on stderr."""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("lane-worker: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
-
-
 @pytest.fixture
 def env(database_url: str) -> dict[str, str]:
     """The environment of the commands: this test's fresh database, nothing else."""
     return {"WORKFLOW_RUNTIME_POSTGRES": database_url}
+
+
+@pytest.fixture
+def empty_env(empty_database_url: str) -> dict[str, str]:
+    """The environment of the commands on a fresh database without lane-worker's schemas."""
+    return {"WORKFLOW_RUNTIME_POSTGRES": empty_database_url}
 
 
 @pytest.fixture
@@ -79,8 +58,9 @@ def migrated(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def test_migrate_installs_then_reports_current(env: dict[str, str]) -> None:
+def test_migrate_installs_then_reports_current(empty_env: dict[str, str]) -> None:
     """The first migrate installs both schemas; a second one finds them current."""
+    env = empty_env
     first = ok(env, "migrate").stdout
     assert "engine schema: installed" in first
     assert "applied 0001" in first
@@ -91,17 +71,18 @@ def test_migrate_installs_then_reports_current(env: dict[str, str]) -> None:
     assert again["storeVersion"] >= 1
 
 
-def test_status_before_migrate_says_to_migrate(env: dict[str, str]) -> None:
+def test_status_before_migrate_says_to_migrate(empty_env: dict[str, str]) -> None:
     """On a database without the store, status exits 1 and names migrate as the remedy."""
-    result = lane_worker(env, "status", str(uuid.uuid4()))
+    result = run_cli(empty_env, "status", str(uuid.uuid4()))
     assert result.returncode == 1
     assert "lane-worker migrate" in one_error_line(result)
 
 
-def test_submit_prints_the_run_id(env: dict[str, str]) -> None:
-    """Without --json, submit prints only the new run's UUID."""
-    out = ok(env, "submit", "enrich-company").stdout.strip()
+def test_submit_prints_the_run_id(empty_env: dict[str, str]) -> None:
+    """Without --json, submit prints only the new run's UUID (installing the schemas first)."""
+    out = ok(empty_env, "submit", "enrich-company").stdout.strip()
     assert str(uuid.UUID(out)) == out
+    assert ok_json(empty_env, "status", out)["status"] == "queued"
 
 
 def test_submit_json_stamps_the_release_and_its_queue(env: dict[str, str]) -> None:
@@ -138,7 +119,7 @@ def test_submit_with_idempotency_key_twice_returns_the_same_run(env: dict[str, s
 )
 def test_bad_json_is_a_usage_error(env: dict[str, str], args: tuple[str, ...], flag: str) -> None:
     """Malformed JSON in --input or --data exits 2 naming the flag, before touching the database."""
-    result = lane_worker(env, *args)
+    result = run_cli(env, *args)
     assert result.returncode == 2
     assert flag in result.stderr
     assert "is not valid JSON" in result.stderr
@@ -158,7 +139,7 @@ def test_bad_json_is_a_usage_error(env: dict[str, str], args: tuple[str, ...], f
 )
 def test_unusable_arguments_are_usage_errors(env: dict[str, str], args: tuple[str, ...]) -> None:
     """A blank play or release, --timeout without --wait, a suffix naming no queue: exit 2."""
-    result = lane_worker(env, *args)
+    result = run_cli(env, *args)
     assert result.returncode == 2, result.stderr
     assert "Error:" in result.stderr
     assert "Traceback" not in result.stderr
@@ -166,7 +147,7 @@ def test_unusable_arguments_are_usage_errors(env: dict[str, str], args: tuple[st
 
 def test_submit_wait_times_out_without_a_worker(env: dict[str, str]) -> None:
     """--wait with no worker running exits 1 after the timeout and says the run goes on."""
-    result = lane_worker(env, "submit", "p", "--wait", "--timeout", "0.5", "--json")
+    result = run_cli(env, "submit", "p", "--wait", "--timeout", "0.5", "--json")
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert (report["status"], report["timedOut"]) == ("queued", True)
@@ -211,7 +192,7 @@ def test_status_text_is_a_readable_summary(env: dict[str, str]) -> None:
 @pytest.mark.parametrize("run_id", ["9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f", "not-a-uuid"])
 def test_status_of_an_unknown_run_exits_1(migrated: dict[str, str], run_id: str) -> None:
     """An unknown run id, or one that is not a UUID, exits 1 with one 'no run' line."""
-    result = lane_worker(migrated, "status", run_id)
+    result = run_cli(migrated, "status", run_id)
     assert result.returncode == 1
     assert one_error_line(result).startswith("lane-worker: no run ")
     assert result.stdout == ""
@@ -245,7 +226,7 @@ def test_signal_to_an_ended_run_is_kept_for_a_retry(env: dict[str, str]) -> None
 
 def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:
     """Signalling a run that does not exist exits 1 with one line."""
-    result = lane_worker(migrated, "signal", str(uuid.uuid4()), "approved")
+    result = run_cli(migrated, "signal", str(uuid.uuid4()), "approved")
     assert result.returncode == 1
     assert one_error_line(result).startswith("lane-worker: no run ")
 
@@ -320,14 +301,14 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
 def test_retiring_a_lane_nothing_ever_used_is_refused_unless_forced(env: dict[str, str]) -> None:
     """A release id no worker and no run ever used is a likely typo: exit 1, unless --force."""
     ok(env, "migrate")
-    refused = lane_worker(env, "lanes", "retire", "rel-typo", "--json")
+    refused = run_cli(env, "lanes", "retire", "rel-typo", "--json")
     assert refused.returncode == 1, refused.stderr
     (sentence,) = refused.stderr.splitlines()
     assert sentence.startswith("lane-worker: no lane has ever had release 'rel-typo'")
     assert "--force" in sentence
     assert refused.stdout == ""
     assert all(row["queue"] != "runs_rel_typo" for row in ok_json(env, "lanes")["lanes"])
-    forced = lane_worker(env, "lanes", "retire", "rel-typo", "--force", "--json")
+    forced = run_cli(env, "lanes", "retire", "rel-typo", "--force", "--json")
     assert forced.returncode == 0, forced.stderr
     assert json.loads(forced.stdout)["known"] is False
     assert lane(env, "runs_rel_typo")["status"] in ("retired", "drained")
@@ -338,7 +319,7 @@ def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> 
     ok(env, "migrate")
     assert "no lanes" in ok(env, "lanes").stdout
     # Nothing has used the lane yet, so the retire needs --force (tested above).
-    assert lane_worker(env, "lanes", "retire", "dev", "--force").returncode == 0
+    assert run_cli(env, "lanes", "retire", "dev", "--force").returncode == 0
     header, row, verdict = ok(env, "lanes").stdout.splitlines()
     assert header.split() == [
         "RELEASE",
@@ -371,7 +352,7 @@ def test_lanes_table_shows_a_retired_empty_lane_drained(env: dict[str, str]) -> 
 )
 def test_missing_database_url_exits_78_naming_it(args: tuple[str, ...]) -> None:
     """Without WORKFLOW_RUNTIME_POSTGRES every database command exits 78 naming it."""
-    result = lane_worker({}, *args)
+    result = run_cli({}, *args)
     assert result.returncode == 78
     assert "WORKFLOW_RUNTIME_POSTGRES" in one_error_line(result)
 
@@ -381,7 +362,7 @@ def test_missing_database_url_exits_78_naming_it(args: tuple[str, ...]) -> None:
 )
 def test_unusable_database_url_exits_78_without_the_password(url: str) -> None:
     """A URL that is not postgresql://, or that the driver cannot parse, exits 78."""
-    result = lane_worker({"WORKFLOW_RUNTIME_POSTGRES": url}, "lanes")
+    result = run_cli({"WORKFLOW_RUNTIME_POSTGRES": url}, "lanes")
     assert result.returncode == 78
     assert "WORKFLOW_RUNTIME_POSTGRES" in one_error_line(result)
     assert SECRET not in result.stdout + result.stderr
@@ -389,7 +370,7 @@ def test_unusable_database_url_exits_78_without_the_password(url: str) -> None:
 
 def test_isolated_schema_without_suffix_refuses_submit(env: dict[str, str]) -> None:
     """submit in an isolated store with no queue suffix exits 78 naming the suffix variable."""
-    result = lane_worker({**env, "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_9"}, "submit", "p")
+    result = run_cli({**env, "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_9"}, "submit", "p")
     assert result.returncode == 78
     assert "DEEPLINE_ABSURD_QUEUE_SUFFIX" in one_error_line(result)
 
@@ -397,7 +378,7 @@ def test_isolated_schema_without_suffix_refuses_submit(env: dict[str, str]) -> N
 def test_unreachable_database_exits_1_without_the_password() -> None:
     """Nothing listens on port 1: exit 1 with one sentence, in bounded time, no password."""
     started = time.monotonic()
-    result = lane_worker({"WORKFLOW_RUNTIME_POSTGRES": UNREACHABLE}, "status", "x", timeout=60)
+    result = run_cli({"WORKFLOW_RUNTIME_POSTGRES": UNREACHABLE}, "status", "x", timeout=60)
     assert time.monotonic() - started < 45  # the client retries connection errors for 30 s
     assert result.returncode == 1
     line = one_error_line(result)
@@ -426,7 +407,7 @@ ALL_COMMANDS = list(commands())
 )
 def test_help_explains_every_flag(path: tuple[str, ...], command: click.Command) -> None:
     """`lane-worker [COMMAND] --help` exits 0 and lists each of its flags with help text."""
-    result = lane_worker({}, *path, "--help")
+    result = run_cli({}, *path, "--help")
     assert result.returncode == 0, result.stderr
     assert (command.help or "").split("\n")[0].strip()[:40] in " ".join(result.stdout.split())
     for param in command.params:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon import Daemons, base_env, queue_of
-from runtime_harness import eventually, open_client
 
+from support.daemon import Daemons, base_env, one_sentence, queue_of
+from support.runtime import eventually, open_client
 from worker import lanes
 from worker.client import RunStatus
 
@@ -34,14 +34,6 @@ async def step_started(path: Path) -> None:
         return lines_in(path) >= 1
 
     await eventually(started, what=f"{path.name} to be written")
-
-
-def one_sentence(stderr: str) -> str:
-    """Return stderr as one line, failing when it is empty, several lines or a traceback."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 async def http_get(port: int, path: str) -> tuple[int, str, str]:
@@ -123,9 +115,12 @@ async def test_busy_health_port_exits_1_naming_the_variable(database_url: str) -
     assert not daemon.events("worker.ready")
 
 
-async def test_ready_daemon_serves_health_readiness_and_metrics(database_url: str) -> None:
-    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics, /lanes."""
-    async with Daemons(database_url) as pool:
+async def test_ready_daemon_serves_health_readiness_and_metrics(empty_database_url: str) -> None:
+    """/healthz 200, /readyz 200 with JSON, /metrics with lane_worker_ metrics, /lanes.
+
+    On a database without the schemas: boot installs them before it is ready.
+    """
+    async with Daemons(empty_database_url) as pool:
         daemon = pool.start(RELEASE)
         ready = await daemon.ready()
         assert ready["release_id"] == WORKER_RELEASE

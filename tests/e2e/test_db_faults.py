@@ -2,7 +2,7 @@
 
 The restart needs a server this test may stop, so it starts a private embedded
 PostgreSQL (never the session's). Both tests count every step execution in
-files written inside the steps (``fault_apps``) and read the terminal facts
+files written inside the steps (``support.apps.faults``) and read the terminal facts
 from the store's ledger.
 """
 
@@ -24,17 +24,17 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import asyncpg
 import pytest
-from daemon import Daemon, Daemons
-from fault_apps import executions
-from runtime_harness import connect, eventually, open_client
 
+from support.apps.faults import executions
+from support.daemon import Daemon, Daemons
+from support.runtime import connect, eventually, open_client
 from worker import lanes
 from worker.client import LaneClient
 
 RELEASE = "fault-rel"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 WORKER_RELEASE = lanes.current_release_id(ENV)
-APP = "fault_apps:app"
+APP = "support.apps.faults:app"
 STEPS = ("a", "long", "b")
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 OUTAGE_S = 6.0

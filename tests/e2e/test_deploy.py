@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 import asyncpg
-from daemon import Daemons
-from runtime_harness import eventually, open_client
 
+from support.daemon import Daemons
+from support.runtime import eventually, open_client
 from worker import lanes
 from worker.client import LaneClient, SubmittedRun
 

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,22 +22,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from support.cli import LANE_WORKER_SCRIPT, cli_argv
 from worker import demo, lanes
 from worker.config.settings import DATABASE_URL_ENV, TEST_DATABASE_URL_ENV
 from worker.dev.embedded import embedded_postgres
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO_PLAYS = [play for play, _ in demo.DEMO_RUNS]
 # Generous for a loaded CI machine; a demo takes about 3 s (the nap play sleeps 2 s).
 DEMO_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 STORE = lanes.PROD_DEFAULT_SCHEMA
-
-
-def lane_worker_command() -> list[str]:
-    """Return the argv prefix of the installed ``lane-worker`` entry point."""
-    script = Path(sys.executable).parent / "lane-worker"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "worker"]
 
 
 def dev_env(**values: str) -> dict[str, str]:
@@ -125,7 +118,7 @@ class DevRunner:
         output_file = self.tmp_path / f"dev-{name}-{len(self.started) + 1}.log"
         with output_file.open("wb") as out:
             proc = subprocess.Popen(
-                [*lane_worker_command(), "dev", *args],
+                cli_argv("dev", *args, script=LANE_WORKER_SCRIPT.exists()),
                 cwd=self.tmp_path,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
+
+from support.cli import run_cli
 
 DB = "postgresql://x"
 
 
 def doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run `python -m worker doctor` with exactly ``env`` (plus PATH)."""
-    return subprocess.run(
-        [sys.executable, "-m", "worker", "doctor", *args],
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(env, "doctor", *args)
 
 
 def test_isolated_schema_without_suffix_exits_78_naming_the_suffix() -> None:

@@ -8,16 +8,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-from daemon import Daemons, queue_of
-from fault_apps import executions
-from runtime_harness import connect, eventually, open_client
 
+from support.apps.faults import executions
+from support.daemon import Daemons, queue_of
+from support.runtime import connect, eventually, open_client
 from worker.daemon.supervisor import longest_stop_s
 
 RELEASE = "drain-rel"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 QUEUE = queue_of(RELEASE)
-APP = "fault_apps:app"
+APP = "support.apps.faults:app"
 DRAIN_S = 3
 RUNS = 20
 SHORT_S = 0.5  # after the gate opens (at SIGTERM): ends inside the drain window

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import asyncpg
 from aiohttp import http_exceptions
-from daemon import Daemons, base_env, queue_of
-from runtime_harness import eventually, open_client
 
+from support.daemon import Daemons, base_env, one_sentence, queue_of
+from support.runtime import eventually, open_client
 from worker import lanes
 
 RELEASE = "rel-hb"
@@ -61,14 +61,6 @@ PARSER_ERRORS = {
     for name, value in vars(http_exceptions).items()
     if isinstance(value, type) and issubclass(value, http_exceptions.HttpProcessingError)
 }
-
-
-def one_sentence(stderr: str) -> str:
-    """Return stderr as one line, failing when it is empty, several lines or a traceback."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 def free_port() -> int:

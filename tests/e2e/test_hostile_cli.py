@@ -10,7 +10,7 @@ PATH) as a child process, with exactly the environment it gives (plus PATH), and
 * the database is the same afterwards: its schemas, the row count of every table, the
   lane registry, the runs and the engine's queues (``snapshot``).
 
-A case runs against an *empty* database (created here from ``template0``, no schemas at
+A case runs against an *empty* database (the ``empty_database_url`` fixture: no schemas at
 all) or a *migrated* one (both schemas, one known lane, one run with an idempotency key).
 """
 
@@ -20,11 +20,9 @@ import asyncio
 import contextlib
 import errno
 import json
-import os
 import re
 import secrets
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -37,17 +35,15 @@ import aiohttp
 import asyncpg
 import pytest
 from click.testing import CliRunner
-from daemon import Daemons
-from test_cli import one_error_line
 
-import pgfixture
-from pgfixture import PgServer
+from support import pgfixture
+from support.cli import one_error_line, run_cli
+from support.daemon import Daemons
+from support.pgfixture import DatabaseFactory, PgServer
 from worker.cli import cli
 from worker.client import LaneClient
 from worker.limits import MAX_INPUT_BYTES
 
-REPO = Path(__file__).resolve().parents[2]
-LANE_WORKER = Path(sys.executable).with_name("lane-worker")
 PASSWORD = "Hunter2-s3cret-pw"
 KNOWN_RELEASE = "rel-known"
 KEY = "order-42"
@@ -87,17 +83,7 @@ def lane_worker(
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run the ``lane-worker`` script with exactly ``env`` (plus PATH); return it and its time."""
     started = time.monotonic()
-    result = subprocess.run(
-        [str(LANE_WORKER), *args],
-        cwd=REPO,
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        input=stdin.decode() if stdin is not None else None,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=timeout,
-        check=False,
-    )
+    result = run_cli(env, *args, stdin=stdin, timeout=timeout, script=True, errors="replace")
     return result, time.monotonic() - started
 
 
@@ -274,18 +260,14 @@ def created_database(server: PgServer, template: str, tag: str) -> Iterator[str]
 
 
 @pytest.fixture(scope="module")
-def migrated_template(pg_server: PgServer) -> Iterator[tuple[str, str]]:
-    """A migrated database to clone (name, prepared run id): migrating once is much faster."""
-    with created_database(pg_server, "template0", "tpl") as name:
+def migrated_template(
+    pg_server: PgServer, pg_databases: DatabaseFactory
+) -> Iterator[tuple[str, str]]:
+    """A prepared database to clone (name, prepared run id): preparing once is much faster."""
+    session_template = pgfixture.quote_ident(pg_databases.template)  # migrated already
+    with created_database(pg_server, session_template, "tpl") as name:
         run_id = pgfixture.run(_prepare(pg_server.url_for(name)))
         yield name, run_id
-
-
-@pytest.fixture
-def empty_database_url(pg_server: PgServer) -> Iterator[str]:
-    """A database created here from template0: no engine schema, no store, nothing."""
-    with created_database(pg_server, "template0", "empty") as name:
-        yield pg_server.url_for(name)
 
 
 @pytest.fixture

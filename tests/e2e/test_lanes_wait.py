@@ -4,8 +4,7 @@ Release A's daemon runs with one slot (LANE_WORKER_CONCURRENCY=1), so a run held
 mid-step keeps every later run of A fresh and its retry pending for as long as the
 test wants: the report's counts are then exactly what the test put there. The
 report is read the operator's two ways, `lane-worker lanes --json` and a daemon's
-/lanes, which must agree. This module is also the daemons' app (`--app
-test_lanes_wait:app`), so its plays are next to the test that drives them.
+/lanes, which must agree. The daemons run ``support.apps.drain:app``.
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,12 +21,16 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-from daemon import E2E_DIR, REPO, Daemon, Daemons, queue_of
-from fault_apps import wait_for_gate
-from runtime_harness import SCHEMA, connect, eventually, open_client
-from test_lanes_page import assert_page_matches
 
-from worker import App, TaskContext, lanes
+from support import REPO
+from support.apps import drain
+from support.cli import cli_argv, cli_env, lane_worker, lane_worker_json, operator_env
+from support.daemon import Daemon, Daemons, queue_of
+from support.db import LIVENESS_S
+from support.page import assert_page_matches
+from support.report import AGES, blockers, claiming_blockers, counts, expected
+from support.runtime import SCHEMA, connect, eventually, open_client
+from worker import lanes
 from worker.daemon.report_cache import REPORT_FRESH_S
 
 A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
@@ -37,100 +38,15 @@ A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
 A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
 B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
 QA, QB = queue_of(A), queue_of(B)
+APP = "support.apps.drain:app"
 # Many attempts: the run that fails until told otherwise stays in retry backoff.
 CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
-APP = "test_lanes_wait:app"
-# The daemons import this module, which imports the harness one directory up.
-DAEMON_PYTHONPATH = os.pathsep.join((str(E2E_DIR), str(E2E_DIR.parent)))
 # Long enough to stay parked until A is drained (under 3 s after it parks on a 2-core
 # machine; the test prints it), short enough that B's adoption of it is seen soon.
 NAP_S = 15.0
-GATE_LIMIT_S = 120.0
-BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
-AGES = ("oldestWaitSeconds", "oldestDeferralSeconds")
-LIVENESS_S = 60  # the report counts a worker live for 60 s after its last heartbeat
-
-# -- the daemons' app -------------------------------------------------------------------------
-
-app = App()
-
-
-@app.play("plain")
-async def plain(ctx: TaskContext, params: Any) -> dict[str, Any]:
-    """One step; returns who ran it."""
-    return {"release": await ctx.step("echo", lambda: ctx.release_id)}
-
-
-@app.play("nap")
-async def nap(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
-    """A durable sleep of ``seconds``, then a step."""
-    await ctx.sleep("nap", float(params["seconds"]))
-    return {"release": await ctx.step("after", lambda: ctx.release_id)}
-
-
-@app.play("waiter")
-async def waiter(ctx: TaskContext, params: Any) -> dict[str, Any]:
-    """Wait for event ``go``, then a step."""
-    reply = await ctx.wait_for_event("gate", "go", timeout=600)
-    return {"release": await ctx.step("after", lambda: ctx.release_id), "by": reply.get("by")}
-
-
-@app.play("fail-until")
-async def fail_until(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
-    """A step that fails until the file ``params["pass"]`` exists (a flaky upstream)."""
-
-    def attempt() -> str:
-        if not Path(params["pass"]).exists():
-            raise RuntimeError("upstream is down")
-        return ctx.release_id
-
-    return {"release": await ctx.step("try", attempt)}
-
-
-@app.play("gated")
-async def gated(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
-    """A step that holds until the file ``params["gate"]`` exists (at most 120 s)."""
-
-    async def held() -> str:
-        await wait_for_gate(Path(params["gate"]), GATE_LIMIT_S)
-        return ctx.release_id
-
-    return {"release": await ctx.step("held", held)}
 
 
 # -- the operator's views --------------------------------------------------------------------
-
-
-def cli_env(database_url: str) -> dict[str, str]:
-    """Return an operator's environment: the database, nothing else."""
-    return {"PATH": os.environ.get("PATH", ""), "WORKFLOW_RUNTIME_POSTGRES": database_url}
-
-
-def lane_worker_argv(*args: str) -> list[str]:
-    """Return the command line of ``lane-worker ARGS``."""
-    return [sys.executable, "-m", "worker", *args]
-
-
-async def lane_worker(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``lane-worker ARGS`` as an operator does; return what it did."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        lane_worker_argv(*args),
-        cwd=REPO,
-        env=cli_env(database_url),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-async def lane_worker_json(database_url: str, *args: str) -> Any:
-    """Run ``lane-worker ARGS --json``, which must succeed; return its JSON object."""
-    done = await lane_worker(database_url, *args, "--json")
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    return json.loads(done.stdout)
 
 
 async def http_lanes(daemon: Daemon, *, text: bool = False) -> Any:
@@ -180,36 +96,9 @@ async def served_agrees(daemon: Daemon, queue: str, shown: dict[str, Any]) -> No
     assert without_ages(served[queue]) == without_ages(shown)
 
 
-def counts(lane: dict[str, Any]) -> dict[str, int]:
-    """Return a lane's bucket counts and its deferred count."""
-    return {key: lane["counts"][key] for key in (*BUCKETS, "deferred")}
-
-
-def expected(**given: int) -> dict[str, int]:
-    """Return the counts of a lane holding ``given`` (every other bucket 0)."""
-    assert not set(given) - {*BUCKETS, "deferred"}, given
-    return {**dict.fromkeys((*BUCKETS, "deferred"), 0), **given}
-
-
-def blockers(lane: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
-    """Return a lane's blockers as (reason, count, run ids)."""
-    return [(b["reason"], b["count"], b["runIds"]) for b in lane["blockedBy"]]
-
-
-def claiming_blockers(lane: dict[str, Any], runs: list[tuple[str, int, list[str]]]) -> None:
-    """Assert a claiming lane is blocked by `claiming` first.
-
-    What else it lists is not specified for a claiming lane (its own workers run
-    everything on it); if it lists its runs, they must be exactly ``runs``.
-    """
-    found = blockers(lane)
-    assert found[0] == ("claiming", 0, []), found
-    assert found[1:] in ([], runs), found
-
-
 def worker_of(daemon: Daemon) -> dict[str, Any]:
     """Return a daemon's entry in its lane's `workers`."""
-    return {"workerId": daemon.worker_id, "plays": sorted(app.plays)}
+    return {"workerId": daemon.worker_id, "plays": sorted(drain.app.plays)}
 
 
 async def store_rows(
@@ -258,14 +147,12 @@ async def stage_a_with_every_kind_of_work(
     Returns the daemons, the run ids by kind and the files that release the held runs.
     """
     passed, gate = tmp_path / "pass", tmp_path / "gate"
-    a = pool.start(
-        A, name="A", app=APP, PYTHONPATH=DAEMON_PYTHONPATH, LANE_WORKER_CONCURRENCY="1", **a_env
-    )
+    a = pool.start(A, name="A", app=APP, LANE_WORKER_CONCURRENCY="1", **a_env)
     await a.ready()  # A's lane registers first: B is the newer release
     async with open_client(database_url, CLIENT_ENV) as client:
         waiter_run = await client.submit("waiter")
         await a.wait_for("run.parked", run_id=waiter_run.run_id)
-        b = pool.start(B, name="B", app=APP, PYTHONPATH=DAEMON_PYTHONPATH)
+        b = pool.start(B, name="B", app=APP)
         await b.ready()
 
         lanes_now = await report(database_url, a, b)
@@ -370,9 +257,9 @@ async def test_lanes_wait_exits_when_a_has_finished_its_own_runs_then_b_adopts_t
             }
             waiting = await asyncio.to_thread(
                 subprocess.Popen,
-                lane_worker_argv("lanes", "wait", A, "--timeout", "60", "--json"),
+                cli_argv("lanes", "wait", A, "--timeout", "60", "--json"),
                 cwd=REPO,
-                env=cli_env(database_url),
+                env=cli_env(operator_env(database_url)),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 import asyncpg
-from daemon import Daemons, queue_of
-from runtime_harness import SCHEMA, connect, eventually, open_client
 
+from support.daemon import Daemons, queue_of
+from support.runtime import SCHEMA, connect, eventually, open_client
 from worker.db.store import Store
 from worker.ops.report import read_report
 

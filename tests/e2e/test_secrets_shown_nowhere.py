@@ -8,17 +8,15 @@ exit 78; a server that answers "no such database" or nothing at all: exit 1),
 the daemon's boot failure, its JSON logs, and a play's error as stored and as
 ``status`` shows it.
 
-Unit-level checks of the same table are in ``tests/unit/test_dburl.py``. This
-module is also the daemon's app (``--app test_secrets_shown_nowhere:app``): keep
-its top-level imports to what a daemon started by ``daemon.py`` can import.
+Unit-level checks of the same table are in ``tests/unit/test_config_dburl.py``. The
+daemon runs ``support.apps.leaky:app``, whose play raises quoting the URL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,45 +24,21 @@ from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 import asyncpg
 import pytest
-from daemon import REPO, Daemons
 
-from worker import App, TaskContext
+from support.cli import run_cli_async
+from support.daemon import Daemons
 from worker.config.dburl import redact_url, url_problem
 
 MISSING_DB = "no_such_db_xyz"
 RUN_ID = "8d7e2c4a-0b1f-4e55-9a6c-3f2d1e0c9b8a"  # no such run: the commands fail first anyway
 RELEASE = "rel-mask"  # no piece of a password ("rel-secret" holds "cret")
-APP = "test_secrets_shown_nowhere:app"
+APP = "support.apps.leaky:app"
 # Nothing listens on port 1: a connection is refused at once, and the CLI retries for 10 s.
 CLOSED_PORT = 1
-# See tests/unit/test_dburl.py: 3-character pieces give false positives ("%2F" is in
+# See tests/unit/test_config_dburl.py: 3-character pieces give false positives ("%2F" is in
 # the refusal's hint, " us" in English); a password of 4 characters or fewer counts whole.
 MIN_FRAGMENT = 4
 COMMAND_TIMEOUT_S = 60.0
-
-# -- the leaking play (run by the daemon) -------------------------------------------------
-
-app = App()
-
-
-def password_spellings(url: str) -> tuple[str, str]:
-    """Return the password of ``url`` as written and as the driver decodes it."""
-    parts = urlsplit(url)
-    if parts.password:
-        return parts.password, unquote(parts.password)
-    written = next(
-        v for k, _, v in (p.partition("=") for p in parts.query.split("&")) if k == "password"
-    )
-    return written, unquote_plus(written)
-
-
-@app.play("leak-url")
-async def leak_url(ctx: TaskContext, params: Any) -> None:
-    """Raise an error quoting the database URL and its password, as a careless driver might."""
-    url = os.environ["WORKFLOW_RUNTIME_POSTGRES"]
-    written, decoded = password_spellings(url)
-    raise RuntimeError(f"cannot connect to {url}: bad password {decoded} (as written: {written})")
-
 
 # -- the table -------------------------------------------------------------------------------
 
@@ -175,24 +149,13 @@ class Ran:
 
 async def lane_worker(env: dict[str, str], *args: str) -> Ran:
     """Run ``python -m worker ARGS`` with exactly ``env`` (plus PATH); return what it did."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker", *args,
-        cwd=REPO,
-        env={"PATH": os.environ.get("PATH", ""), **env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        done = await run_cli_async(env, *args, timeout_s=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
         raise AssertionError(
             f"lane-worker {' '.join(args)} ran over {COMMAND_TIMEOUT_S} s"
         ) from None
-    assert proc.returncode is not None
-    return Ran(args, proc.returncode, out.decode(), err.decode())
+    return Ran(args, done.returncode, done.stdout, done.stderr)
 
 
 async def run_all(env: dict[str, str], commands: list[tuple[str, ...]]) -> list[Ran]:
@@ -390,7 +353,6 @@ async def test_a_play_error_quoting_the_url_is_masked_in_logs_store_and_status(
         "LANE_WORKER_MAX_ATTEMPTS": "1",  # fail at once, no backoff
     }
     async with Daemons(database_url) as pool:
-        # base_env puts tests/e2e on PYTHONPATH: this module (and its `daemon` import) loads.
         daemon = pool.start(RELEASE, app=APP, **env)
         await daemon.ready()
         submitted = await lane_worker(env, "submit", "leak-url", "--json")

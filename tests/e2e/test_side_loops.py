@@ -7,8 +7,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from daemon import Daemons
-from runtime_harness import connect, eventually, open_client
+
+from support.daemon import Daemons
+from support.db import execute
+from support.runtime import connect, eventually, open_client
 
 RELEASE = "rel-a"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
@@ -37,15 +39,6 @@ async def step_started(path: Path) -> None:
         return written(path)
 
     await eventually(started, what=f"{path.name} to be written")
-
-
-async def sql(database_url: str, statement: str) -> None:
-    """Run one statement on a connection of its own."""
-    conn = await connect(database_url)
-    try:
-        await conn.execute(statement)
-    finally:
-        await conn.close()
 
 
 async def terminate_daemon_connections(database_url: str) -> int:
@@ -84,7 +77,7 @@ async def test_an_unexpected_error_in_a_side_loop_drains_and_exits_1(
         run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 60})
         await step_started(tmp_path / "two.log")
         for statement in BREAKAGES[loop]:
-            await sql(database_url, statement)
+            await execute(database_url, statement)
         broken = time.monotonic()
 
         # The heartbeat beats every 10 s; the refresh was woken at once.

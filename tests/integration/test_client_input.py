@@ -17,8 +17,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-from runtime_harness import connect, open_client
 
+from support.runtime import connect, open_client
 from worker.client import LaneClient
 from worker.errors import (
     IdempotencyConflict,
@@ -471,10 +471,12 @@ async def test_connect_refuses_the_configuration_every_call_uses(
     assert await snapshot(database_url) == before
 
 
-async def test_read_calls_on_a_database_without_schemas_install_nothing(database_url: str) -> None:
+async def test_read_calls_on_a_database_without_schemas_install_nothing(
+    empty_database_url: str,
+) -> None:
     """lanes, status, signal, cancel, retire and activate raise SchemasMissingError."""
-    before = await snapshot(database_url)
-    client = await LaneClient.connect(database_url, env={})
+    before = await snapshot(empty_database_url)
+    client = await LaneClient.connect(empty_database_url, env={})
     some_run = str(uuid.uuid4())
     try:
         calls: list[Callable[[], Awaitable[object]]] = [
@@ -491,7 +493,22 @@ async def test_read_calls_on_a_database_without_schemas_install_nothing(database
                 await call()
     finally:
         await client.close()
-    after = await snapshot(database_url)
+    after = await snapshot(empty_database_url)
     assert after == before
     assert "absurd" not in after.schemas
     assert STORE not in after.schemas
+
+
+async def test_submit_on_a_database_without_schemas_installs_them(
+    empty_database_url: str,
+) -> None:
+    """A client's first write installs both schemas, as a worker's boot does; reads do not."""
+    client = await LaneClient.connect(empty_database_url, env={})
+    try:
+        run = await client.submit("p", {"n": 1})
+        assert (await client.status(run.run_id)).status == "queued"
+    finally:
+        await client.close()
+    after = await snapshot(empty_database_url)
+    assert "absurd" in after.schemas
+    assert STORE in after.schemas

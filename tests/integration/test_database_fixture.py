@@ -1,4 +1,5 @@
-"""The real-database fixtures: a working server, and a fresh, isolated database per test."""
+"""The real-database fixtures: a working server, a fresh isolated database per test (migrated
+once, in the session's template), and an empty one for tests that must start from nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 import asyncpg
 import pytest
 
-from pgfixture import DatabaseFactory, PgServer
+from support.pgfixture import DatabaseFactory, PgServer
 
 
 @pytest.fixture
@@ -57,18 +58,66 @@ async def test_writes_never_reach_later_tests(
     await db.execute("INSERT INTO later_probe VALUES ($1)", round_)
 
 
+@pytest.fixture
+def second_empty_database_url(pg_databases: DatabaseFactory) -> Iterator[str]:
+    """Another database without schemas, made the way ``empty_database_url`` is."""
+    with pg_databases.empty_database() as url:
+        yield url
+
+
 async def test_absurd_schema_name_is_free_in_each_database(
-    db: asyncpg.Connection[asyncpg.Record], second_database_url: str
+    empty_database_url: str, second_empty_database_url: str
 ) -> None:
-    """CREATE SCHEMA absurd succeeds in two fresh databases of the same session."""
-    other = await asyncpg.connect(second_database_url)
-    try:
-        for conn in (db, other):
+    """CREATE SCHEMA absurd succeeds in two empty databases of the same session."""
+    for url in (empty_database_url, second_empty_database_url):
+        conn = await asyncpg.connect(url)
+        try:
             assert await conn.fetchval("SELECT to_regnamespace('absurd')") is None
             await conn.execute("CREATE SCHEMA absurd")
             assert await conn.fetchval("SELECT to_regnamespace('absurd')::text") == "absurd"
+        finally:
+            await conn.close()
+
+
+async def test_a_fresh_database_holds_the_schemas_migrate_installs_and_nothing_else(
+    database_url: str, pg_databases: DatabaseFactory
+) -> None:
+    """The template was migrated once: engine and store current, no queue, no lane, no row."""
+    from worker.client import LaneClient
+
+    assert pg_databases.migrated is not None
+    assert pg_databases.migrated.store_schema == "runtime_scheduler"
+    client = await LaneClient.connect(database_url, env={}, retry_for_s=5)
+    try:
+        await client.check_schemas()  # raises SchemasMissingError unless both are current
+        engine, store = await client.migrate()  # as a test's own migrate: nothing to do
+        assert (engine, store.applied) == ("current", ())
+        assert store.current == pg_databases.migrated.store_version
     finally:
-        await other.close()
+        await client.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM absurd.queues") == 0
+        assert await conn.fetchval("SELECT count(*) FROM runtime_scheduler.releases") == 0
+        assert await conn.fetchval("SELECT count(*) FROM runtime_scheduler.runs") == 0
+    finally:
+        await conn.close()
+
+
+async def test_an_empty_database_has_no_schema_of_lane_workers(empty_database_url: str) -> None:
+    """``empty_database_url`` holds neither the engine schema nor the store nor the claim."""
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        schemas = {
+            row["nspname"]
+            for row in await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname !~ '^pg_'"
+                " AND nspname <> 'information_schema'"
+            )
+        }
+    finally:
+        await conn.close()
+    assert schemas == {"public"}
 
 
 async def test_subprocess_connects_with_database_url(database_url: str) -> None:

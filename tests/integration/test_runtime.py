@@ -8,8 +8,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from runtime_harness import connect, eventually, open_client, open_runtime, work_once, work_until
 
+from support.runtime import connect, eventually, open_client, open_runtime, work_once, work_until
 from worker import App, TaskContext
 from worker.client import LaneClient
 

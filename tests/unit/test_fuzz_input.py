@@ -5,7 +5,7 @@ every exit code is a documented one (0 success, 1 failure, 2 usage error, 78
 configuration refused). No database here: the database commands run with a
 ``WORKFLOW_RUNTIME_POSTGRES`` that the boot guard refuses (it holds a ``#``), so once
 their arguments parse they exit 78 before connecting. The same commands against a real
-server are fuzzed in ``tests/integration/test_fuzz_cli_db.py``.
+server are fuzzed in ``tests/integration/test_cli_fuzz_db.py``.
 
 The product bugs these properties found are pinned at the end of the file, one test per
 bug with its minimal counterexample; all are fixed. ``env_known_bug`` is where a newly

@@ -150,7 +150,7 @@ def test_normalize_queue_suffix_keeps_the_reference_cut() -> None:
     Stripping happens before the cut (DESIGN.md and the reference agree), so a second
     normalization strips it: a contract quirk we keep for byte compatibility. Every
     lane queue goes through queue_name_for_release, which is stable; doctor warns about
-    such suffixes (tests/unit/test_config.py).
+    such suffixes (tests/unit/test_config_settings.py).
     """
     once = normalize_queue_suffix("a" * 31 + "-b")
     assert once == "a" * 31 + "_"

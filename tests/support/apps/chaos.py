@@ -1,4 +1,4 @@
-"""The chaos suite's play (`python -m worker run --app chaos_app:app`).
+"""The chaos suite's play (`python -m worker run --app support.apps.chaos:app`).
 
 One play, ``chaos``, follows the plan the test put in its input: steps, durable
 sleeps and event waits. Every execution of a step body inserts one row into

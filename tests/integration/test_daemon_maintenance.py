@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime_harness import SCHEMA, connect, open_client
 from structlog.testing import capture_logs
 
+from support.db import sql
+from support.runtime import SCHEMA, open_client
 from worker.client import LaneClient, RunStatus
 from worker.daemon.maintenance import maintain
 from worker.metrics import Metrics
@@ -16,15 +17,6 @@ GOOD_QUEUE = "runs_rel_a"
 # Sorts before the good queue, so a pass that stops at the first failure never reaches it.
 BAD_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "old"}
 BAD_QUEUE = "runs_old"
-
-
-async def sql(database_url: str, statement: str, *args: Any) -> Any:
-    """Run one statement on a connection of its own; return its first value."""
-    conn = await connect(database_url)
-    try:
-        return await conn.fetchval(statement, *args)
-    finally:
-        await conn.close()
 
 
 async def register(client: LaneClient, queue: str, release_id: str) -> None:

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import absurdctl
 import asyncpg
 import pytest
-from runtime_harness import connect
 
+from support.runtime import connect
 from worker.db import engine, engine_schema
 from worker.db.pool import Connection
 from worker.db.store import Store
@@ -70,9 +70,11 @@ async def run_state(conn: Connection, run_id: uuid.UUID) -> str:
     return state
 
 
-async def test_concurrent_install_from_ten_connections_installs_once(database_url: str) -> None:
+async def test_concurrent_install_from_ten_connections_installs_once(
+    empty_database_url: str,
+) -> None:
     """Ten workers booting at once: exactly one installs, the rest find it current."""
-    conns = [await connect(database_url) for _ in range(10)]
+    conns = [await connect(empty_database_url) for _ in range(10)]
     try:
         outcomes = await asyncio.gather(*(engine_schema.ensure_engine_schema(c) for c in conns))
     finally:
@@ -80,7 +82,7 @@ async def test_concurrent_install_from_ten_connections_installs_once(database_ur
             await conn.close()
     installed = f"installed {engine_schema.ENGINE_SCHEMA_VERSION}"
     assert sorted(outcomes) == ["current"] * 9 + [installed]
-    check = await connect(database_url)
+    check = await connect(empty_database_url)
     try:
         assert await check.fetchval("select absurd.get_schema_version()") == "0.5.1"
     finally:
@@ -112,9 +114,9 @@ async def test_newer_engine_schema_is_refused(eng: asyncpg.Connection[asyncpg.Re
     assert "0.5.1" in str(caught.value)
 
 
-async def test_older_engine_schema_is_upgraded(database_url: str) -> None:
+async def test_older_engine_schema_is_upgraded(empty_database_url: str) -> None:
     """An engine schema one release older is upgraded through absurdctl's bundled migration."""
-    conn = await connect(database_url)
+    conn = await connect(empty_database_url)
     try:
         await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
         # Pretend the 0.5.1 step has not run: its migration is idempotent.

@@ -13,8 +13,8 @@ import time
 
 import asyncpg
 import pytest
-from runtime_harness import SCHEMA, connect, eventually, open_client, queue_of
 
+from support.runtime import SCHEMA, connect, eventually, open_client, queue_of
 from worker.daemon.report_cache import ReportReader, application_name
 from worker.db.pool import PoolOptions
 from worker.db.store import Store

@@ -6,6 +6,9 @@ test can ``await daemon.wait_for("run.completed", run_id=...)`` instead of
 sleeping. :class:`Daemons` starts them against one test database and, on the
 way out, kills whatever still runs (before the database is dropped) and adds
 every daemon's log tail to a failing test's exception.
+
+A daemon has ``tests/`` on its ``PYTHONPATH``, so ``--app`` names an app of
+:mod:`support.apps` (default ``support.apps.basic:app``).
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from support import REPO, TESTS_DIR
 from worker import lanes
 
-E2E_DIR = Path(__file__).resolve().parent
-REPO = E2E_DIR.parent.parent
-APP_SPEC = "apps:app"
+APP_SPEC = "support.apps.basic:app"
 POLL_S = 0.02
 TAIL_LINES = 40
 
@@ -37,7 +38,7 @@ def base_env(database_url: str, release_id: str) -> dict[str, str]:
     """Return the environment of a daemon of ``release_id`` on ``database_url``."""
     return {
         "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(E2E_DIR),
+        "PYTHONPATH": str(TESTS_DIR),
         "PYTHONUNBUFFERED": "1",
         "WORKFLOW_RUNTIME_POSTGRES": database_url,
         "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
@@ -252,6 +253,14 @@ class Daemon:
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def one_sentence(stderr: str) -> str:
+    """Return stderr as one line, failing when it is empty, several lines or a traceback."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{stderr}"
+    assert "Traceback" not in stderr
+    return lines[0]
 
 
 def _matches(record: dict[str, Any], event: str | None, filters: Mapping[str, Any]) -> bool:

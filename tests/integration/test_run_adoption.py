@@ -1,14 +1,20 @@
-"""Run safety, as an adversarial review attacked it: stray CancelledErrors, unstorable errors,
-sleeps in task groups, adoption without the play, and adopted runs on a lane that claims again."""
+"""Adoption across releases (the claim's lane filter and worker/run/decide.py), on real Postgres.
+
+A newer release adopts a retired lane's parked runs only if it has their play and no
+other lane adopted them; an older release never adopts a newer one's; an adopter keeps
+its runs through a third release, a race, a rollback (`lanes activate`) and its own
+retirement; a machine of the adopter without the play is never handed them.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import structlog
-from runtime_harness import (
+
+from support.runtime import (
     connect,
+    env_of,
     eventually,
     open_client,
     open_runtime,
@@ -18,86 +24,11 @@ from runtime_harness import (
     work_once,
     work_until,
 )
-
 from worker import App, TaskContext
 
-A, B = "rel-a", "rel-b"
+A, B, C = "rel-a", "rel-b", "rel-c"
 QA = queue_of(A)
 ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "3"}
-
-
-async def test_a_play_raising_cancelled_error_fails_its_attempt_only(database_url: str) -> None:
-    """A play that awaits a task it cancelled: that attempt fails, the runtime goes on."""
-    app = App()
-
-    @app.play("self-cancel")
-    async def self_cancel(ctx: TaskContext, params: Any) -> None:
-        task = asyncio.ensure_future(asyncio.sleep(60))
-        task.cancel()
-        await task  # raises CancelledError into the play
-
-    @app.play("fine")
-    async def fine(ctx: TaskContext, params: Any) -> int:
-        return int(await ctx.step("one", lambda: 1))
-
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt,
-    ):
-        bad = await client.submit("self-cancel")
-        assert await work_once(rt) == ["retrying"]
-        good = await client.submit("fine")
-        assert await work_once(rt) == ["completed"]
-        bad_status = await client.status(bad.run_id)
-        good_status = await client.status(good.run_id)
-    assert bad_status.status == "retrying"
-    assert bad_status.error["name"] == "CancelledError"
-    assert good_status.status == "completed"
-
-
-async def test_an_error_whose_message_is_not_utf8_fails_the_attempt(database_url: str) -> None:
-    """A lone surrogate in an error message (a surrogateescape'd file name) is stored escaped."""
-    app = App()
-
-    @app.play("missing-file")
-    async def missing_file(ctx: TaskContext, params: Any) -> None:
-        name = b"caf\xff.txt".decode("utf-8", "surrogateescape")
-        raise FileNotFoundError(f"no such file: {name}")
-
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt,
-    ):
-        run = await client.submit("missing-file")
-        assert await work_once(rt) == ["retrying"]
-        status = await client.status(run.run_id)
-    assert status.error == {"name": "FileNotFoundError", "message": "no such file: caf\\udcff.txt"}
-
-
-async def test_a_sleep_inside_a_task_group_parks_without_spending_an_attempt(
-    database_url: str,
-) -> None:
-    """``ctx.sleep`` next to a step in an asyncio.TaskGroup parks; the engine attempt stays 1."""
-    app = App()
-    calls: list[str] = []
-
-    @app.play("grouped")
-    async def grouped(ctx: TaskContext, params: Any) -> str:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(ctx.step("side", lambda: calls.append("side")))
-            group.create_task(ctx.sleep("nap", 0.3))
-        return "done"
-
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt,
-    ):
-        run = await client.submit("grouped")
-        assert await work_once(rt) == ["parked"]
-        await work_until(rt, "completed")
-        status = await client.status(run.run_id)
-    assert status.status == "completed"
-    assert [(a.attempt, a.outcome) for a in status.attempts] == [(1, "parked"), (1, "completed")]
 
 
 def napping_app(name: str, naps: int = 1) -> App:
@@ -323,27 +254,107 @@ async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
     assert status.output == [B, B]
 
 
-async def test_a_database_password_in_a_play_error_is_masked_before_it_is_stored(
-    database_url: str,
-) -> None:
-    """A driver message quoting the URL's password is stored (and shown) with ``***``."""
-    with_password = database_url.replace("postgres@", "postgres:S3cret%2FPw@", 1)
-    assert with_password != database_url
+# -- a third release, and a race, leave the adopter its run ---------------------------------
+
+
+def naps_app(executed: list[tuple[str, str]]) -> App:
+    """A step, a nap, a step, a nap, a step; each step records (step, release)."""
     app = App()
 
-    @app.play("leaky")
-    async def leaky(ctx: TaskContext, params: Any) -> None:
-        raise RuntimeError("could not connect with S3cret/Pw (S3cret%2FPw)")
+    @app.play("naps")
+    async def naps(ctx: TaskContext, params: Any) -> list[str]:
+        def mark(step: str) -> str:
+            executed.append((step, ctx.release_id))
+            return ctx.release_id
 
+        one = await ctx.step("one", lambda: mark("one"))
+        await ctx.sleep("nap-1", 0.3)
+        two = await ctx.step("two", lambda: mark("two"))
+        await ctx.sleep("nap-2", 0.3)
+        three = await ctx.step("three", lambda: mark("three"))
+        return [one, two, three]
+
+    return app
+
+
+async def test_a_third_release_never_takes_a_run_its_adopter_still_claims(
+    database_url: str,
+) -> None:
+    """A retired; B adopts; when the run wakes again C's loop is not handed it, B finishes it."""
+    executed: list[tuple[str, str]] = []
+    app = naps_app(executed)
     async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(with_password, app, A) as rt,
+        open_client(database_url, env_of(A)) as client,
+        open_runtime(database_url, app, A) as rt_a,
+        open_runtime(database_url, app, B) as rt_b,
+        open_runtime(database_url, app, C) as rt_c,
     ):
-        run = await client.submit("leaky")
-        assert await work_once(rt) == ["retrying"]
+        for release in (A, B, C):  # registered in release order, as their workers boot
+            await client.activate_release(release, force=True)
+        run = await client.submit("naps")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A, force=True)
+        conn = await connect(database_url)
+        try:
+            await eventually(lambda: sleepers_due(conn, QA), what="nap-1 due")
+            with structlog.testing.capture_logs() as logs:
+                # B adopts at nap-1 and parks at nap-2.
+                assert await work_until(rt_b, "parked", queue=QA) == ["parked"]
+                await eventually(lambda: sleepers_due(conn, QA), what="nap-2 due")
+                assert await work_once(rt_c, QA) == []  # skipped by C's claim
+                assert await work_once(rt_b, QA) == ["completed"]
+        finally:
+            await conn.close()
         status = await client.status(run.run_id)
-        stored = await rt.db.fetchval(
-            "select error::text from runtime_scheduler.attempts where run_id = $1::uuid", run.run_id
-        )
-    assert status.error["message"] == "could not connect with *** (***)"
-    assert "S3cret" not in stored
+    assert status.status == "completed"
+    assert status.adopted_release_id == B
+    assert executed == [("one", A), ("two", B), ("three", B)]
+    assert [(a.release_id, a.disposition, a.outcome) for a in status.attempts] == [
+        (A, "own", "parked"),
+        (B, "adopt", "parked"),
+        (B, "own", "completed"),
+    ]
+    assert not [e for e in logs if e["event"] in ("lane.refused", "run.deferred")]
+
+
+async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_url: str) -> None:
+    """C claimed B's adopted run while B was retired; B claims again: C gives it back quietly."""
+    executed: list[tuple[str, str]] = []
+    app = naps_app(executed)
+    async with (
+        open_client(database_url, env_of(A)) as client,
+        open_runtime(database_url, app, A) as rt_a,
+        open_runtime(database_url, app, B) as rt_b,
+        open_runtime(database_url, app, C) as rt_c,
+    ):
+        await client.activate_release(A, force=True)  # lanes register in release order
+        await client.activate_release(B, force=True)
+        await client.activate_release(C, force=True)
+        run = await client.submit("naps")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A, force=True)
+        await work_until(rt_b, "parked", queue=QA)  # adopted by B, parked at nap-2
+        await client.retire_release(B, force=True)
+        conn = await connect(database_url)
+        try:
+            await eventually(lambda: sleepers_due(conn, QA), what="nap-2 due")
+            batch = await rt_c.claim(QA, 1)  # allowed: B's lane is retired now
+            assert len(batch.runs) == 1
+            await client.activate_release(B, force=True)
+            with structlog.testing.capture_logs() as logs:
+                handled = await rt_c.handle(batch.runs[0])
+            state = await conn.fetchrow(
+                f"select state, attempt, available_at <= absurd.current_time() as due"
+                f" from absurd.r_{QA} where run_id = $1",
+                batch.runs[0].run_id,
+            )
+        finally:
+            await conn.close()
+        assert await work_once(rt_b, QA) == ["completed"]
+        status = await client.status(run.run_id)
+    assert (handled.disposition, handled.outcome) == ("defer", "deferred")
+    assert dict(state) == {"state": "sleeping", "attempt": 1, "due": True}
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
+    assert "run.left_to_adopter" in [e["event"] for e in logs]
+    assert status.status == "completed"
+    assert executed == [("one", A), ("two", B), ("three", B)]

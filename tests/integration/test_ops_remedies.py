@@ -1,204 +1,72 @@
-"""Remedies for stranded work, on real Postgres with in-process workers.
+"""Remedies for stranded work (worker/ops/remedies.py), on real Postgres with in-process workers.
 
 `lanes move`, `runs fail`, `runs retry`, `runs`, step provenance in `status` and
 `lanes prune`, each driven through ``LaneClient`` (the CLI is a thin shell over
 it; the e2e suite runs the commands). Runs are put in known states with the
 runtime harness (real claims, real plays), lanes registered in release order:
-A first, then B, the newer release.
+A first, then B, the newer release. The remedies must not hurt the runs they serve:
+a run is retried once however many operators retry it, a retry receives the events
+its run had, a signal racing `lanes move` wakes the run on its new lane, and what the
+report names after a rollback or a prune is a remedy that works.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
-from runtime_harness import (
+import structlog
+from structlog.testing import capture_logs
+
+from support.db import age_worker, make_sleepers_due, run_row, sql
+from support.plays import SHORT_NAP_S, RemedyPlays, narrow_app, remedies_app, two_lanes
+from support.runtime import (
     SCHEMA,
+    claim_one,
     connect,
     eventually,
+    hold_in_flight,
     open_client,
     open_runtime,
     queue_of,
     register_worker,
     work_once,
 )
-from structlog.testing import capture_logs
-
-from worker import App, TaskContext, lanes
+from worker import lanes
 from worker.client import LaneClient
-from worker.daemon.maintenance import maintain
+from worker.daemon.maintenance import maintain, reconcile_lanes
 from worker.db import engine
+from worker.db.store.rows import MaintainedLane
 from worker.errors import (
     InvalidRequestError,
     NoClaimingLaneError,
+    RetryRefusedError,
     RunNotFoundError,
     RunStillOpenError,
+    UnknownLaneError,
 )
-from worker.ops.remedies import OPERATOR_FAILED
+from worker.metrics import Metrics
+from worker.ops.remedies import OPERATOR_FAILED, RetriedRun
+from worker.run.claim import Capacity, LoopShared, Poller
 from worker.run.execute import Runtime
 
 A, B, C, D = "rel-a", "rel-b", "rel-c", "rel-d"
 QA, QB, QC, QD = queue_of(A), queue_of(B), queue_of(C), queue_of(D)
 ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "5"}
 ENV_B = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": B, "LANE_WORKER_MAX_ATTEMPTS": "5"}
-LONG_NAP_S = 3600  # a sleep that never comes due during a test
-SHORT_NAP_S = 0.3
 STARTED_REASON = "its steps ran on that release's code"
 
 
-class Plays:
-    """What the plays tell the test: side effects per release, gated steps entered."""
-
-    def __init__(self) -> None:
-        self.gates: dict[str, asyncio.Event] = {}
-        self.entered: dict[str, asyncio.Event] = {}
-        self.failures: dict[str, int] = {}
-        #: (release, run id, what) for every execution of a play body or step body.
-        self.effects: list[tuple[str, str, str]] = []
-
-    def gate(self, name: str) -> asyncio.Event:
-        """Return the event that lets the gated step of run ``name`` finish."""
-        return self.gates.setdefault(name, asyncio.Event())
-
-    def entered_event(self, name: str) -> asyncio.Event:
-        """Return the event set when the gated step of run ``name`` starts."""
-        return self.entered.setdefault(name, asyncio.Event())
-
-    def by(self, release: str, run_id: str | None = None) -> list[str]:
-        """Return what ran on ``release`` (for ``run_id``, if given), in order."""
-        return [
-            what
-            for rel, rid, what in self.effects
-            if rel == release and (run_id is None or rid == run_id)
-        ]
-
-    def open_all(self) -> None:
-        """Open every gate (the fixture's teardown: no play is left blocked)."""
-        for event in self.gates.values():
-            event.set()
-
-
-def remedies_app(plays: Plays) -> App:
-    """Plays that put a run in each state, recording every execution in ``plays.effects``.
-
-    `plain` (one step), `napper` (a durable sleep of ``seconds``, then a step),
-    `waiter` (an event wait, then a step), `nap-then-wait` (a short sleep, an
-    event wait, a step), `flaky` (its step fails the first
-    time, per run), `gated` (a step that holds until the run's gate opens, then
-    a second step), `journey` (a step, a gated step, a sleep, a step).
-    """
-    app = App()
-
-    def record(ctx: TaskContext, what: str) -> str:
-        plays.effects.append((ctx.release_id, ctx.run_id, what))
-        return ctx.release_id
-
-    @app.play("plain")
-    async def plain(ctx: TaskContext, params: Any) -> str:
-        record(ctx, "play")
-        return str(await ctx.step("s", lambda: record(ctx, "s")))
-
-    @app.play("napper")
-    async def napper(ctx: TaskContext, params: Any) -> list[str]:
-        first = await ctx.step("first", lambda: record(ctx, "first"))
-        await ctx.sleep("nap", float(params.get("seconds", LONG_NAP_S)))
-        return [first, str(await ctx.step("second", lambda: record(ctx, "second")))]
-
-    @app.play("waiter")
-    async def waiter(ctx: TaskContext, params: Any) -> str:
-        await ctx.wait_for_event("gate", "go")
-        return str(await ctx.step("after", lambda: record(ctx, "after")))
-
-    @app.play("flaky")
-    async def flaky(ctx: TaskContext, params: Any) -> str:
-        def once() -> str:
-            plays.failures[ctx.run_id] = plays.failures.get(ctx.run_id, 0) + 1
-            if plays.failures[ctx.run_id] == 1:
-                raise RuntimeError("the first try fails")
-            return record(ctx, "once")
-
-        return str(await ctx.step("once", once))
-
-    async def held(ctx: TaskContext, name: str) -> str:
-        plays.entered_event(name).set()
-        await plays.gate(name).wait()
-        return record(ctx, "held")
-
-    @app.play("gated")
-    async def gated(ctx: TaskContext, params: Any) -> list[str]:
-        first = await ctx.step("held", lambda: held(ctx, params["name"]))
-        return [first, str(await ctx.step("after", lambda: record(ctx, "after")))]
-
-    @app.play("journey")
-    async def journey(ctx: TaskContext, params: Any) -> list[str]:
-        first = await ctx.step("first", lambda: record(ctx, "first"))
-        middle = await ctx.step("held", lambda: held(ctx, params["name"]))
-        await ctx.sleep("nap", SHORT_NAP_S)
-        return [first, middle, str(await ctx.step("second", lambda: record(ctx, "second")))]
-
-    @app.play("nap-then-wait")
-    async def nap_then_wait(ctx: TaskContext, params: Any) -> str:
-        await ctx.sleep("nap", SHORT_NAP_S)
-        await ctx.wait_for_event("gate", "go")
-        return str(await ctx.step("after", lambda: record(ctx, "after")))
-
-    return app
-
-
 @pytest.fixture
-def plays() -> Iterator[Plays]:
-    """The plays' shared state; every gate opens at the end so no play is left blocked."""
-    state = Plays()
-    yield state
-    state.open_all()
-
-
-@asynccontextmanager
-async def two_lanes(
-    database_url: str, app: App
-) -> AsyncIterator[tuple[LaneClient, Runtime, Runtime]]:
-    """A client submitting on A, and runtimes of A and B; lanes A then B registered.
-
-    Both are live (a worker row with a fresh heartbeat, as a booted daemon has),
-    registering every play: B can run what is moved or retried there, and adopt.
-    """
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt_a,
-        open_runtime(database_url, app, B) as rt_b,
-    ):
-        await client.activate_release(A, force=True)  # lanes register in release order
-        await client.activate_release(B, force=True)
-        await register_worker(rt_a)
-        await register_worker(rt_b)
-        yield client, rt_a, rt_b
+def plays(remedy_plays: RemedyPlays) -> RemedyPlays:
+    """The remedies app's state (every test of this module stages its runs with it)."""
+    return remedy_plays
 
 
 # -- reading the database -----------------------------------------------------------------
-
-
-async def sql(database_url: str, statement: str, *args: Any) -> Any:
-    """Run one statement on a connection of its own; return its first value."""
-    conn = await connect(database_url)
-    try:
-        return await conn.fetchval(statement, *args)
-    finally:
-        await conn.close()
-
-
-async def run_row(database_url: str, run_id: str) -> dict[str, Any]:
-    """Return a run's store row."""
-    conn = await connect(database_url)
-    try:
-        row = await conn.fetchrow(f"select * from {SCHEMA}.runs where run_id = $1::uuid", run_id)
-    finally:
-        await conn.close()
-    assert row is not None, run_id
-    return dict(row)
 
 
 async def task_state(database_url: str, queue: str, task_id: uuid.UUID) -> str | None:
@@ -268,14 +136,6 @@ async def engine_queue_exists(database_url: str, queue: str) -> bool:
     return bool(listed)
 
 
-async def make_sleepers_due(database_url: str, queue: str) -> None:
-    """Make every sleeping engine run of ``queue`` due now (retry backoffs, short naps)."""
-    await sql(
-        database_url,
-        f"update absurd.r_{queue} set available_at = now() where state = 'sleeping'",
-    )
-
-
 async def postpone(database_url: str, queue: str, run_id: str) -> None:
     """Move a run's sleeping or pending engine run an hour ahead (staging only the timer).
 
@@ -297,22 +157,7 @@ def attempts_of(status: Any) -> list[tuple[str, str, str | None]]:
     return [(a.release_id, a.disposition, a.outcome) for a in status.attempts]
 
 
-async def claim_one(rt: Runtime, queue: str) -> engine.ClaimedRun:
-    """Claim exactly one run of ``queue`` as ``rt``'s loop for it would."""
-    batch = await rt.claim(queue, 5)
-    assert len(batch.runs) == 1, batch
-    return batch.runs[0]
-
-
-async def hold_in_flight(rt: Runtime, plays: Plays, name: str) -> asyncio.Task[Any]:
-    """Claim run ``name`` (whose gated step holds) and handle it in a task, blocked mid-step."""
-    claimed = await claim_one(rt, rt.queue)
-    task = asyncio.create_task(rt.handle(claimed))
-    await asyncio.wait_for(plays.entered_event(name).wait(), 20)
-    return task
-
-
-async def hand_back(rt: Runtime, plays: Plays, name: str) -> None:
+async def hand_back(rt: Runtime, plays: RemedyPlays, name: str) -> None:
     """Hold run ``name`` mid-step, then cut it off as a drain does: the claim is handed back."""
     cut = await hold_in_flight(rt, plays, name)
     cut.cancel()
@@ -324,7 +169,7 @@ async def hand_back(rt: Runtime, plays: Plays, name: str) -> None:
 
 
 async def test_moving_fresh_runs_stamps_b_and_b_runs_them_while_a_finds_nothing(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """Runs that never started move to B: B's stamp, a task on B's queue, A's task cancelled."""
     app = remedies_app(plays)
@@ -370,7 +215,7 @@ async def test_moving_fresh_runs_stamps_b_and_b_runs_them_while_a_finds_nothing(
 
 
 async def test_started_runs_are_refused_with_the_reason_and_left_untouched(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """Retrying, handed back, parked and in-flight runs stay on A; only the fresh one moves."""
     app = remedies_app(plays)
@@ -446,7 +291,7 @@ async def test_started_runs_are_refused_with_the_reason_and_left_untouched(
     assert plays.by(B) == ["play", "s"]
 
 
-async def test_a_run_the_lane_adopted_is_refused_too(database_url: str, plays: Plays) -> None:
+async def test_a_run_the_lane_adopted_is_refused_too(database_url: str, plays: RemedyPlays) -> None:
     """`lanes move B --to C`: a run of A that B adopted (parked again on B) started: refused."""
     app = remedies_app(plays)
     async with two_lanes(database_url, app) as (client, rt_a, rt_b):
@@ -474,7 +319,7 @@ async def test_a_run_the_lane_adopted_is_refused_too(database_url: str, plays: P
 
 @pytest.mark.parametrize("target", ["retired", "unknown", "the same lane"])
 async def test_a_move_only_goes_to_a_claiming_lane(
-    database_url: str, plays: Plays, target: str
+    database_url: str, plays: RemedyPlays, target: str
 ) -> None:
     """A retired, unregistered or identical target lane is refused; nothing moves."""
     app = remedies_app(plays)
@@ -523,7 +368,7 @@ async def waiting_for_a_lock(database_url: str) -> bool:
     ["after the claim", "between the lane read and the fence", "while A records its attempt"],
 )
 async def test_a_claim_of_the_old_task_executes_nothing_and_b_runs_the_moved_run_once(
-    database_url: str, plays: Plays, moment: str
+    database_url: str, plays: RemedyPlays, moment: str
 ) -> None:
     """A claims a fresh run's task, the move lands, then A handles its claim: lease_lost, no work.
 
@@ -625,7 +470,7 @@ async def assert_failed_by_operator(
     "state", ["queued", "retrying", "parked in a sleep", "parked for an event"]
 )
 async def test_failing_a_run_that_is_not_running_ends_it_and_cancels_its_task(
-    database_url: str, plays: Plays, state: str
+    database_url: str, plays: RemedyPlays, state: str
 ) -> None:
     """`runs fail` on a queued, retrying or parked run: failed, one fact, nothing claims it."""
     app = remedies_app(plays)
@@ -654,7 +499,7 @@ async def test_failing_a_run_that_is_not_running_ends_it_and_cancels_its_task(
 
 
 async def test_failing_a_running_run_stops_its_attempt_at_the_next_step(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """A run blocked in a step is failed: the step's result is never written, the attempt ends."""
     app = remedies_app(plays)
@@ -692,7 +537,7 @@ async def test_failing_a_running_run_stops_its_attempt_at_the_next_step(
 
 
 async def test_retry_waits_until_the_failed_run_s_attempt_has_stopped(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """A failed run whose attempt is still inside a step on a live worker: retry is refused."""
     app = remedies_app(plays)
@@ -715,7 +560,7 @@ async def test_retry_waits_until_the_failed_run_s_attempt_has_stopped(
         assert (await client.status(new_id)).retry_of == run.run_id
 
 
-async def test_failing_an_ended_run_writes_nothing(database_url: str, plays: Plays) -> None:
+async def test_failing_an_ended_run_writes_nothing(database_url: str, plays: RemedyPlays) -> None:
     """Completed and cancelled runs: fail returns False and changes neither row nor ledger."""
     app = remedies_app(plays)
     async with two_lanes(database_url, app) as (client, rt_a, _rt_b):
@@ -745,7 +590,7 @@ async def test_failing_an_ended_run_writes_nothing(database_url: str, plays: Pla
 
 
 async def test_retry_submits_the_same_play_and_input_on_the_newest_claiming_release(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """An ended run is retried on B (the newest claiming lane), linked to the old run, and runs."""
     app = remedies_app(plays)
@@ -810,7 +655,7 @@ async def test_retry_submits_the_same_play_and_input_on_the_newest_claiming_rele
     assert plays.by(B, new_id) == ["held", "after"]
 
 
-async def test_retry_is_refused_while_no_lane_claims(database_url: str, plays: Plays) -> None:
+async def test_retry_is_refused_while_no_lane_claims(database_url: str, plays: RemedyPlays) -> None:
     """Every lane retired: retry raises NoClaimingLaneError and creates nothing; then it works."""
     app = remedies_app(plays)
     async with two_lanes(database_url, app) as (client, _rt_a, rt_b):
@@ -840,7 +685,7 @@ async def test_retry_is_refused_while_no_lane_claims(database_url: str, plays: P
 
 
 async def test_runs_lists_newest_first_filtered_by_status_lane_and_play(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """`runs` filters: a lane lists its own runs and those it adopted; limit keeps the newest."""
     app = remedies_app(plays)
@@ -922,7 +767,7 @@ async def test_runs_lists_newest_first_filtered_by_status_lane_and_play(
 
 
 async def test_each_step_names_the_release_and_attempt_that_committed_it(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """A step on A, a hand-back, a step on another A worker, a nap, B adopts: each step's writer."""
     app = remedies_app(plays)
@@ -986,7 +831,7 @@ async def test_each_step_names_the_release_and_attempt_that_committed_it(
 
 
 async def test_a_run_adopted_after_a_sleep_shows_its_steps_on_a_and_on_b(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """The first step commits on A; B adopts the run after its nap and commits the rest."""
     app = remedies_app(plays)
@@ -1061,7 +906,7 @@ async def queue_failures(client: LaneClient) -> list[Any]:
 
 
 async def test_prune_drops_only_old_drained_lanes_keeping_their_history(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """Retired long ago with only ended runs: pruned. Open work, claiming or recent: kept."""
     app = remedies_app(plays)
@@ -1147,7 +992,7 @@ async def client_b_done(database_url: str, rt_b: Runtime) -> None:
 
 
 async def test_activating_a_pruned_lane_recreates_its_queue(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """`lanes activate` on a pruned lane: its queue exists again, it is reported and runs work."""
     app = remedies_app(plays)
@@ -1180,7 +1025,7 @@ async def test_activating_a_pruned_lane_recreates_its_queue(
 
 
 async def test_a_lane_holding_an_open_adopted_run_is_not_pruned(
-    database_url: str, plays: Plays
+    database_url: str, plays: RemedyPlays
 ) -> None:
     """An open run of A that B adopted still rides A's engine queue: A is not pruned."""
     app = remedies_app(plays)
@@ -1203,3 +1048,338 @@ async def test_a_lane_holding_an_open_adopted_run_is_not_pruned(
         assert await client.prune_lanes(0) == [QA]
         status = await client.status(run.run_id)
         assert (status.status, status.output) == ("completed", B)
+
+
+# -- runs retry: once per run --------------------------------------------------------------
+
+
+async def test_concurrent_retries_of_one_run_make_one_retry(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """Five operators retry one failed run at once: one retry exists, all five name it."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, _rt_a, rt_b):
+        old = await client.submit("plain", {"k": 1})
+        assert await client.fail_run(old.run_id, "stranded")
+        clients = [await _client(database_url) for _ in range(5)]
+        try:
+            results = await asyncio.gather(*(c.retry_run(old.run_id) for c in clients))
+        finally:
+            for c in clients:
+                await c.close()
+        assert all(isinstance(r, RetriedRun) for r in results)
+        assert len({r.run_id for r in results}) == 1, results
+        assert sorted(r.created for r in results) == [False] * 4 + [True]
+        retries = await sql(
+            database_url,
+            f"select count(*) from {SCHEMA}.runs where retry_of = $1::uuid",
+            old.run_id,
+        )
+        assert retries == 1
+        assert await work_once(rt_b) == ["completed"]
+        # Asked again later (a script run twice): the same retry, nothing new.
+        again = await client.retry_run(old.run_id)
+        assert (again.run_id, again.created) == (results[0].run_id, False)
+        assert await work_once(rt_b) == []
+    assert plays.by(B) == ["play", "s"]  # the work ran once
+
+
+async def test_a_completed_run_is_retried_only_when_asked_for(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """Retrying a completed run needs ``completed=True``; refused, it writes nothing."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, _rt_b):
+        done = await client.submit("plain")
+        assert await work_once(rt_a) == ["completed"]
+        with pytest.raises(RetryRefusedError, match="--completed"):
+            await client.retry_run(done.run_id)
+        assert (await run_row(database_url, done.run_id))["retried_by"] is None
+        retried = await client.retry_run(done.run_id, completed=True)
+        assert retried.created
+        assert (await client.status(retried.run_id)).retry_of == done.run_id
+
+
+async def _client(database_url: str) -> LaneClient:
+    """A client of its own (its own pool): concurrent operators."""
+    client = await LaneClient.connect(database_url, env=dict(ENV_A))
+    await client.ensure_schemas()
+    return client
+
+
+# -- events across runs fail + runs retry ---------------------------------------------------
+
+
+async def test_a_retry_receives_the_events_its_run_had_received(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """Signalled while parked, failed before it resumed: the retry resumes without a new signal."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        run = await client.submit("waiter")
+        assert await work_once(rt_a) == ["parked"]
+        assert (await client.signal(run.run_id, "go", {"ok": 1})).delivered
+        assert await client.fail_run(run.run_id, "stranded")
+        retried = await client.retry_run(run.run_id, to_release=B)
+        assert await work_once(rt_b) == ["completed"]  # no park: the event was there
+        assert (await client.status(retried.run_id)).status == "completed"
+
+
+async def test_a_signal_to_a_failed_run_is_kept_and_one_to_a_retried_run_reaches_the_retry(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """Between fail and retry a signal is kept for the retry; after, it is the retry's."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        first = await client.submit("waiter")
+        second = await client.submit("waiter", {"n": 2})
+        assert await work_once(rt_a) == ["parked", "parked"]
+        for run in (first, second):
+            assert await client.fail_run(run.run_id, "stranded")
+
+        kept = await client.signal(first.run_id, "go")
+        assert (kept.kept_for_retry, kept.run_ended, kept.delivered) == (True, "failed", False)
+        again = await client.signal(first.run_id, "go", {"second": True})  # first wins
+        assert (again.duplicate, again.kept_for_retry, again.run_ended) == (True, False, "failed")
+        retry_1 = await client.retry_run(first.run_id, to_release=B)
+        retry_2 = await client.retry_run(second.run_id, to_release=B)
+        # retry_1 had its event; retry_2 waits for "go".
+        assert await work_once(rt_b) == ["completed", "parked"]
+
+        # The app still knows only the first id: the event is for the retry.
+        sent = await client.signal(second.run_id, "go", {"late": True})
+        assert (sent.delivered, sent.delivered_to, sent.run_id) == (
+            True, retry_2.run_id, second.run_id,
+        )  # fmt: skip
+        assert await work_once(rt_b) == ["completed"]
+        assert (await client.status(retry_2.run_id)).status == "completed"
+        assert (await client.status(retry_1.run_id)).status == "completed"
+        again = await client.signal(second.run_id, "go")
+        assert (again.duplicate, again.delivered_to) == (False, None)  # the retry ended
+        assert again.run_ended == "completed"
+
+
+# -- a signal racing lanes move -------------------------------------------------------------
+
+
+async def test_a_signal_racing_a_move_wakes_the_run_on_its_new_lane(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """A signal that starts while a move holds the run emits on the lane the move chose."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, _rt_a, _rt_b):
+        run = await client.submit("waiter")
+        await client.retire_release(A)
+        mover = await connect(database_url)
+        try:
+            tx = mover.transaction()
+            await tx.start()
+            # `lanes move`'s own unit of work, held open at its commit.
+            assert await client.remedies._move_one(mover, uuid.UUID(run.run_id), QA, QB, B) is None
+            signal = asyncio.create_task(client.signal(run.run_id, "go", {"n": 1}))
+            await eventually(lambda: _waits_on_lock(database_url), what="the signal to wait")
+            await tx.commit()
+            result = await asyncio.wait_for(signal, 20)
+        finally:
+            await mover.close()
+        assert result.delivered
+        events = {
+            q: await sql(database_url, f"select count(*) from absurd.e_{q}") for q in (QA, QB)
+        }
+        assert events == {QA: 0, QB: 1}
+        assert (await run_row(database_url, run.run_id))["queue"] == QB
+
+
+async def _waits_on_lock(database_url: str) -> bool:
+    waiting = await sql(
+        database_url,
+        "select count(*) from pg_stat_activity"
+        " where wait_event_type = 'Lock' and datname = current_database()",
+    )
+    return bool(waiting)
+
+
+# -- the report after a rollback, and after prune --------------------------------------------
+
+
+async def test_a_rollback_strands_an_adopted_parked_run_and_the_blocker_says_why(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """B adopted A's run, then A activated, B retired, C boots: the blocker names A's claim."""
+    app = remedies_app(plays)
+    async with (
+        two_lanes(database_url, app) as (client, rt_a, rt_b),
+        open_runtime(database_url, app, C) as rt_c,
+    ):
+        await client.activate_release(C, force=True)
+        await register_worker(rt_c)
+        run = await client.submit("nap-then-wait")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A)
+        rt_a.draining = True
+        await make_sleepers_due(database_url, QA)
+        assert await work_once(rt_b, QA) == ["parked"]  # adopted, now waiting for "go"
+        assert (await run_row(database_url, run.run_id))["adopted_queue"] == QB
+
+        await client.activate_release(A)  # the rollback
+        await client.retire_release(B)
+        lane_b = await client.lane(B)
+        assert lane_b.status == "draining"
+        [blocker] = lane_b.blocked_by
+        assert (blocker.reason, blocker.count, blocker.run_ids) == (
+            "parkedNotAdoptable", 1, (run.run_id,),
+        )  # fmt: skip
+        assert "claims again" in blocker.remedy, blocker.remedy
+        assert A in blocker.remedy
+        assert "no live worker of a newer claiming release" not in blocker.remedy
+        # The remedy it names works: fail it and retry it on C.
+        assert await client.fail_run(run.run_id, "stranded by the rollback")
+        retried = await client.retry_run(run.run_id, to_release=C)
+        assert retried.queue == QC
+        assert (await client.lane(B)).status == "drained"
+
+
+async def test_after_a_rollback_the_adopter_s_draining_workers_resume_its_runs(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """The rollback remedy's other way: keep B's machines running, and B resumes the run."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        run = await client.submit("nap-then-wait")
+        assert await work_once(rt_a) == ["parked"]
+        await client.retire_release(A)
+        rt_a.draining = True
+        await make_sleepers_due(database_url, QA)
+        assert await work_once(rt_b, QA) == ["parked"]  # adopted, parked again
+        await client.activate_release(A)  # the rollback
+        await client.retire_release(B)
+        rt_a.draining = False
+        rt_b.draining = True
+        [blocker] = (await client.lane(B)).blocked_by
+        assert "keep rel-b's machines running" in blocker.remedy, blocker.remedy
+        assert "lanes activate rel-b" not in blocker.remedy
+
+        assert (await client.signal(run.run_id, "go", {"ok": True})).delivered
+        seen: list[str] = []
+
+        async def resumed_by_b() -> bool:
+            await make_sleepers_due(database_url, QA)
+            # A, claiming its own queue again, leaves the run to its adopter.
+            assert set(await work_once(rt_a)) <= {"deferred"}
+            seen.extend(await work_once(rt_b, QA))
+            return "completed" in seen
+
+        await eventually(resumed_by_b, what="B's draining worker to finish the run")
+        assert set(seen) <= {"parked", "completed"}, seen
+        assert (await client.lane(B)).status == "drained"
+
+
+async def test_a_pruned_lane_is_drained_safe_to_stop_and_marked_pruned(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """After `lanes prune`, `lanes show` and `lanes wait` still find the lane: drained."""
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, _rt_b):
+        await client.submit("plain")
+        assert await work_once(rt_a) == ["completed"]
+        await client.retire_release(A)
+        assert (await client.lane(A)).status == "drained"
+        # Its machine still runs: its loops poll the queue, so it is kept.
+        assert await client.prune_lanes(0) == []
+        assert await client.prune_kept_live(0) == [QA]
+        assert (await client.lane(A)).pruned is False
+        await age_worker(database_url, rt_a.worker_base)  # its machine stopped
+        assert await client.prune_kept_live(0) == []
+        assert await client.prune_lanes(0) == [QA]
+        view = await client.lane(A)
+        assert (view.status, view.safe_to_stop, view.pruned) == ("drained", True, True)
+        assert view.as_json()["pruned"] is True
+        assert QA not in [v.queue for v in await client.lanes()]  # the list stays short
+        with pytest.raises(UnknownLaneError):
+            await client.lane("rel-never")
+        # Work arrives on it again: its queue is made again, and it is no longer pruned.
+        await client.submit("plain")
+        view = await client.lane(A)
+        assert (view.status, view.pruned) == ("draining", False)
+        assert QA in [v.queue for v in await client.lanes()]
+
+
+async def test_a_continuation_loop_on_a_pruned_queue_detaches_and_maintenance_skips_it(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """A prune racing B's continuation loop and maintenance: no claim error, no queue failure.
+
+    The loop was attached while A drained; `lanes prune` drops A's queue before B
+    re-reads the registry. Its next claim meets no table: it detaches quietly.
+    """
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        await client.submit("plain")
+        assert await work_once(rt_a) == ["completed"]
+        await client.retire_release(A)
+        await age_worker(database_url, rt_a.worker_base)
+        assert await client.prune_lanes(0) == [QA]
+        metrics = Metrics()
+        with structlog.testing.capture_logs() as logs:
+            async with anyio.create_task_group() as runs:
+                shared = LoopShared(Capacity(1), 0.05, metrics, runs, lambda _: None)
+                poller = Poller(rt_b, QA, asyncio.Event(), shared)
+                with anyio.fail_after(10):
+                    await poller.run()
+            # Maintenance read the registry just before the prune, then reconciles A.
+            lane_a = MaintainedLane(QA, "retired", [A], engine_queue=True)
+            await reconcile_lanes(rt_b.db, rt_b.store, [lane_a], worker_id="t", metrics=metrics)
+        assert poller.detach_reason == "queue dropped"
+        assert metrics.loop_errors.labels("continuation")._value.get() == 0
+        assert metrics.maintenance_errors.labels(queue=QA)._value.get() == 0
+        assert [
+            e for e in logs if e["event"] in ("loop.claim_failed", "maintenance.queue_failed")
+        ] == []
+
+
+# -- what the remedies name for a draining lane -----------------------------------------------
+
+
+async def test_a_draining_lane_s_remedy_names_a_play_no_live_machine_registers(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """Fresh runs of a play only a stopped machine had: the remedy says so, never "will run"."""
+    app = remedies_app(plays)
+    async with (
+        two_lanes(database_url, app) as (client, rt_a, _rt_b),
+        open_runtime(database_url, narrow_app(), A, worker_base="test-rel-a-narrow") as narrow,
+    ):
+        await register_worker(narrow)
+        await age_worker(database_url, rt_a.worker_base)  # the full machine stopped
+        await client.submit("plain")
+        await client.submit("other")
+        await client.retire_release(A, force=True)
+        view = await client.lane(A)
+        assert view.status == "draining"
+        (fresh,) = [b for b in view.blocked_by if b.reason == "fresh"]
+        assert "runs of play plain: no live worker of rel-a registers it" in fresh.remedy
+        assert "(they register: other)" in fresh.remedy
+        assert "lanes move rel-a --to RELEASE" in fresh.remedy
+        assert "the others: rel-a's 1 live worker(s) will run them" in fresh.remedy
+
+
+async def test_a_lane_only_runs_named_is_drained_once_its_runs_moved_away(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """No machine of X ever booted; its runs moved to B: `lanes show X` says drained."""
+    app = remedies_app(plays)
+    async with (
+        two_lanes(database_url, app) as (client, _rt_a, rt_b),
+        open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-x"}) as client_x,
+    ):
+        run = await client_x.submit("plain")
+        assert (await client.lane("rel-x")).status == "unregistered"
+        report = await client.move_lane("rel-x", B)
+        assert report.moved == (run.run_id,)
+        view = await client.lane("rel-x")
+        assert (view.release_id, view.queue, view.status) == ("rel-x", queue_of("rel-x"), "drained")
+        assert view.safe_to_stop
+        assert view.counts["fresh"] == 0
+        assert await work_once(rt_b) == ["completed"]
+        with pytest.raises(UnknownLaneError):
+            await client.lane("rel-never")

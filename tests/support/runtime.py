@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
@@ -19,6 +19,7 @@ from worker import lanes
 from worker.app import App
 from worker.client import LaneClient
 from worker.config.settings import Tuning
+from worker.db import engine
 from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
 from worker.metrics import Metrics
@@ -128,6 +129,34 @@ async def sleepers_due(conn: asyncpg.Connection[asyncpg.Record], queue: str) -> 
     return bool(late == 0)
 
 
+def env_of(release: str) -> dict[str, str]:
+    """The client environment that stamps ``release``."""
+    return {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release}
+
+
 def queue_of(release_id: str) -> str:
     """Return the lane queue of a release."""
     return lanes.queue_name_for_release(release_id)
+
+
+class GatedPlays(Protocol):
+    """What :func:`hold_in_flight` needs of a play's state: the event its gated step sets."""
+
+    def entered_event(self, name: str) -> asyncio.Event:
+        """Return the event set when the gated step of run ``name`` starts."""
+        ...
+
+
+async def claim_one(rt: Runtime, queue: str) -> engine.ClaimedRun:
+    """Claim exactly one run of ``queue`` as ``rt``'s loop for it would."""
+    batch = await rt.claim(queue, 5)
+    assert len(batch.runs) == 1, batch
+    return batch.runs[0]
+
+
+async def hold_in_flight(rt: Runtime, plays: GatedPlays, name: str) -> asyncio.Task[Any]:
+    """Claim run ``name`` (whose gated step holds) and handle it in a task, blocked mid-step."""
+    claimed = await claim_one(rt, rt.queue)
+    task = asyncio.create_task(rt.handle(claimed))
+    await asyncio.wait_for(plays.entered_event(name).wait(), 20)
+    return task

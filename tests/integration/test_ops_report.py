@@ -1,10 +1,9 @@
-"""The drain report and bounded deferral, on real Postgres with in-process workers.
+"""The drain report (worker/ops/report.py), on real Postgres with in-process workers.
 
 Every test puts runs in known states with the runtime harness (real claims, real
 plays), then checks that ``LaneClient.lanes()`` reports exactly that: the six
 buckets, deferrals, adopters, live workers and their plays, the verdict and what
-blocks it. Deferral is staged as the race the README describes: a continuation
-loop of B holding a run of retired A that only A may run.
+blocks it. The deferral itself is tested in ``test_run_deferral.py``.
 """
 
 from __future__ import annotations
@@ -19,277 +18,44 @@ from typing import Any
 
 import asyncpg
 import pytest
-import structlog
-from runtime_harness import (
-    SCHEMA,
+
+from support.db import LIVENESS_S, backdate_heartbeats, engine_runs_due, run_row
+from support.plays import ReportPlays, report_app
+from support.report import (
+    blockers,
+    claiming_blockers,
+    counts,
+    expected,
+    lanes_json,
+    remedies,
+)
+from support.runtime import (
     connect,
     eventually,
+    hold_in_flight,
     open_client,
     open_runtime,
     queue_of,
     register_worker,
-    sleepers_due,
     work_once,
 )
-
-from worker import App, TaskContext
-from worker.client import LaneClient
-from worker.db import engine
-from worker.metrics import Metrics
-from worker.run.execute import Runtime
 
 A, B, C = "rel-a", "rel-b", "rel-c"
 QA, QB, QC = queue_of(A), queue_of(B), queue_of(C)
 ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "5"}
-# The issue's bucket names, spelled out here so that a renamed key fails.
-BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
-COUNT_KEYS = {*BUCKETS, "deferred", "oldestWaitSeconds", "oldestDeferralSeconds", "adoptedBy"}
-LONG_NAP_S = 3600  # a sleep that never comes due during a test
-LIVENESS_S = 60  # a worker is live for 60 s after its last heartbeat
-
-
-class Plays:
-    """What the test's plays tell the test: which gated steps started, which runs failed."""
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.entered: dict[str, asyncio.Event] = {}
-        self.failures: dict[str, int] = {}
-
-    def entered_event(self, name: str) -> asyncio.Event:
-        """Return the event set when the gated step of run ``name`` starts."""
-        return self.entered.setdefault(name, asyncio.Event())
-
-
-def report_app(plays: Plays, *, without: tuple[str, ...] = ()) -> App:
-    """Plays that put a run in each bucket (``without``: leave those plays out).
-
-    `plain` (one step), `napper` (a durable sleep of ``seconds``, then a step),
-    `waiter` (event `first`, then event `second`), `flaky` (its step fails the
-    first time, per run), `gated` (a step that holds until ``plays.gate`` is set),
-    `special` (an event wait: the play a newer release may lack).
-    """
-    app = App()
-
-    async def plain(ctx: TaskContext, params: Any) -> str:
-        return str(await ctx.step("s", lambda: ctx.release_id))
-
-    async def napper(ctx: TaskContext, params: Any) -> str:
-        await ctx.sleep("nap", float(params.get("seconds", LONG_NAP_S)))
-        return str(await ctx.step("after", lambda: ctx.release_id))
-
-    async def waiter(ctx: TaskContext, params: Any) -> list[str]:
-        await ctx.wait_for_event("first", "first")
-        first = await ctx.step("after-first", lambda: ctx.release_id)
-        await ctx.wait_for_event("second", "second")
-        return [first, str(await ctx.step("after-second", lambda: ctx.release_id))]
-
-    async def flaky(ctx: TaskContext, params: Any) -> str:
-        def once() -> str:
-            plays.failures[ctx.run_id] = plays.failures.get(ctx.run_id, 0) + 1
-            if plays.failures[ctx.run_id] == 1:
-                raise RuntimeError("the first try fails")
-            return ctx.release_id
-
-        return str(await ctx.step("once", once))
-
-    async def gated(ctx: TaskContext, params: Any) -> str:
-        async def held() -> str:
-            plays.entered_event(params["name"]).set()
-            await plays.gate.wait()
-            return ctx.release_id
-
-        return str(await ctx.step("held", held))
-
-    async def special(ctx: TaskContext, params: Any) -> str:
-        await ctx.wait_for_event("special", "go")
-        return ctx.release_id
-
-    for name, play in (
-        ("plain", plain),
-        ("napper", napper),
-        ("waiter", waiter),
-        ("flaky", flaky),
-        ("gated", gated),
-        ("special", special),
-    ):
-        if name not in without:
-            app.play(name)(play)
-    return app
-
-
-# -- reading the report --------------------------------------------------------------------
-
-
-async def lanes_json(client: LaneClient) -> dict[str, dict[str, Any]]:
-    """Return the report as `lane-worker lanes --json` prints it, by queue."""
-    report = {view.queue: view.as_json() for view in await client.lanes()}
-    # What the CLI and /lanes print must survive a JSON round trip unchanged.
-    assert json.loads(json.dumps(report)) == report
-    return report
-
-
-def counts(lane: dict[str, Any]) -> dict[str, int]:
-    """Return a lane's bucket counts and its deferred count."""
-    assert set(lane["counts"]) == COUNT_KEYS, lane["counts"]
-    return {key: lane["counts"][key] for key in (*BUCKETS, "deferred")}
-
-
-def expected(**given: int) -> dict[str, int]:
-    """Return the counts of a lane holding ``given`` (every other bucket 0)."""
-    unknown = set(given) - {*BUCKETS, "deferred"}
-    assert not unknown, unknown
-    return {**dict.fromkeys((*BUCKETS, "deferred"), 0), **given}
-
-
-def blockers(lane: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
-    """Return a lane's blockers as (reason, count, run ids)."""
-    for blocker in lane["blockedBy"]:
-        assert set(blocker) == {"reason", "count", "remedy", "runIds"}, blocker
-    return [(b["reason"], b["count"], b["runIds"]) for b in lane["blockedBy"]]
-
-
-def claiming_blockers(lane: dict[str, Any], runs: list[tuple[str, int, list[str]]]) -> None:
-    """Assert a claiming lane is blocked by `claiming` first.
-
-    What else it lists is not specified for a claiming lane (its own workers run
-    everything on it); if it lists its runs, they must be exactly ``runs``.
-    """
-    found = blockers(lane)
-    assert found[0] == ("claiming", 0, []), found
-    assert found[1:] in ([], runs), found
-
-
-def remedies(lane: dict[str, Any]) -> dict[str, str]:
-    """Return a lane's remedies by reason."""
-    return {b["reason"]: b["remedy"] for b in lane["blockedBy"]}
-
-
-# -- staging runs ---------------------------------------------------------------------------
-
-
-async def sql(database_url: str, statement: str, *args: Any) -> Any:
-    """Run one statement on a connection of its own; return its first value."""
-    conn = await connect(database_url)
-    try:
-        return await conn.fetchval(statement, *args)
-    finally:
-        await conn.close()
-
-
-async def engine_runs_due(database_url: str, queue: str, run_id: str, *, in_s: float) -> None:
-    """Move a run's sleeping engine run's due time to ``in_s`` seconds from now.
-
-    Staging only the engine's timer (the store is untouched, and the report reads
-    only the store): a retry's 1 s backoff or a 30 s defer must not decide what a
-    later claim in the test is handed.
-    """
-    moved = await sql(
-        database_url,
-        f"with moved as (update absurd.r_{queue} r"
-        " set available_at = now() + make_interval(secs => $2::float8)"
-        f" from {SCHEMA}.runs s"
-        " where s.run_id = $1::uuid and r.task_id = s.task_id and r.state = 'sleeping'"
-        " returning 1) select count(*) from moved",
-        run_id,
-        in_s,
-    )
-    assert moved == 1, f"run {run_id} has no sleeping engine run on {queue}"
-
-
-async def claim_one(rt: Runtime, queue: str) -> engine.ClaimedRun:
-    """Claim exactly one run of ``queue`` as ``rt``'s loop for it would."""
-    batch = await rt.claim(queue, 5)
-    assert len(batch.runs) == 1, batch
-    return batch.runs[0]
-
-
-async def claim_bypassing_the_filter(rt: Runtime, queue: str) -> engine.ClaimedRun:
-    """Claim one run of ``queue`` with the engine's own claim, as ``rt``'s loop there.
-
-    This is the race the continuation claim's filter exists to prevent (the
-    registry changed between the claim and the decision): ``Runtime.handle``
-    must then decide on its own, and defer.
-    """
-    worker_id = rt.worker_id_for(queue)
-    batch = await rt.db.run(
-        lambda conn: engine.claim(conn, queue, worker_id, lease_s=rt.lease_s, qty=1)
-    )
-    assert len(batch.runs) == 1, batch
-    return batch.runs[0]
-
-
-async def hold_in_flight(rt: Runtime, plays: Plays, name: str) -> asyncio.Task[Any]:
-    """Claim run ``name`` (of play `gated`) and handle it in a task, blocked mid-step."""
-    claimed = await claim_one(rt, rt.queue)
-    task = asyncio.create_task(rt.handle(claimed))
-    await asyncio.wait_for(plays.entered_event(name).wait(), 20)
-    return task
-
-
-async def backdate_heartbeats(database_url: str, queue: str, seconds: float) -> None:
-    """Make the workers of ``queue`` look as if their last heartbeat was ``seconds`` ago.
-
-    A SIGKILLed machine stops beating; the report counts it live for 60 s more.
-    """
-    await sql(
-        database_url,
-        f"update {SCHEMA}.workers set heartbeat_at = now() - make_interval(secs => $2::float8)"
-        " where queue = $1",
-        queue,
-        seconds,
-    )
-
-
-async def run_row(database_url: str, run_id: str) -> dict[str, Any]:
-    """Return a run's store row (with its deferral streak)."""
-    conn = await connect(database_url)
-    try:
-        row = await conn.fetchrow(f"select * from {SCHEMA}.runs where run_id = $1::uuid", run_id)
-    finally:
-        await conn.close()
-    assert row is not None
-    return dict(row)
-
-
-async def streak_older_than(database_url: str, run_id: str, seconds: float) -> bool:
-    """Tell whether a run's deferral streak is older than ``seconds`` by the database's clock."""
-    older: bool = await sql(
-        database_url,
-        f"select now() - first_deferred_at > make_interval(secs => $2::float8)"
-        f" from {SCHEMA}.runs where run_id = $1::uuid",
-        run_id,
-        seconds,
-    )
-    return older
-
-
-async def defer_once(rt: Runtime, database_url: str, queue: str, run_id: str) -> Any:
-    """Make the run due, claim it past the filter as ``rt`` and let ``rt`` handle it."""
-    await engine_runs_due(database_url, queue, run_id, in_s=-1)
-    claimed = await claim_bypassing_the_filter(rt, queue)
-    return await rt.handle(claimed)
-
-
-def long_deferrals(metrics: Metrics, queue: str) -> float:
-    """Return ``lane_worker_long_deferrals_total`` of ``queue`` (0 when never counted)."""
-    value = metrics.registry.get_sample_value("lane_worker_long_deferrals_total", {"queue": queue})
-    return value or 0.0
 
 
 @pytest.fixture
-def plays() -> Iterator[Plays]:
-    """The plays' shared state; the gate opens at the end so no play is left blocked."""
-    state = Plays()
-    yield state
-    state.gate.set()
+def plays(report_plays: ReportPlays) -> ReportPlays:
+    """The report app's state (every test of this module stages its runs with it)."""
+    return report_plays
 
 
 # -- the buckets, the verdict and the blockers -----------------------------------------------
 
 
 async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_to_drained(
-    database_url: str, plays: Plays
+    database_url: str, plays: ReportPlays
 ) -> None:
     """One run in each bucket: the report counts exactly those, then follows A's drain."""
     app = report_app(plays)
@@ -457,7 +223,7 @@ async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_t
 
 
 async def test_a_parked_run_no_newer_release_can_adopt_keeps_its_lane_draining(
-    database_url: str, plays: Plays
+    database_url: str, plays: ReportPlays
 ) -> None:
     """A parked run whose play no live newer claiming worker registers blocks A's drain."""
     app_a = report_app(plays)
@@ -537,7 +303,7 @@ async def test_blocker_run_ids_show_the_first_20_oldest_first_and_count_them_all
 
 
 async def test_not_adoptable_run_ids_are_the_oldest_20_across_sleeps_and_waits(
-    database_url: str, plays: Plays
+    database_url: str, plays: ReportPlays
 ) -> None:
     """30 parked runs nothing can adopt, sleeps older than waits: the 20 oldest are named."""
     app = report_app(plays)
@@ -561,233 +327,6 @@ async def test_not_adoptable_run_ids_are_the_oldest_20_across_sleeps_and_waits(
     assert (blocker["reason"], blocker["count"]) == ("parkedNotAdoptable", 30)
     submitted = {run.run_id: n for n, run in enumerate(runs)}  # 0-14 sleep, 15-29 wait
     assert [submitted[run_id] for run_id in blocker["runIds"]] == list(range(20))
-
-
-# -- bounded, visible deferral ----------------------------------------------------------------
-
-
-async def test_a_deferred_run_is_counted_reported_and_alerted_once(
-    database_url: str, plays: Plays
-) -> None:
-    """B's loop defers A's fresh run again and again: streak, report, one warning, one metric."""
-    app = report_app(plays)
-    metrics = Metrics()
-    alert_after_s = 0.2
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt_a,
-        open_runtime(
-            database_url, app, B, metrics=metrics, defer_alert_after_s=alert_after_s
-        ) as rt_b,
-    ):
-        await client.activate_release(A, force=True)  # lanes register in release order
-        await client.activate_release(B, force=True)
-        await register_worker(rt_b)
-        run = await client.submit("napper")
-        await client.retire_release(A)
-
-        with structlog.testing.capture_logs() as logs:
-            handled = await rt_b.handle(await claim_bypassing_the_filter(rt_b, QA))
-        assert (handled.disposition, handled.outcome) == ("defer", "deferred")
-        row = await run_row(database_url, run.run_id)
-        assert row["defer_count"] == 1
-        assert row["first_deferred_at"] is not None
-        assert row["defer_alerted_at"] is None
-        first_deferred_at = row["first_deferred_at"]
-        assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == []
-        assert long_deferrals(metrics, QA) == 0
-        lane_a = (await lanes_json(client))[QA]
-        assert counts(lane_a) == expected(fresh=1, deferred=1)  # still fresh: never started
-        assert lane_a["counts"]["oldestDeferralSeconds"] >= 0
-        assert lane_a["status"] == "draining"
-        assert blockers(lane_a) == [("fresh", 1, [run.run_id])]
-
-        await eventually(
-            lambda: streak_older_than(database_url, run.run_id, alert_after_s),
-            what="the deferral streak to outlive the alert age",
-        )
-        with structlog.testing.capture_logs() as logs:
-            second = await defer_once(rt_b, database_url, QA, run.run_id)
-            third = await defer_once(rt_b, database_url, QA, run.run_id)
-        assert [(h.disposition, h.outcome) for h in (second, third)] == [("defer", "deferred")] * 2
-        alerts = [e for e in logs if e["event"] == "run.deferred_too_long"]
-        assert len(alerts) == 1, logs  # one warning per streak, not one per deferral
-        assert alerts[0]["log_level"] == "warning"
-        assert (alerts[0]["run_id"], alerts[0]["queue"]) == (run.run_id, QA)
-        assert alerts[0]["defer_count"] == 2
-        assert long_deferrals(metrics, QA) == 1
-        row = await run_row(database_url, run.run_id)
-        assert row["defer_count"] == 3
-        assert row["first_deferred_at"] == first_deferred_at
-        assert row["defer_alerted_at"] is not None
-        assert row["status"] == "queued"
-        lane_a = (await lanes_json(client))[QA]
-        assert counts(lane_a) == expected(fresh=1, deferred=1)
-        assert lane_a["counts"]["oldestDeferralSeconds"] > alert_after_s
-        status = await client.status(run.run_id)
-        assert [(a.disposition, a.outcome) for a in status.attempts] == [("defer", "deferred")] * 3
-        assert {a.attempt for a in status.attempts} == {1}  # no attempt spent
-
-        # A's own (draining) worker takes it over: the streak is over.
-        rt_a.draining = True
-        await engine_runs_due(database_url, QA, run.run_id, in_s=-1)
-        assert await work_once(rt_a) == ["parked"]
-        row = await run_row(database_url, run.run_id)
-        assert (row["defer_count"], row["first_deferred_at"], row["defer_alerted_at"]) == (
-            0,
-            None,
-            None,
-        )
-        lane_a = (await lanes_json(client))[QA]
-        assert counts(lane_a) == expected(parkedSleep=1)
-        assert lane_a["counts"]["oldestDeferralSeconds"] is None
-        assert lane_a["status"] == "drained"
-
-
-async def test_the_deferral_warning_and_failure_carry_the_run_s_log_context(
-    database_url: str, plays: Plays
-) -> None:
-    """The streak's log lines carry release_id, queue, worker_id and run_id, like every run line.
-
-    The README: "every line about a run carries release_id, queue, worker_id and
-    run_id" (and the e2e suites' ``malformed_lines`` holds daemons to it).
-    """
-    app = report_app(plays)
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(
-            database_url, app, B, defer_alert_after_s=0.05, defer_fail_after_s=0.05
-        ) as rt_b,
-    ):
-        await client.activate_release(A, force=True)
-        await client.activate_release(B, force=True)
-        run = await client.submit("plain")
-        await client.retire_release(A)
-        with structlog.testing.capture_logs() as logs:
-            await rt_b.handle(await claim_bypassing_the_filter(rt_b, QA))
-            await eventually(
-                lambda: streak_older_than(database_url, run.run_id, 0.05), what="the streak's age"
-            )
-            last = await defer_once(rt_b, database_url, QA, run.run_id)
-    assert last.outcome == "failed"
-    streak_lines = [
-        e for e in logs if e["event"] in ("run.deferred_too_long", "run.failed_for_good")
-    ]
-    assert sorted(e["event"] for e in streak_lines) == [
-        "run.deferred_too_long",
-        "run.failed_for_good",
-    ]
-    for line in logs:  # run.deferred as well: it shows what the whole set should carry
-        if line.get("run_id"):
-            missing = [k for k in ("release_id", "queue", "worker_id") if not line.get(k)]
-            assert missing == [], f"{line['event']} lacks {missing}: {line}"
-
-
-async def test_a_run_deferred_past_the_fail_age_fails_for_good_with_one_terminal_fact(
-    database_url: str, plays: Plays
-) -> None:
-    """Past the fail age a deferral fails the run for good: reason, one fact, task cancelled."""
-    app = report_app(plays)
-    fail_after_s = 0.2
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, app, A) as rt_a,
-        open_runtime(database_url, app, B, defer_fail_after_s=fail_after_s) as rt_b,
-    ):
-        await client.activate_release(A, force=True)
-        await client.activate_release(B, force=True)
-        run = await client.submit("plain")
-        await client.retire_release(A)
-        first = await rt_b.handle(await claim_bypassing_the_filter(rt_b, QA))
-        assert (first.disposition, first.outcome) == ("defer", "deferred")
-        assert (await client.status(run.run_id)).status == "queued"
-        await eventually(
-            lambda: streak_older_than(database_url, run.run_id, fail_after_s),
-            what="the deferral streak to outlive the fail age",
-        )
-        with structlog.testing.capture_logs() as logs:
-            last = await defer_once(rt_b, database_url, QA, run.run_id)
-        assert (last.disposition, last.outcome) == ("defer", "failed")
-        status = await client.status(run.run_id)
-        assert status.status == "failed"
-        assert status.error["name"] == "DeferralLimitExceeded"
-        assert status.error["fatal"] is True
-        assert "deferred 2 times" in status.error["message"]
-        assert status.facts == ("run.failed",)  # exactly one terminal fact
-        assert [(a.disposition, a.outcome) for a in status.attempts] == [
-            ("defer", "deferred"),
-            ("defer", "failed"),
-        ]
-        failed_logs = [e for e in logs if e["event"] == "run.failed_for_good"]
-        assert [(e["run_id"], e["log_level"]) for e in failed_logs] == [(run.run_id, "error")]
-        row = await run_row(database_url, run.run_id)
-        assert row["finished_at"] is not None
-        conn = await connect(database_url)
-        try:
-            task_state = await engine.task_state(conn, QA, row["task_id"])
-            engine_states = await conn.fetch(f"select state from absurd.r_{QA}")
-        finally:
-            await conn.close()
-        assert task_state == "cancelled"
-        assert [r["state"] for r in engine_states] == ["cancelled"]  # not rescheduled
-        # Nobody runs it afterwards, and A's lane has nothing left: drained.
-        rt_a.draining = True
-        assert await work_once(rt_a) == []
-        lane_a = (await lanes_json(client))[QA]
-        assert counts(lane_a) == expected()
-        assert lane_a["status"] == "drained"
-        assert (await client.status(run.run_id)).facts == ("run.failed",)
-
-
-async def test_an_adopter_taking_the_run_over_resets_its_streak(
-    database_url: str, plays: Plays
-) -> None:
-    """A B machine lacking the play defers A's parked run; a B machine with it adopts: reset."""
-    metrics = Metrics()
-    full = report_app(plays)
-    lacking = report_app(plays, without=("napper",))
-    async with (
-        open_client(database_url, ENV_A) as client,
-        open_runtime(database_url, full, A) as rt_a,
-        open_runtime(database_url, lacking, B, metrics=metrics, worker_base="b-old") as rt_b_old,
-        open_runtime(database_url, full, B, worker_base="b-new") as rt_b_new,
-    ):
-        await client.activate_release(A, force=True)
-        await client.activate_release(B, force=True)
-        await register_worker(rt_b_new)
-        run = await client.submit("napper", {"seconds": 0.2})
-        assert await work_once(rt_a) == ["parked"]
-        await client.retire_release(A)
-        conn = await connect(database_url)
-        try:
-            await eventually(lambda: sleepers_due(conn, QA), what="the nap due")
-        finally:
-            await conn.close()
-        # A rolling restart's older B machine (its app lacks the play) claims it in a race.
-        handled = await rt_b_old.handle(await claim_bypassing_the_filter(rt_b_old, QA))
-        assert (handled.disposition, handled.outcome) == ("defer", "deferred")
-        assert metrics.registry.get_sample_value("lane_worker_incompatible_defers_total") == 1
-        row = await run_row(database_url, run.run_id)
-        assert (row["defer_count"], row["status"]) == (1, "waiting")
-        lane_a = (await lanes_json(client))[QA]
-        assert counts(lane_a) == expected(parkedSleep=1, deferred=1)
-        assert lane_a["counts"]["oldestDeferralSeconds"] >= 0
-
-        await engine_runs_due(database_url, QA, run.run_id, in_s=-1)
-        assert await work_once(rt_b_new, QA) == ["completed"]
-        row = await run_row(database_url, run.run_id)
-        assert (row["defer_count"], row["first_deferred_at"], row["defer_alerted_at"]) == (
-            0,
-            None,
-            None,
-        )
-        status = await client.status(run.run_id)
-        assert status.adopted_release_id == B
-        assert [(a.disposition, a.outcome) for a in status.attempts] == [
-            ("own", "parked"),
-            ("defer", "deferred"),
-            ("adopt", "completed"),
-        ]
 
 
 # -- a store with a million finished runs ---------------------------------------------------

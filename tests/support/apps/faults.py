@@ -1,7 +1,7 @@
-"""Plays for the fault suites (`python -m worker run --app fault_apps:app`).
+"""Plays for the fault suites (`python -m worker run --app support.apps.faults:app`).
 
 Every step records each execution of its body as one line in a file of its
-own (``<dir>/<key>.<step>.log``, see :func:`apps.record`), written inside the
+own (``<dir>/<key>.<step>.log``, see :func:`support.apps.basic.record`), written inside the
 step, so a test counts executions per run and step across restarts, outages
 and processes.
 """
@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apps import record
-
+from support.apps.basic import record
 from worker import App, TaskContext
 
 app = App()

@@ -1,4 +1,4 @@
-"""Plays for the daemon end-to-end tests (`python -m worker run --app apps:app`).
+"""Plays for the daemon end-to-end tests (`python -m worker run --app support.apps.basic:app`).
 
 Step bodies that a test must count write one line per execution to a file in
 a directory the test passes in the input, so executions survive a SIGKILL and

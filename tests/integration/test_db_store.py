@@ -7,8 +7,8 @@ import uuid
 
 import asyncpg
 import pytest
-from runtime_harness import connect
 
+from support.runtime import connect
 from worker.db.schema import known_migrations
 from worker.db.store import Store, quote_ident
 from worker.errors import StoreSchemaError

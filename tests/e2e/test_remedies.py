@@ -4,97 +4,33 @@ Release A's machine is stopped (SIGKILL) before its lane drained, holding a fres
 run, a retrying run and a run in flight. The drain report names each stranded
 run with a remedy, and the operator applies them through `lane-worker`: `lanes
 move` for the fresh run, `runs fail` + `runs retry` for one that started, a new
-A machine for the other; then `lanes wait` and `lanes prune`. This module is
-also the daemons' app (`--app test_remedies_e2e:app`).
+A machine for the other; then `lanes wait` and `lanes prune`. The daemons run
+``support.apps.drain:app``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon import E2E_DIR, REPO, Daemon, Daemons, queue_of
-from fault_apps import wait_for_gate
-from runtime_harness import SCHEMA, connect, eventually, open_client
 
-from worker import App, TaskContext, lanes
+from support.cli import lane_worker, lane_worker_json
+from support.daemon import Daemon, Daemons, queue_of
+from support.db import backdate_heartbeats
+from support.runtime import connect, eventually, open_client
+from worker import lanes
 
 A, B = "rm-a", "rm-b"  # as deployed (launch stamps)
 # How the workers call themselves (sanitized): lane stamps, attempts, the report.
 A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
 B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
 QA, QB = queue_of(A), queue_of(B)
+APP = "support.apps.drain:app"
 CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
-APP = "test_remedies_e2e:app"
-# The daemons import this module, which imports the harness one directory up.
-DAEMON_PYTHONPATH = os.pathsep.join((str(E2E_DIR), str(E2E_DIR.parent)))
-GATE_LIMIT_S = 120.0
-LIVENESS_S = 60  # the report counts a worker live for 60 s after its last heartbeat
-
-# -- the daemons' app -------------------------------------------------------------------------
-
-app = App()
-
-
-@app.play("plain")
-async def plain(ctx: TaskContext, params: Any) -> dict[str, Any]:
-    """One step; returns who ran it."""
-    return {"release": await ctx.step("echo", lambda: ctx.release_id)}
-
-
-@app.play("fail-until")
-async def fail_until(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
-    """A step that fails until the file ``params["pass"]`` exists (a flaky upstream)."""
-
-    def attempt() -> str:
-        if not Path(params["pass"]).exists():
-            raise RuntimeError("upstream is down")
-        return ctx.release_id
-
-    return {"release": await ctx.step("try", attempt)}
-
-
-@app.play("gated")
-async def gated(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
-    """A step that holds until the file ``params["gate"]`` exists (at most 120 s)."""
-
-    async def held() -> str:
-        await wait_for_gate(Path(params["gate"]), GATE_LIMIT_S)
-        return ctx.release_id
-
-    return {"release": await ctx.step("held", held)}
 
 
 # -- the operator's commands ------------------------------------------------------------------
-
-
-async def lane_worker(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``lane-worker ARGS`` as an operator does (the database, nothing else)."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "worker", *args],
-        cwd=REPO,
-        env={"PATH": os.environ.get("PATH", ""), "WORKFLOW_RUNTIME_POSTGRES": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-async def lane_worker_json(database_url: str, *args: str, exit_code: int = 0) -> Any:
-    """Run ``lane-worker ARGS --json``, expecting ``exit_code``; return its JSON object."""
-    done = await lane_worker(database_url, *args, "--json")
-    assert done.returncode == exit_code, (args, done.returncode, done.stdout, done.stderr)
-    if exit_code == 0:
-        assert done.stderr == "", done.stderr
-    return json.loads(done.stdout)
 
 
 async def run_status(database_url: str, run_id: str) -> dict[str, Any]:
@@ -129,21 +65,6 @@ async def engine_queues(database_url: str) -> list[str]:
     return [row["queue_name"] for row in rows]
 
 
-async def backdate_heartbeats(database_url: str, queue: str) -> None:
-    """Make the workers of ``queue`` look silent for longer than the liveness window."""
-    conn = await connect(database_url)
-    try:
-        aged = await conn.execute(
-            f"update {SCHEMA}.workers"
-            " set heartbeat_at = now() - make_interval(secs => $2) where queue = $1",
-            queue,
-            LIVENESS_S + 1,
-        )
-    finally:
-        await conn.close()
-    assert aged == "UPDATE 1", aged
-
-
 def blockers(lane: dict[str, Any]) -> dict[str, tuple[int, list[str], str]]:
     """Return a lane's blockers by reason: (count, run ids, remedy)."""
     return {b["reason"]: (b["count"], b["runIds"], b["remedy"]) for b in lane["blockedBy"]}
@@ -157,9 +78,9 @@ async def stage_stranded_a(
     A's only slot is held by the in-flight run, so the retry and the fresh run
     stay A's to run for as long as the test wants.
     """
-    a = pool.start(A, name="A", app=APP, PYTHONPATH=DAEMON_PYTHONPATH, LANE_WORKER_CONCURRENCY="1")
+    a = pool.start(A, name="A", app=APP, LANE_WORKER_CONCURRENCY="1")
     await a.ready()  # A's lane registers first: B is the newer release
-    b = pool.start(B, name="B", app=APP, PYTHONPATH=DAEMON_PYTHONPATH)
+    b = pool.start(B, name="B", app=APP)
     await b.ready()
     async with open_client(database_url, CLIENT_ENV) as client:
         flaky = await client.submit("fail-until", {"pass": str(tmp_path / "pass")})
@@ -189,7 +110,8 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         await a.wait_for("lane.draining")
         a.kill()  # stopped before drained
         assert await a.wait_exit(timeout_s=15) == -9
-        await backdate_heartbeats(database_url, QA)  # a minute later, without waiting it out
+        # A minute later, without waiting it out.
+        assert await backdate_heartbeats(database_url, QA) == "UPDATE 1"
 
         # -- the report names each stranded run, with a remedy ---------------------------------
         shown = await lane_worker_json(database_url, "lanes", "show", A)
@@ -289,7 +211,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
 
         # -- a new A machine finishes the retrying run -----------------------------------------
         (tmp_path / "pass").touch()
-        a2 = pool.start(A, name="A2", app=APP, PYTHONPATH=DAEMON_PYTHONPATH)
+        a2 = pool.start(A, name="A2", app=APP)
         await a2.ready()  # a draining lane's worker may boot
         await a2.wait_for("run.completed", run_id=flaky, timeout_s=30)
         finished = await run_status(database_url, flaky)

@@ -1,4 +1,4 @@
-"""Apps for the run-safety round 3 end-to-end tests (`tests/e2e/test_run_safety_round3.py`).
+"""Apps of one release, and the retry and signal plays (`--app support.apps.mixed:<app>`).
 
 ``lean`` and ``full`` are two apps of one release, as a rolling restart or a
 mixed deployment runs them: both register ``common``, only ``full`` registers
@@ -72,3 +72,9 @@ async def approval(ctx: TaskContext, params: Any) -> dict[str, Any]:
         "timed_out": reply["timed_out"],
         "run": ctx.run_id,
     }
+
+
+def executions(directory: Path, run_id: str) -> int:
+    """Return how many times a step of run ``run_id`` executed (:func:`record`)."""
+    path = directory / f"{run_id}.log"
+    return len(path.read_text().splitlines()) if path.exists() else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime_harness import (
+from support.runtime import (
     connect,
     eventually,
     open_client,
@@ -13,7 +13,6 @@ from runtime_harness import (
     register_worker,
     work_once,
 )
-
 from worker import App, TaskContext
 
 A, B = "rel-a", "rel-b"

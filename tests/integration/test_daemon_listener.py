@@ -8,8 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import asyncpg
 import pytest
-from runtime_harness import connect, eventually
 
+from support.runtime import connect, eventually
 from worker.daemon.listener import Listener, Wakeups
 
 

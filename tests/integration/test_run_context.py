@@ -1,0 +1,228 @@
+"""What a play sees (worker/run/context.py), on real Postgres with in-process runtimes.
+
+Step names map one-to-one to checkpoints (also for runs an older build executed),
+durable sleeps and event-wait timeouts are measured on the database's clock however
+skewed the worker's is, and a sleep beside a step in a task group parks without
+spending an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import asyncpg
+import pytest
+
+from support.db import attempt_rows
+from support.runtime import eventually, open_client, open_runtime, work_once, work_until
+from worker import App, TaskContext
+from worker.run.execute import Runtime
+
+RELEASE = "rel-a"
+ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
+QUEUE = "runs_rel_a"
+# Three attempts: a play that fails is retried, so its first error is seen on a live run.
+ENV_A3 = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE, "LANE_WORKER_MAX_ATTEMPTS": "3"}
+SCHEMA = "runtime_scheduler"
+
+
+def skew_clock(monkeypatch: pytest.MonkeyPatch, offset_s: float) -> dict[str, float]:
+    """Make ``time.time`` run ``offset_s`` off the real clock; return the mutable offset."""
+    real = time.time
+    skew = {"s": offset_s}
+    monkeypatch.setattr(time, "time", lambda: real() + skew["s"])
+    return skew
+
+
+# -- defect 9: step names map one-to-one to checkpoints --------------------------
+
+
+async def test_step_named_like_a_repeated_step_keeps_its_own_checkpoint(database_url: str) -> None:
+    """`a#2` once and `a` twice: three checkpoints, each body ran once, each replays its value."""
+    calls: Counter[str] = Counter()
+    app = App()
+
+    def ran(value: str) -> str:
+        calls[value] += 1
+        return value
+
+    @app.play("names")
+    async def names(ctx: TaskContext, params: dict[str, Any]) -> list[str]:
+        hashed = await ctx.step("a#2", lambda: ran("hash"))
+        first = await ctx.step("a", lambda: ran("first"))
+        second = await ctx.step("a", lambda: ran("second"))
+        await ctx.sleep("nap", 0.5)
+        return [hashed, first, second]
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE) as rt,
+    ):
+        submitted = await client.submit("names")
+        assert await work_once(rt) == ["parked"]
+        await work_until(rt, "completed", timeout_s=10)
+        status = await client.status(submitted.run_id)
+        keys = await rt.db.fetch(f"select checkpoint_name from absurd.c_{QUEUE}")
+    assert status.output == ["hash", "first", "second"]
+    assert calls == Counter({"hash": 1, "first": 1, "second": 1})
+    assert len({k["checkpoint_name"] for k in keys}) == 3
+
+
+async def test_run_first_executed_by_an_older_build_keeps_its_step_keys(database_url: str) -> None:
+    """A run whose checkpoints use the old key of `p#q` (step_keys NULL) replays, not re-runs."""
+    calls: Counter[str] = Counter()
+    app = App()
+
+    def body() -> str:
+        calls["p#q"] += 1
+        return "committed once"
+
+    @app.play("legacy")
+    async def legacy(ctx: TaskContext, params: dict[str, Any]) -> str:
+        value = await ctx.step("p#q", body)
+        await ctx.sleep("nap", 0.5)
+        return str(value)
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE) as rt,
+    ):
+        submitted = await client.submit("legacy")
+        assert await work_once(rt) == ["parked"]
+        # Make it look like an older build executed it: the old key, no mapping stamped.
+        renamed = await rt.db.execute(
+            f"update absurd.c_{QUEUE} set checkpoint_name = 'step:p#q'"
+            " where checkpoint_name = 'step:p##q'"
+        )
+        assert renamed == "UPDATE 1"
+        unstamped = await rt.db.execute(
+            f"update {SCHEMA}.runs set step_keys = null where run_id = $1::uuid",
+            submitted.run_id,
+        )
+        assert unstamped == "UPDATE 1"
+        await work_until(rt, "completed", timeout_s=10)
+        status = await client.status(submitted.run_id)
+        step_keys = await rt.db.fetchval(
+            f"select step_keys from {SCHEMA}.runs where run_id = $1::uuid", submitted.run_id
+        )
+    assert status.output == "committed once"
+    assert calls == Counter({"p#q": 1})
+    assert step_keys is None  # a resume does not restamp the mapping
+
+
+# -- defect 10: durations are measured on the database's clock -------------------
+
+
+async def drive_to_completion(rt: Runtime, *, timeout_s: float = 10) -> None:
+    """Claim and handle every 50 ms until a run completes."""
+
+    async def completed() -> bool:
+        return "completed" in await work_once(rt)
+
+    await eventually(completed, timeout_s=timeout_s, what="the run to complete")
+
+
+def resumed_after(attempts: list[asyncpg.Record]) -> tuple[float, float]:
+    """Seconds (DB clock) from the first claim and from the park to the next claim."""
+    parked, resumed = attempts[0], attempts[1]
+    return (
+        (resumed["claimed_at"] - parked["claimed_at"]).total_seconds(),
+        (resumed["claimed_at"] - parked["finished_at"]).total_seconds(),
+    )
+
+
+@pytest.mark.parametrize("offset_s", [-1.5, 1.5], ids=["worker-behind", "worker-ahead"])
+async def test_durable_sleep_on_a_skewed_worker_wakes_on_time(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, offset_s: float
+) -> None:
+    """A 2 s sleep on a worker 1.5 s off wakes after 2 s of database time, in few claims."""
+    app = App()
+
+    @app.play("napper")
+    async def napper(ctx: TaskContext, params: dict[str, Any]) -> str:
+        await ctx.sleep("nap", 2)
+        return "rested"
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE) as rt,
+    ):
+        submitted = await client.submit("napper")
+        skew_clock(monkeypatch, offset_s)
+        assert await work_once(rt) == ["parked"]
+        await drive_to_completion(rt)
+        monkeypatch.undo()
+        status = await client.status(submitted.run_id)
+        attempts = await attempt_rows(database_url, submitted.run_id)
+    assert status.output == "rested"
+    from_claim_s, from_park_s = resumed_after(attempts)
+    outcomes = [a["outcome"] for a in attempts]
+    assert len(attempts) <= 3, f"{len(attempts)} claims; first resume after {from_claim_s:.2f} s"
+    assert outcomes[0] == "parked"
+    assert outcomes[-1] == "completed"
+    assert from_claim_s >= 2.0
+    assert from_park_s <= 2.6
+
+
+async def test_event_wait_timeout_armed_and_resumed_on_skewed_workers_ends_on_time(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2 s wait armed on a worker 1.5 s ahead, resumed on one 1.5 s behind, times out at ~2 s."""
+    app = App()
+
+    @app.play("wait")
+    async def wait(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+        return await ctx.wait_for_event("gate", "go", timeout=2)
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE, worker_base="ahead") as ahead,
+        open_runtime(database_url, app, RELEASE, worker_base="behind") as behind,
+    ):
+        submitted = await client.submit("wait")
+        skew = skew_clock(monkeypatch, 1.5)
+        assert await work_once(ahead) == ["parked"]
+        skew["s"] = -1.5  # the worker that resumes it has its own clock
+        await drive_to_completion(behind)
+        monkeypatch.undo()
+        status = await client.status(submitted.run_id)
+        attempts = await attempt_rows(database_url, submitted.run_id)
+    assert status.output["timed_out"] is True
+    from_claim_s, _ = resumed_after(attempts)
+    assert len(attempts) <= 3, f"{len(attempts)} claims; first resume after {from_claim_s:.2f} s"
+    assert [a["outcome"] for a in attempts][-1] == "completed"
+    finished_s = (attempts[-1]["finished_at"] - attempts[0]["finished_at"]).total_seconds()
+    assert from_claim_s >= 2.0
+    assert finished_s <= 2.6, f"timed out {finished_s:.2f} s after it parked"
+
+
+# -- a sleep beside a step --------------------------------------------------------------------
+
+
+async def test_a_sleep_inside_a_task_group_parks_without_spending_an_attempt(
+    database_url: str,
+) -> None:
+    """``ctx.sleep`` next to a step in an asyncio.TaskGroup parks; the engine attempt stays 1."""
+    app = App()
+    calls: list[str] = []
+
+    @app.play("grouped")
+    async def grouped(ctx: TaskContext, params: Any) -> str:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ctx.step("side", lambda: calls.append("side")))
+            group.create_task(ctx.sleep("nap", 0.3))
+        return "done"
+
+    async with (
+        open_client(database_url, ENV_A3) as client,
+        open_runtime(database_url, app, RELEASE) as rt,
+    ):
+        run = await client.submit("grouped")
+        assert await work_once(rt) == ["parked"]
+        await work_until(rt, "completed")
+        status = await client.status(run.run_id)
+    assert status.status == "completed"
+    assert [(a.attempt, a.outcome) for a in status.attempts] == [(1, "parked"), (1, "completed")]

@@ -1,0 +1,23 @@
+"""What the test suites share: the database fixture, harnesses, the CLI runner and the plays.
+
+``tests/`` has no ``__init__.py``: pytest's default ("prepend") import mode puts it on
+``sys.path`` before importing ``tests/conftest.py``, so this package imports as the
+top-level ``support`` (``from support.cli import run_cli``) from every test module. A
+daemon started by :mod:`support.daemon` gets the same directory on ``PYTHONPATH``, so its
+``--app`` names a module here (``support.apps.basic:app``).
+
+- :mod:`support.pgfixture`: the session's PostgreSQL, its migrated template, fresh databases.
+- :mod:`support.cli`: ``python -m worker ARGS`` with exactly a given environment.
+- :mod:`support.daemon`: real daemons (``python -m worker run``) and their JSON logs.
+- :mod:`support.runtime`: in-process runtimes and clients, for claims driven by the test.
+- :mod:`support.db`: one query on a connection of its own, and the rows tests read.
+- :mod:`support.report`: reading the drain report (buckets, blockers) in assertions.
+- :mod:`support.page`: the lanes page as headless Chromium renders it.
+- :mod:`support.plays`: the in-process apps the integration tests share.
+- :mod:`support.apps`: the apps the daemons of the e2e tests run.
+"""
+
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO = TESTS_DIR.parent
