@@ -5,6 +5,9 @@ engine task in one transaction, so a run either exists in both or in neither.
 A ``NOTIFY lane_worker_<queue>`` goes with every submit and signal (delivered
 at commit) so a listening worker starts at once; it is a hint, polling is the
 guarantee.
+
+(About 570 lines: ``LaneClient`` is the app's whole API in one class, each method
+one transaction; what it returns is in ``results.py``, the remedies in ``worker/ops``.)
 """
 
 from __future__ import annotations

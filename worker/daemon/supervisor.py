@@ -8,6 +8,9 @@ still has open runs (kept current), the LISTEN connection, heartbeats and
 maintenance. The first SIGTERM / SIGINT drains; a second exits at once. A side
 loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
 outage with readiness false; any other error in one drains and exits 1.
+
+(About 460 lines: one class holding one process's state; split further it would
+need a mixin with stub attributes, the pattern the run package dropped.)
 """
 
 from __future__ import annotations

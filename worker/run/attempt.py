@@ -12,6 +12,8 @@ fenced by the same row.
 
 A claim that ends before or outside its attempt (a drain, an error, a claim
 left over at shutdown) is given back by ``worker/run/handback.py``.
+
+(About 430 lines, on purpose: every way an attempt ends is in this one file.)
 """
 
 from __future__ import annotations
