@@ -16,6 +16,7 @@ queued every lease extension behind the page's viewers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -132,6 +133,7 @@ class ReportReader:
         self._store = store
         self._statement_timeout_ms = max(1, round(statement_timeout_s * 1000))
         self._db: Database | None = None
+        self._opening: asyncio.Future[Database] | None = None
         self._closed = False
         self._shared = SharedRead(self._read, fresh_s=fresh_s)
 
@@ -149,9 +151,27 @@ class ReportReader:
     async def _read(self) -> list[LaneView]:
         if self._closed:
             raise ReportClosedError("the worker is stopping")
+        db = await self._pool()
+        return await db.run(self._read_bounded)
+
+    async def _pool(self) -> Database:
+        """Open the pool once: a read cancelled while it opens leaves the open going on.
+
+        Cancelled half-way, an open would leave its connection behind, and the
+        next read would open another pool beside it (two and three report
+        connections were seen under page load).
+        """
         if self._db is None:
-            self._db = await Database.open(self.options)
-        return await self._db.run(self._read_bounded)
+            if self._opening is None:
+                self._opening = asyncio.ensure_future(Database.open(self.options))
+            try:
+                self._db = await asyncio.shield(self._opening)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:
+                self._opening = None  # it failed: the next read tries again
+                raise
+        return self._db
 
     async def _read_bounded(self, conn: Connection) -> list[LaneView]:
         # read_report's own transaction nests in this one (a savepoint, same snapshot rules);
@@ -168,6 +188,12 @@ class ReportReader:
         self._closed = True
         await self._shared.close()
         db, self._db = self._db, None
+        opening, self._opening = self._opening, None
+        if db is None and opening is not None:
+            if not opening.done():
+                opening.cancel()
+            with contextlib.suppress(BaseException):
+                db = await opening  # an open that finished after its read was cancelled
         if db is None:
             return
         with anyio.move_on_after(REPORT_CLOSE_TIMEOUT_S) as scope:

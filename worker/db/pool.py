@@ -198,8 +198,14 @@ class Database:
             server_settings={"application_name": options.application_name},
         )
         # min_size=0 opens nothing: prove the server answers before reporting success.
-        async with pool.acquire() as conn:
-            await conn.fetchval("select 1")
+        try:
+            async with pool.acquire() as conn:
+                await conn.fetchval("select 1")
+        except BaseException:
+            # A retry makes a new pool: this one must not keep a connection open
+            # (a slow server under load left two and three behind).
+            pool.terminate()
+            raise
         return pool
 
     @staticmethod
