@@ -82,6 +82,11 @@ class Runtime:
         self.queue = seat.own_queue
         self.lease_s = seat.lease_s
         self.plays = sorted(app.plays)
+        # Who decides, on the own loop (True) and on a continuation loop (False).
+        self._seats = {
+            own_loop: decide.Seat(self.release_id, self.queue, frozenset(app.plays), own_loop)
+            for own_loop in (True, False)
+        }
         # What the registry says, kept current by the supervisor: this release's
         # lane is retired (draining); other lanes that claim; and whether runs on
         # this lane's queue were adopted by another lane (the own loop skips them).
@@ -190,8 +195,9 @@ class Runtime:
         )
         claim.run_id = facts.run_id
         bound = bound.bind(run_id=str(facts.run_id), worker_id=self.worker_id_for(claimed.queue))
-        decision = await self._decide(facts, claimed.queue)
-        self._note(decision, facts, claimed.queue, bound, on_refuse)
+        seat = self._seats[lanes.loop_kind(claimed.queue, self.queue) == "own"]
+        decision = await self._decide(facts, seat)
+        self._note(decision, facts, seat, bound, on_refuse)
         attempt = await self.attempts.begin(claimed, facts.run_id, decision.disposition, bound)
         claim.attempt = attempt
         if not decision.executes:
@@ -210,13 +216,7 @@ class Runtime:
             return Handled(decision.disposition, await attempt.hand_back_untaken())
         return Handled(decision.disposition, await self._execute(attempt, row.play, row.input))
 
-    async def _decide(self, facts: LaneFacts, queue: str) -> Decision:
-        seat = decide.Seat(
-            release_id=self.release_id,
-            own_queue=self.queue,
-            plays=frozenset(self.app.plays),
-            own_loop=lanes.loop_kind(queue, self.queue) == "own",
-        )
+    async def _decide(self, facts: LaneFacts, seat: decide.Seat) -> Decision:
         registration = None
         if decide.needs_play_registration(facts, seat):
             found = await self.db.run(
@@ -229,7 +229,7 @@ class Runtime:
         self,
         decision: Decision,
         facts: LaneFacts,
-        queue: str,
+        seat: decide.Seat,
         bound: Log,
         on_refuse: Callable[[], None] | None,
     ) -> None:
@@ -240,7 +240,7 @@ class Runtime:
         elif cause == Cause.ADOPTED_ELSEWHERE:
             # The claim statement skips such runs (an own loop that meets one
             # switches to the claim that does): this was a race.
-            if lanes.loop_kind(queue, self.queue) == "own":
+            if seat.own_loop:
                 self.foreign_adoptees = True
             bound.info("run.left_to_adopter", adopter_release_id=facts.adopted_release_id)
         elif decision.disposition == Disposition.DEFER:
