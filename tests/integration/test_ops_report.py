@@ -335,36 +335,6 @@ FINISHED_RUNS = 1_000_000
 OPEN_RUNS = {"queued": 3, "waiting": 2, "retrying": 1}
 
 
-async def _where_the_time_went(conn: Any, queries: dict[str, str]) -> str:
-    """Return each report query's executed plan and the runs table's upkeep, in short."""
-    said = []
-    for name in ("report_lanes", "report_runs", "report_adopted"):
-        (explained,) = await conn.fetchval(
-            "explain (analyze, buffers, format json) " + queries[name]
-        )
-        nodes = [
-            (
-                n["Node Type"],
-                n.get("Relation Name"),
-                n.get("Index Name"),
-                n["Actual Total Time"],
-                {k: n[k] for k in n if k.endswith("Blocks") and n[k]},
-            )
-            for n in plan_nodes(explained["Plan"])
-        ]
-        said.append(f"{name}: {explained['Execution Time']:.1f} ms {nodes}")
-    upkeep = await conn.fetch(
-        "select relname, last_analyze, last_autoanalyze, last_autovacuum from pg_stat_user_tables"
-        " where relname = 'runs'"
-    )
-    activity = await conn.fetch(
-        "select backend_type, wait_event_type, wait_event, left(query, 80) as query"
-        " from pg_stat_activity where pid <> pg_backend_pid()"
-        " and (datname = current_database() or backend_type <> 'client backend')"
-    )
-    return "; ".join(said) + f"; {[dict(r) for r in upkeep]}; {[dict(r) for r in activity]}"
-
-
 def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Yield every node of an EXPLAIN (FORMAT JSON) plan."""
     yield plan
@@ -376,7 +346,7 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 async def test_the_report_reads_only_open_runs_of_a_store_with_a_million_finished(
     database_url: str,
 ) -> None:
-    """1,000,000 finished runs: no report query scans the runs table, and lanes() is quick."""
+    """1,000,000 finished runs: no report query scans the runs table; the counts are exact."""
     token = uuid.uuid4().hex[:8]
     schema, suffix = f"report_scale_{token}", f"scale_{token}"
     env = {
@@ -441,19 +411,7 @@ async def test_the_report_reads_only_open_runs_of_a_store_with_a_million_finishe
 
             lane_a = (await lanes_json(client))[QA]
             assert counts(lane_a) == expected(fresh=3, parkedSleep=2, retrying=1)
-            # Timed tests are avoided in this suite, so this bound is generous (a few
-            # milliseconds were measured on a 2-core machine; reading the table takes
-            # over a second): it only catches a report that reads every finished run.
-            # The plan check above is what guards the design.
-            best_s = float("inf")
-            for _ in range(5):
-                started = time.monotonic()
-                await client.lanes()
-                best_s = min(best_s, time.monotonic() - started)
-            print(f"lanes() best of 5: {best_s * 1000:.1f} ms")
-            if best_s >= 0.1:  # say why, as the client's own connection plans it now
-                why = await client.db.run(lambda c: _where_the_time_went(c, client.store.q))
-                raise AssertionError(f"lanes() took {best_s * 1000:.0f} ms at best: {why}")
+            # How long the report takes at this size is measured in bench/report.py.
     finally:
         try:
             await conn.execute(f"drop schema if exists {schema} cascade")

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from support.runtime import (
+    SCHEMA,
     connect,
     env_of,
     eventually,
@@ -358,3 +359,70 @@ async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_
     assert "run.left_to_adopter" in [e["event"] for e in logs]
     assert status.status == "completed"
     assert executed == [("one", A), ("two", B), ("three", B)]
+
+
+async def test_the_adopt_filter_asks_the_store_rule_and_its_older_spelling_agrees(
+    database_url: str,
+) -> None:
+    """The continuation filter hands out exactly the runs ``adoptable_by`` allows.
+
+    The same cases are read through the store's named rule (migration 0007) and,
+    after dropping it as a store an older build migrated would lack it, through the
+    spelled-out copy the filter keeps for such stores: both must agree with the rule.
+    """
+    lanes_in_order = {"rel-old": "retired", "rel-d": "retired", "rel-b": "claiming",
+                      "rel-e": "retired", "rel-c": "claiming"}  # fmt: skip
+    q = {r: queue_of(r) for r in lanes_in_order}
+    cases = {  # name: (store status, play, adopter release or None, handed to B?)
+        "parked, nobody adopted it": ("waiting", "p", None, True),
+        "parked, a play B lacks": ("waiting", "q", None, False),
+        "not parked": ("queued", "p", None, False),
+        "B's own adoptee, running": ("running", "p", "rel-b", True),
+        "adopted by a claiming lane": ("waiting", "p", "rel-c", False),
+        "adopted by an older retired lane": ("waiting", "p", "rel-d", True),
+        "adopted by a newer retired lane": ("waiting", "p", "rel-e", False),
+    }
+    async with open_client(database_url, env_of("rel-old")) as client:
+        ids = {name: (await client.submit(case[1], {})).run_id for name, case in cases.items()}
+    conn = await connect(database_url)
+    try:
+        for n, (release, status) in enumerate(lanes_in_order.items()):
+            await conn.execute(
+                f"insert into {SCHEMA}.releases (queue, status, release_ids, created_at)"
+                " values ($1, $2, array[$3], now() - make_interval(secs => 100 - $4))"
+                " on conflict (queue) do update set status = excluded.status,"
+                " created_at = excluded.created_at",
+                q[release],
+                status,
+                release,
+                n,
+            )
+        for name, (status, _, adopter, _) in cases.items():
+            await conn.execute(
+                f"update {SCHEMA}.runs set status = $2, adopted_queue = $3 where run_id = $1",
+                ids[name],
+                status,
+                q[adopter] if adopter else None,
+            )
+        await conn.execute(f"update absurd.r_{q['rel-old']} set state = 'sleeping'")
+
+        async def handed_to_b() -> set[str]:
+            where = await conn.fetchval(
+                "select lane_worker.lane_filter('adopt', $1, $2, '$1', '$2')", SCHEMA, q["rel-old"]
+            )
+            rows = await conn.fetch(
+                f"select s.run_id::text from absurd.r_{q['rel-old']} r"
+                f" join {SCHEMA}.runs s on s.task_id = r.task_id where {where}",
+                q["rel-b"],
+                ["p"],
+            )
+            return {name for name, i in ids.items() if i in {r[0] for r in rows}}
+
+        expected = {name for name, (*_, handed) in cases.items() if handed}
+        assert await handed_to_b() == expected
+        await conn.execute(
+            f"drop function {SCHEMA}.adoptable_by(text, text, text, text, text, text[])"
+        )
+        assert await handed_to_b() == expected
+    finally:
+        await conn.close()

@@ -35,11 +35,12 @@ def wanted_continuations(
     own = registry.get(own_queue)
     wanted = {q for q, lane in registry.items() if lane.mine_open and q != own_queue}
     if lane_state == LaneState.CLAIMING and own is not None:
-        # Only from older lanes: releases roll forward, never back.
+        # Only from older lanes (the store's lane_older, which the claim filter
+        # asks too): releases roll forward, never back.
         adoptable = [
             r
             for r in registry.values()
-            if r.status == LaneStatus.RETIRED and r.has_open and r.created_at < own.created_at
+            if r.status == LaneStatus.RETIRED and r.has_open and r.older_than_mine
         ]
         wanted |= set(
             lanes.adoption_queues(release_id, [i for r in adoptable for i in r.release_ids])

@@ -184,6 +184,7 @@ class RegistryLane:
     status: str
     release_ids: list[str]
     created_at: datetime
+    older_than_mine: bool  # registered before the reading worker's lane (lane_older)
     has_open: bool  # non-terminal runs stamped on it
     mine_open: bool  # open runs on it adopted by the reading worker's lane
     foreign_adopted: bool  # open runs on it adopted by another lane

@@ -18,7 +18,8 @@
 -- (its own work, whatever their store status), and runs parked in a wait
 -- (store status `waiting`) whose play its app registers (p_plays), that no
 -- other claiming lane adopted and whose effective lane is older than its own
--- (lanes ordered by first registration: a release never adopts from a newer). Everything else (fresh runs, retries and
+-- (lanes ordered by first registration: a release never adopts from a newer):
+-- the store's adoptable_by. Everything else (fresh runs, retries and
 -- hand-backs of the retired lane, which only that lane's draining workers may
 -- run, and runs another claiming release adopted) is never handed out, so a
 -- defer is a race, not the normal path.
@@ -56,7 +57,7 @@ create or replace function lane_worker.lane_filter (
 )
   returns text
   language plpgsql
-  immutable
+  stable  -- reads the catalog: which named rules the store has
 as $$
 begin
   -- A predicate on the engine run `r` of queue p_queue_name; p_own_param and
@@ -77,6 +78,20 @@ begin
                                   and s.play = any (w.plays)))))',
       p_store_schema, p_own_param, p_plays_param);
   elsif p_mode = 'adopt' then
+    if to_regprocedure(format('%I.adoptable_by(text,text,text,text,text,text[])',
+                              p_store_schema)) is not null then
+      -- The store names the adoption rule (store migration 0007): ask it, so
+      -- this filter and the lane registry cannot disagree.
+      return format(
+        '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
+         and exists (
+               select 1 from %1$I.runs s
+                where s.task_id = r.task_id
+                  and %1$I.adoptable_by(s.status, s.play, s.adopted_queue, %4$L, %2$s, %3$s))',
+        p_store_schema, p_own_param, p_plays_param, p_queue_name);
+    end if;
+    -- A store that an older build migrated lacks the named rule: the same rule
+    -- spelled out (kept until no such store can be claimed from).
     return format(
       '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
        and exists (
@@ -91,7 +106,6 @@ begin
                                    select 1 from %1$I.releases l
                                     where l.queue = s.adopted_queue
                                       and l.status = ''claiming''))
-                         -- only from an older lane: releases roll forward
                          and exists (
                                select 1 from %1$I.releases them, %1$I.releases me
                                 where them.queue = coalesce(s.adopted_queue, %4$L)

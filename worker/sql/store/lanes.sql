@@ -84,8 +84,10 @@ select exists (select 1 from {schema}.releases where queue = $1)
 -- whether it holds open runs adopted by lane $1 (the caller's: its loop there
 -- finishes them, whatever the lane's status) or by any other lane than its
 -- own (its own loop must skip those); and whether it holds work only its own
--- release may run (a retired lane with such work is draining; without, drained).
+-- release may run (a retired lane with such work is draining; without, drained);
+-- and whether it is older than lane $1 (lane_older: what $1 may adopt from).
 select l.queue, l.status, l.release_ids, l.created_at,
+       {schema}.lane_older(l.queue, $1) as older_than_mine,
        exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
                   and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
