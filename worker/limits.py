@@ -2,7 +2,10 @@
 
 Each check raises ``InvalidRequestError`` with one sentence before anything
 reaches the database, so a bad request never turns into a driver error, a
-half-written run or an index row Postgres refuses.
+half-written run or an index row Postgres refuses. The store's SQL API
+(``submit_run``, ``signal_run``: migration 0008) enforces the same limits for
+callers in other languages; what only Python can get wrong (a value JSON cannot
+hold, a lone surrogate) is checked here alone.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ def _json_problem(value: Any, what: str) -> str | None:
 
 def _size_problem(value: Any, what: str) -> None:
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        # Measured as Postgres prints it (jsonb::text: ", " and ": "), which is
+        # how the store's submit_run and signal_run measure it too.
+        text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
     except RecursionError:
         raise InvalidRequestError(f"{what} is nested too deeply to store.") from None
     size = len(text.encode("utf-8"))

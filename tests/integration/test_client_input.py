@@ -185,8 +185,11 @@ async def test_submit_refuses_an_input_that_is_not_a_small_json_object(
 
 
 async def test_an_input_of_exactly_1_mib_is_accepted(prepared: Prepared) -> None:
-    """The limit is inclusive: 1 MiB of compact JSON is stored (so the test above can fail)."""
-    filler = MAX_INPUT_BYTES - len(json.dumps({"k": ""}, separators=(",", ":")))
+    """The limit is inclusive: 1 MiB of JSON as Postgres prints it is stored.
+
+    (So the test above can fail.)
+    """
+    filler = MAX_INPUT_BYTES - len(json.dumps({"k": ""}, separators=(", ", ": ")))
     run = await prepared.client.submit("p", {"k": "x" * filler})
     assert len((await stored_input(prepared.url, run.run_id))["k"]) == filler
 

@@ -6,21 +6,22 @@ A ``NOTIFY lane_worker_<queue>`` goes with every submit and signal (delivered
 at commit) so a listening worker starts at once; it is a hint, polling is the
 guarantee.
 
-(About 570 lines: ``LaneClient`` is the app's whole API in one class, each method
-one transaction; what it returns is in ``results.py``, the remedies in ``worker/ops``.)
+``submit``, ``signal``, ``cancel`` and ``status`` are each one call of the store's
+SQL API (``submit_run``, ...: worker/sql/store/0008_sql_api.sql), the same
+functions an app in any language calls; what they return is in ``results.py``,
+the remedies in ``worker/ops``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 
-from worker import checkpoint, lanes
+from worker import lanes
 from worker.client.results import AttemptView as AttemptView
 from worker.client.results import RunStatus as RunStatus
 from worker.client.results import SignalResult as SignalResult
@@ -31,32 +32,25 @@ from worker.config.dburl import url_problem
 from worker.db import engine, engine_schema
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import MigrationReport, Store
-from worker.db.store.rows import IdempotentRun, RunRow
-from worker.db.tasks import LANES_CHANNEL, notify
+from worker.db.tasks import LANES_CHANNEL
 from worker.errors import (
-    IdempotencyConflict,
     InvalidRequestError,
     LaneConfigError,
-    RunNotFoundError,
     SchemasMissingError,
     UnknownLaneError,
     shown,
 )
 from worker.limits import checked_input, checked_key, checked_payload, checked_play
 from worker.ops.remedies import (
-    MAX_RETRY_HOPS,
     MoveReport,
     Remedies,
     RetriedRun,
     RunSummary,
     parse_run_id,
-    spawn_run_task,
 )
 from worker.ops.report import BUCKETS, read_report
 from worker.ops.report import LaneView as LaneView  # re-exported: part of the client's API
 from worker.ops.report import lanes_table as lanes_table
-from worker.run.reconcile import cancelled_fact
-from worker.states import TERMINAL_STATUSES
 
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (
@@ -220,59 +214,44 @@ class LaneClient:
         *,
         idempotency_key: str | None = None,
         queue_suffix: str | None = None,
+        runtime_api: Mapping[str, Any] | None = None,
     ) -> SubmittedRun:
         """Submit a run of ``play`` on this process's release lane (or a preview suffix's).
 
+        One call of the store's ``submit_run`` (the app's SQL API). ``runtime_api``:
+        where the run's ledger facts are delivered (``baseUrl``, ``executorToken``, ...).
         Raises ``InvalidRequestError`` for an input that is not a JSON object of at
-        most 1 MiB, a blank or over-long play or key, or a suffix that names no
-        queue; ``IdempotencyConflict`` when the key already names a different run.
+        most 1 MiB, a blank or over-long play or key, a suffix that names no queue or
+        an unusable runtime API context; ``IdempotencyConflict`` when the key already
+        names a different run.
         """
         play = checked_play(play)
         params = checked_input(input)
         checked_key(idempotency_key, "an idempotency key")
-        release_id = self._submit_release(queue_suffix)
-        queue = lanes.queue_name_for_release(release_id)
-        if idempotency_key is not None:
-            # A repeat (or a conflict) is answered before anything is created for it,
-            # such as the engine queue of a lane the first run never used.
-            await self.ensure_schemas()
-            existing = await self.db.run(
-                lambda c: self.store.runs.by_idempotency_key(c, key=idempotency_key, input=params)
+        if runtime_api is not None and not isinstance(runtime_api, Mapping):
+            raise InvalidRequestError(
+                "runtime_api must be a mapping (baseUrl, executorToken, ...) or None, "
+                f"not {type(runtime_api).__name__}."
             )
-            if existing is not None:
-                _same_request(existing, idempotency_key, play, params, queue)
-                return SubmittedRun(
-                    str(existing.run_id), existing.release_id, existing.queue, False
-                )
-        await self.ensure_queue(queue)
-        run_id = uuid.uuid4()
-        launch = {"absurdReleaseId": release_id, "play": play, "runId": str(run_id)}
+        release_id = self._submit_release(queue_suffix)
+        await self.ensure_schemas()
 
-        async def submit(conn: Connection) -> SubmittedRun:
-            inserted = await self.store.runs.insert(
-                conn, run_id=run_id, play=play, input=params, launch=launch,
-                release_id=release_id, queue=queue, idempotency_key=idempotency_key,
+        async def submit(conn: Connection) -> dict[str, Any]:
+            return await self.store.api.submit(
+                conn, play=play, input=params, release_id=release_id,
+                idempotency_key=idempotency_key,
+                runtime_api=None if runtime_api is None else dict(runtime_api),
                 max_attempts=self._max_attempts,
             )  # fmt: skip
-            if inserted is None:
-                assert idempotency_key is not None  # only a key conflicts
-                row = await self.store.runs.by_idempotency_key(
-                    conn, key=idempotency_key, input=params
-                )
-                assert row is not None  # the conflict was on this key
-                _same_request(row, idempotency_key, play, params, queue)
-                return SubmittedRun(str(row.run_id), row.release_id, row.queue, False)
-            await spawn_run_task(conn, self.store, queue, run_id, self._max_attempts)
-            return SubmittedRun(str(run_id), release_id, queue)
 
         try:
-            return await self.db.transaction(submit)
+            made = await self.db.run(submit)
         except asyncpg.UndefinedTableError:
-            # `lanes prune` dropped the queue since this process made it ready:
-            # make it again (a pruned lane that gets work is a lane again), once.
-            self._ready.pop(queue, None)
-            await self.ensure_queue(queue)
-            return await self.db.transaction(submit)
+            # `lanes prune` dropped the queue between submit_run's check and its
+            # spawn: the next call makes it again (a pruned lane that gets work
+            # is a lane again), once.
+            made = await self.db.run(submit)
+        return SubmittedRun(made["runId"], made["releaseId"], made["queue"], made["created"])
 
     def _submit_release(self, queue_suffix: str | None) -> str:
         """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
@@ -294,127 +273,39 @@ class LaneClient:
         self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         return release_id
 
-    async def _run_row(
-        self, conn: Connection, run_id: str, *, lock: Literal["update", "share"] | None = None
-    ) -> RunRow:
-        row = await self.store.runs.get(conn, parse_run_id(run_id), lock=lock)
-        if row is None:
-            raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
-        return row
-
     async def signal(self, run_id: str, event_key: str, data: Any = None) -> SignalResult:
-        """Deliver integration event ``event_key`` to a run; a duplicate is ignored (first wins)."""
+        """Deliver integration event ``event_key`` to a run; a duplicate is ignored (first wins).
+
+        One call of the store's ``signal_run``: a retried run passes the event on
+        to its retry; a failed or cancelled one keeps it for a retry of it.
+        """
         checked_key(event_key, "an event key")
         if event_key is None:
             raise InvalidRequestError("signal needs an event key (a non-blank string).")
         checked_payload(data)
-
-        async def deliver(conn: Connection) -> SignalResult:
-            # Locked (shared): a `lanes move` or `runs retry` of the run commits
-            # before this reads its queue, or waits until this has emitted there.
-            row = await self._run_row(conn, run_id, lock="share")
-            asked = str(row.run_id)
-            hops = 0
-            while row.status in TERMINAL_STATUSES and row.retried_by is not None:
-                # Retried (`runs retry`): the retry is the run the app's event is for.
-                hops += 1
-                if hops > MAX_RETRY_HOPS:
-                    break
-                row = await self._run_row(conn, str(row.retried_by), lock="share")
-            target = str(row.run_id)
-            if row.status in TERMINAL_STATUSES:
-                keep = row.status in ("failed", "cancelled")
-                if keep:
-                    # Nothing waits for it now, but a retry of the run will: it
-                    # receives the events its run had (copy_signals).
-                    kept = await self.store.runs.insert_signal(
-                        conn, run_id=row.run_id, event_key=event_key, payload=data
-                    )
-                    if kept is None:  # it had this event already: first wins
-                        return SignalResult(asked, event_key, True, row.status,
-                                            delivered_to=target)  # fmt: skip
-                return SignalResult(asked, event_key, False, row.status,
-                                    delivered_to=target if keep else None,
-                                    kept_for_retry=keep)  # fmt: skip
-            received = await self.store.runs.insert_signal(
-                conn, run_id=row.run_id, event_key=event_key, payload=data
-            )
-            if received is None:
-                return SignalResult(asked, event_key, duplicate=True, delivered_to=target)
-            # Only a wake-up: the payload the run reads is the signal row above.
-            event = checkpoint.integration_event_name(target, event_key)
-            await engine.emit_event(conn, row.queue, event, data)
-            await notify(conn, row.queue, row.run_id)
-            return SignalResult(asked, event_key, duplicate=False, delivered_to=target)
-
+        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
-        return await self.db.transaction(deliver)
+        said = await self.db.run(
+            lambda c: self.store.api.signal(c, run_id=run_uuid, event_key=event_key, payload=data)
+        )
+        return SignalResult(
+            said["runId"], event_key, said["duplicate"], said["runEnded"],
+            delivered_to=said["deliveredTo"], kept_for_retry=said["keptForRetry"],
+        )  # fmt: skip
 
-    async def cancel(self, run_id: str) -> bool:
-        """Cancel a run; return False when it had already finished."""
-
-        async def cancel(conn: Connection) -> bool:
-            # Locked: a `lanes move` in progress gives the run a new engine task.
-            row = await self._run_row(conn, run_id, lock="update")
-            if row.status in TERMINAL_STATUSES:
-                return False
-            if row.task_id is not None:
-                await engine.cancel(conn, row.queue, row.task_id)
-            return await self.store.runs.settle(
-                conn, row.run_id, status="cancelled",
-                fact=cancelled_fact(row.run_id, "client"), attempt_id=None,
-            )  # fmt: skip
-
+    async def cancel(self, run_id: str, *, reason: str | None = None) -> bool:
+        """Cancel a run (the store's ``cancel_run``); return False when it had already ended."""
+        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
-        return await self.db.transaction(cancel)
+        said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
+        return bool(said["cancelled"])
 
     async def status(self, run_id: str) -> RunStatus:
-        """Return a run's status, attempts and result."""
-
-        async def read(conn: Connection) -> RunStatus:
-            row = await self._run_row(conn, run_id)
-            attempts = await self.store.runs.attempts(conn, run_id=row.run_id)
-            facts = await self.store.runs.facts(conn, run_id=row.run_id)
-            steps = await self._steps(conn, row)
-            return RunStatus(
-                run_id=str(row.run_id),
-                play=row.play,
-                status=row.status,
-                release_id=row.release_id,
-                adopted_release_id=row.adopted_release_id,
-                queue=row.queue,
-                attempts=tuple(
-                    AttemptView(
-                        a.attempt,
-                        a.worker_id,
-                        a.release_id,
-                        a.disposition,
-                        a.outcome,
-                    )
-                    for a in attempts
-                ),
-                output=row.output,
-                error=row.error,
-                facts=tuple(f.type for f in facts),
-                retry_of=str(row.retry_of) if row.retry_of else None,
-                steps=steps,
-            )
-
+        """Return a run's status, attempts, steps and result (the store's ``run_status``)."""
+        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
-        return await self.db.run(read)
-
-    async def _steps(self, conn: Connection, row: RunRow) -> tuple[StepView, ...]:
-        if row.task_id is None:
-            return ()
-        try:
-            rows = await self.store.runs.steps(
-                conn, queue=row.queue, task_id=row.task_id, run_id=row.run_id
-            )
-        except asyncpg.UndefinedTableError:  # the lane's engine queue was pruned
-            return ()
-        return tuple(
-            StepView(r.checkpoint_name, r.release_id, r.attempt, r.worker_id, r.updated_at)
-            for r in rows
+        return RunStatus.from_json(
+            await self.db.run(lambda c: self.store.api.status(c, run_id=run_uuid))
         )
 
     async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunStatus:  # noqa: ASYNC109 (design API)
@@ -550,23 +441,3 @@ def _queue_for_operator(release_id: str) -> str:
     if problem is not None:
         raise InvalidRequestError(f"{problem}.")
     return lanes.queue_name_for_release(release_id)
-
-
-def _same_request(row: IdempotentRun, key: str | None, play: str, params: Any, queue: str) -> None:
-    """Refuse a repeat of an idempotency key that asks for something else than its run."""
-    differs = [
-        name
-        for name, same in (
-            ("play", row.play == play),
-            ("input", row.same_input),
-            ("lane", row.queue == queue),
-        )
-        if not same
-    ]
-    if differs:
-        raise IdempotencyConflict(
-            f"idempotency key {key!r} already names run {row.run_id} (play {row.play!r}, "
-            f"lane {row.queue}), and this submit differs in its {' and '.join(differs)}; "
-            "use another key for another request.",
-            run_id=str(row.run_id),
-        )

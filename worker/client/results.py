@@ -58,6 +58,38 @@ class RunStatus:
     retry_of: str | None = None
     steps: tuple[StepView, ...] = ()
 
+    @classmethod
+    def from_json(cls, said: dict[str, Any]) -> RunStatus:
+        """Read what the store's ``run_status`` returns (the ``status --json`` shape)."""
+        return cls(
+            run_id=said["runId"],
+            play=said["play"],
+            status=said["status"],
+            release_id=said["releaseId"],
+            adopted_release_id=said["adoptedReleaseId"],
+            queue=said["queue"],
+            attempts=tuple(
+                AttemptView(
+                    a["attempt"], a["workerId"], a["releaseId"], a["disposition"], a["outcome"]
+                )
+                for a in said["attempts"]
+            ),
+            output=said["output"],
+            error=said["error"],
+            facts=tuple(f["type"] for f in said["facts"]),
+            retry_of=said["retryOf"],
+            steps=tuple(
+                StepView(
+                    s["name"],
+                    s["releaseId"],
+                    s["attempt"],
+                    s["workerId"],
+                    datetime.fromisoformat(s["committedAt"]),
+                )
+                for s in said["steps"]
+            ),
+        )
+
     @property
     def finished(self) -> bool:
         """Tell whether the run reached a terminal status."""

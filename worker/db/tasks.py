@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from worker.db.pool import Connection
 
 PLAY_RUN_TASK = "play-run"
-# Always a delay > 0, so every retry is a `sleeping` run that passes the
-# continuation fence (and is deferred there, never adopted).
-RETRY_STRATEGY: dict[str, Any] = {
-    "kind": "exponential",
-    "base_seconds": 1,
-    "factor": 2,
-    "max_seconds": 300,
-}
+# The engine task's retry policy (always a delay > 0: every retry is a sleeping
+# run, which the continuation fence defers) is set where the task is spawned:
+# the store's spawn_run_task (migration 0008).
 
 
 # Registry changes (a lane retired, activated, moved): every worker re-reads the lanes.

@@ -20,7 +20,6 @@ from worker import checkpoint, lanes
 from worker.db import engine
 from worker.db.store import Store
 from worker.db.store.rows import LaneRow, RunRow
-from worker.db.tasks import PLAY_RUN_TASK, RETRY_STRATEGY, notify
 from worker.errors import (
     InvalidRequestError,
     NoClaimingLaneError,
@@ -98,13 +97,7 @@ async def spawn_run_task(
     conn: Connection, store: Store, queue: str, run_id: uuid.UUID, max_attempts: int
 ) -> uuid.UUID:
     """Spawn the engine task of a run row written in this transaction; wake its lane."""
-    spawned = await engine.spawn(
-        conn, queue, PLAY_RUN_TASK, {"runId": str(run_id)},
-        max_attempts=max_attempts, retry_strategy=RETRY_STRATEGY,
-    )  # fmt: skip
-    await store.runs.set_task(conn, run_id=run_id, task_id=spawned.task_id)
-    await notify(conn, queue, run_id)
-    return spawned.task_id
+    return await store.runs.spawn_task(conn, run_id=run_id, queue=queue, max_attempts=max_attempts)
 
 
 def _is_dev(release_id: str) -> bool:

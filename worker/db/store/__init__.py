@@ -4,8 +4,9 @@ Lives in the schema ``DEEPLINE_RUNTIME_SCHEDULER_SCHEMA`` of the engine's
 database, so a store write and the engine transition it goes with commit in
 one transaction: every query takes the connection to run on. One typed
 method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
-``store.lanes``, ``store.report``, each with its file of SQL in ``worker/sql/store/``
-(``runs.sql``, ...); the schema's migrations are ``worker/db/schema.py``.
+``store.lanes``, ``store.report``, and ``store.api`` (the app's SQL API),
+each with its file of SQL in ``worker/sql/store/`` (``runs.sql``, ...); the
+schema's migrations are ``worker/db/schema.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from worker.db import schema as _schema
 from worker.db.pool import Connection
 from worker.db.schema import MigrationReport
 from worker.db.sql import quote_ident
+from worker.db.store.api import ApiQueries
 from worker.db.store.attempts import AttemptQueries
 from worker.db.store.lanes import LaneQueries
 from worker.db.store.report import ReportQueries
@@ -32,8 +34,12 @@ class Store:
         self.attempts = AttemptQueries(schema)
         self.lanes = LaneQueries(schema)
         self.report = ReportQueries(schema)
+        self.api = ApiQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
-        self.q = {**self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql}
+        self.q = {
+            **self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql,
+            **self.api.sql,
+        }  # fmt: skip
 
     async def migrate(self, conn: Connection) -> MigrationReport:
         """Apply this build's missing store migrations (see ``worker/db/schema.py``)."""

@@ -56,17 +56,6 @@ class RunRow:
 
 
 @dataclass(frozen=True)
-class IdempotentRun:
-    """The run an idempotency key names, and whether a new request's input is the same."""
-
-    run_id: uuid.UUID
-    release_id: str
-    queue: str
-    play: str
-    same_input: bool
-
-
-@dataclass(frozen=True)
 class ListedRun:
     """One line of ``lane-worker runs``."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Any, Literal
 
 from worker.db.pool import Connection
@@ -11,7 +10,6 @@ from worker.db.store.base import Queries
 from worker.db.store.rows import (
     AttemptRow,
     FactRow,
-    IdempotentRun,
     ListedRun,
     RunRow,
     StepRow,
@@ -47,13 +45,12 @@ class RunQueries(Queries):
         )  # fmt: skip
         return inserted
 
-    async def by_idempotency_key(
-        self, conn: Connection, *, key: str, input: Any
-    ) -> IdempotentRun | None:
-        return await self._row(conn, IdempotentRun, "run_by_idempotency_key", key, input)
-
-    async def set_task(self, conn: Connection, *, run_id: uuid.UUID, task_id: uuid.UUID) -> None:
-        await self._run(conn, "set_run_task", run_id, task_id)
+    async def spawn_task(
+        self, conn: Connection, *, run_id: uuid.UUID, queue: str, max_attempts: int
+    ) -> uuid.UUID:
+        """Spawn the engine task of a run row written in this transaction; wake its lane."""
+        task_id: uuid.UUID = await self._value(conn, "spawn_run_task", run_id, queue, max_attempts)
+        return task_id
 
     async def get(
         self, conn: Connection, run_id: uuid.UUID, *, lock: Literal["update", "share"] | None = None
@@ -136,12 +133,3 @@ class RunQueries(Queries):
         """Return which attempt committed each checkpoint of the run's task."""
         sql = self._on_queue("step_provenance", queue)
         return [row_of(StepRow, r) for r in await conn.fetch(sql, task_id, run_id)]
-
-    async def insert_signal(
-        self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any
-    ) -> datetime | None:
-        """Store a signal; None when the run has one for ``event_key`` already."""
-        received: datetime | None = await self._value(
-            conn, "insert_signal", run_id, event_key, payload
-        )
-        return received

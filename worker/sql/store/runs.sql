@@ -12,15 +12,6 @@ values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 on conflict (idempotency_key) do nothing
 returning run_id;
 
--- name: run_by_idempotency_key
--- same_input compares as jsonb does ($2: the new request's input): 1.0 equals 1,
--- true does not.
-select run_id, release_id, queue, play, input = $2::jsonb as same_input
-  from {schema}.runs where idempotency_key = $1;
-
--- name: set_run_task
-update {schema}.runs set task_id = $2, updated_at = now() where run_id = $1;
-
 -- name: get_run
 select * from {schema}.runs where run_id = $1;
 
@@ -93,48 +84,18 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
  order by a.attempt_id;
 
 -- name: settle_run
--- Terminal state for a run, fenced by attempt unless $2 is null (reconciler,
--- cancel), and never over another terminal state; the terminal fact ($6, $7)
--- is appended in the same statement, only when the run was settled here. $8:
--- an unfenced caller's own attempt (a deferral's put-back), which it ends.
-with settled as (
-  update {schema}.runs
-     set status = $3, output = $4, error = $5, current_wait = null,
-         finished_at = now(), updated_at = now()
-   where run_id = $1
-     and ($2::bigint is null or current_attempt_id = $2)
-     and status not in ('completed', 'failed', 'cancelled')
-  returning run_id
-), fact as (
-  insert into {schema}.ledger (run_id, type, fact)
-  select run_id, $6, $7 from settled
-  on conflict (run_id) where type in ('run.completed', 'run.failed', 'run.cancelled') do nothing
-), closed as (
-  -- The run ended: its other attempts that recorded no end are over too. Settled
-  -- by its current attempt ($2), every other one; settled from outside (cancel,
-  -- an operator, the reconciler), only those whose worker is gone: a live
-  -- worker's attempt may still be executing a step, and ends itself when its
-  -- next engine call finds the run cancelled.
-  update {schema}.attempts a
-     set outcome = 'lease_lost', finished_at = now(),
-         error = coalesce(a.error, jsonb_build_object(
-           'reason', 'the run ended without this attempt'))
-    from settled s
-   where a.run_id = s.run_id and a.outcome is null
-     and a.attempt_id is distinct from $2
-     and a.attempt_id is distinct from $8  -- the caller's own claim, which it ends itself
-     and ($2::bigint is not null or not {schema}.attempt_worker_live(a.worker_id))
-)
-select run_id from settled;
+-- Terminal state for a run and its one terminal fact, fenced by attempt $2
+-- unless that is null: the store's settle_run (migration 0008), shared with
+-- cancel_run. Null when nothing was settled.
+select {schema}.settle_run($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: spawn_run_task
+-- The engine task of run $1 (written in this transaction) on queue $2, and the
+-- NOTIFY that wakes the lane: the store's spawn_run_task (migration 0008).
+select {schema}.spawn_run_task($1, $2, $3);
 
 -- name: run_facts
 select type, fact, created_at from {schema}.ledger where run_id = $1 order by fact_id;
-
--- name: insert_signal
-insert into {schema}.signals (run_id, event_key, payload)
-values ($1, $2, $3)
-on conflict (run_id, event_key) do nothing
-returning received_at;
 
 -- name: queue_has_open_runs
 select exists (select 1 from {schema}.runs

@@ -1,0 +1,86 @@
+"""The app's SQL API (store migration 0008) as lane-worker calls it: submit, signal, cancel, status.
+
+Each method is one call of one store function, in one transaction with
+whatever else the caller does on ``conn``. The functions refuse bad input
+with a SQLSTATE an app in any language can test; here those become the
+errors ``LaneClient`` has always raised.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from worker.db.pool import Connection
+from worker.db.store.base import Queries
+from worker.errors import IdempotencyConflict, InvalidRequestError, RunNotFoundError
+
+T = TypeVar("T")
+
+INVALID_REQUEST = "22023"  # invalid_parameter_value: the message says what is wrong
+IDEMPOTENCY_CONFLICT = "23505"  # unique_violation on constraint `idempotency_key`
+NO_SUCH_RUN = "P0002"  # no_data_found
+
+
+async def _refusals(call: Awaitable[T]) -> T:
+    """Await ``call``; turn the API's refusals into lane-worker's errors."""
+    try:
+        return await call
+    except asyncpg.PostgresError as exc:
+        state = getattr(exc, "sqlstate", None)
+        message = str(getattr(exc, "message", "") or exc)
+        if state == INVALID_REQUEST:
+            raise InvalidRequestError(message) from None
+        if state == IDEMPOTENCY_CONFLICT and exc.constraint_name == "idempotency_key":
+            raise IdempotencyConflict(message, run_id=str(exc.detail)) from None
+        if state == NO_SUCH_RUN:
+            raise RunNotFoundError(message) from None
+        raise
+
+
+class ApiQueries(Queries):
+    """``submit_run``, ``signal_run``, ``cancel_run`` and ``run_status``."""
+
+    FILE = "api.sql"
+
+    async def submit(
+        self,
+        conn: Connection,
+        *,
+        play: str,
+        input: Any,
+        release_id: str,
+        idempotency_key: str | None,
+        runtime_api: dict[str, Any] | None,
+        max_attempts: int | None,
+    ) -> dict[str, Any]:
+        """Submit a run; ``created`` False when the key names an earlier run (nothing written)."""
+        result: dict[str, Any] = await _refusals(
+            self._value(conn, "submit_run", play, input, release_id, idempotency_key,
+                        runtime_api, max_attempts)
+        )  # fmt: skip
+        return result
+
+    async def signal(
+        self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any
+    ) -> dict[str, Any]:
+        """Deliver an event to a run (or its retry); ``delivered``, ``duplicate``, ``runEnded``."""
+        result: dict[str, Any] = await _refusals(
+            self._value(conn, "signal_run", run_id, event_key, payload)
+        )
+        return result
+
+    async def cancel(
+        self, conn: Connection, *, run_id: uuid.UUID, reason: str | None
+    ) -> dict[str, Any]:
+        """Cancel a run; ``cancelled`` False when it had already ended."""
+        result: dict[str, Any] = await _refusals(self._value(conn, "cancel_run", run_id, reason))
+        return result
+
+    async def status(self, conn: Connection, *, run_id: uuid.UUID) -> dict[str, Any]:
+        """Return what ``status --json`` prints about a run."""
+        result: dict[str, Any] = await _refusals(self._value(conn, "run_status", run_id))
+        return result

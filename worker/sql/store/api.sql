@@ -1,0 +1,16 @@
+-- The app's SQL API (store migration 0008), as lane-worker itself calls it
+-- (worker/db/store/api.py): `LaneClient` and the CLI go through these same
+-- functions as an app in any other language, so each rule is written once.
+-- Each starts with a `-- name: <name>` line and is run by one typed method.
+
+-- name: submit_run
+select {schema}.submit_run($1, $2, $3, $4, $5, $6);
+
+-- name: signal_run
+select {schema}.signal_run($1, $2, $3);
+
+-- name: cancel_run
+select {schema}.cancel_run($1, $2);
+
+-- name: run_status
+select {schema}.run_status($1);
