@@ -170,6 +170,7 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
         "error": None,
         "retryOf": None,
         "steps": [],
+        "facts": [],
     }
 
 
@@ -418,3 +419,35 @@ def test_help_explains_every_flag(path: tuple[str, ...], command: click.Command)
     if isinstance(command, click.Group):
         for name in command.commands:
             assert name in result.stdout
+
+
+def test_submit_records_a_runtime_api_from_a_file_and_never_shows_its_token(
+    env: dict[str, str], tmp_path: Any
+) -> None:
+    """--runtime-api @FILE is recorded; no output shows the token; a bad one exits 2."""
+    token = "cli-exec-token-93d1"
+    api = tmp_path / "api.json"
+    api.write_text(json.dumps({"baseUrl": "https://app.example/rt", "executorToken": token}))
+    submitted = ok_json(env, "submit", "p", "--runtime-api", f"@{api}")
+    outputs = [
+        ok(env, "status", submitted["runId"], "--json").stdout,
+        ok(env, "status", submitted["runId"]).stdout,
+        ok(env, "runs", "--json").stdout,
+        ok(env, "cancel", submitted["runId"], "--reason", "done with it").stdout,
+    ]
+    assert all(token not in out for out in outputs)
+    facts = ok_json(env, "status", submitted["runId"])["facts"]
+    assert [f["type"] for f in facts] == ["run.cancelled"]
+
+    api.write_text(json.dumps({"baseUrl": "ftp://app.example", "executorToken": token}))
+    refused = run_cli(env, "submit", "p", "--runtime-api", f"@{api}")
+    assert refused.returncode == 2
+    assert "baseUrl must be an http:// or https:// URL" in one_error_line(refused)
+    assert token not in refused.stdout + refused.stderr
+    api.write_text("[1]")
+    refused = run_cli(env, "submit", "p", "--runtime-api", f"@{api}")
+    assert refused.returncode == 2
+    assert (
+        "--runtime-api must be a JSON object (baseUrl, executorToken, ...), not a JSON array"
+        in (refused.stderr)
+    )

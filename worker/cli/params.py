@@ -143,7 +143,22 @@ def _suffix_problem(value: str) -> str | None:
     return None if lanes.normalize_queue_suffix(value) else f"{value!r} names no queue."
 
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+def _runtime_api(value: Any) -> Any:
+    # Its fields are checked by the store's submit_run; no message quotes a value
+    # (it holds tokens).
+    if not isinstance(value, dict):
+        raise ValueError(
+            "--runtime-api must be a JSON object (baseUrl, executorToken, ...), not "
+            + ("null." if value is None else f"a JSON {_JSON_KINDS[type(value)]}.")
+        )
+    return value
+
+
 INPUT = JsonArg("json-object", limits.checked_input)
+RUNTIME_API = JsonArg("json-object", _runtime_api)
 PAYLOAD = JsonArg("json", limits.checked_payload)
 TEXT = Checked("text", lambda v: None if v.strip() else "must not be blank.", str.strip)
 PLAY = Checked("play", lambda v: _play_problem(v), str.strip)

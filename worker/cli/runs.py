@@ -19,6 +19,7 @@ from worker.cli.params import (
     PAYLOAD,
     PLAY,
     RELEASE_ID,
+    RUNTIME_API,
     SUFFIX,
     TEXT,
     Seconds,
@@ -40,22 +41,29 @@ from worker.ops.report import aligned
 @click.option("--idempotency-key", type=IDEMPOTENCY_KEY, metavar="KEY",
               help="At most one run per KEY (at most 255 characters).")  # fmt: skip
 @click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
+@click.option("--runtime-api", type=RUNTIME_API, metavar="@FILE|-",
+              help="Deliver the run's ledger facts to this runtime API: a JSON object with "
+                   "baseUrl and executorToken (integrationMode, vercelProtectionBypassToken, "
+                   "runtimeTestFaultHeader optional). Pass it as @FILE or - (stdin): it "
+                   "holds a token, which a command line shows to every user of the "
+                   "machine.")  # fmt: skip
 @click.option("--wait", is_flag=True, help="Wait for the end; exit 1 unless it completed.")
 @click.option("--timeout", type=Seconds(), default=300.0,
               show_default=True, metavar="SECONDS", help="How long --wait waits.")  # fmt: skip
 @json_option
 @click.pass_context
 def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | None,
-           queue_suffix: str | None, wait: bool, timeout: float,
-           as_json: bool) -> None:  # fmt: skip
+           queue_suffix: str | None, runtime_api: dict[str, Any] | None, wait: bool,
+           timeout: float, as_json: bool) -> None:  # fmt: skip
     """Submit a run of PLAY on this release's lane and print its run id."""
     if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
         raise click.UsageError("--timeout only applies together with --wait.")
 
     async def action(client: LaneClient) -> tuple[dict[str, Any], RunStatus | None]:
         run = await client.submit(
-            play, input_, idempotency_key=idempotency_key, queue_suffix=queue_suffix
-        )
+            play, input_, idempotency_key=idempotency_key, queue_suffix=queue_suffix,
+            runtime_api=runtime_api,
+        )  # fmt: skip
         if not as_json:
             click.echo(run.run_id)  # before waiting, so an operator can follow the run
         report = dict(runId=run.run_id, releaseId=run.release_id, queue=run.queue,
@@ -122,12 +130,13 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_id")
+@click.option("--reason", type=TEXT, help="Why: recorded in the run's run.cancelled fact.")
 @json_option
-def cancel(run_id: str, as_json: bool) -> None:
+def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
     """Cancel a run (a finished run is left as it is)."""
 
     async def action(client: LaneClient) -> tuple[bool, RunStatus]:
-        cancelled = await client.cancel(run_id)
+        cancelled = await client.cancel(run_id, reason=reason)
         return cancelled, await client.status(run_id)
 
     cancelled, now = with_client(action)

@@ -283,8 +283,8 @@ class LaneClient:
         if event_key is None:
             raise InvalidRequestError("signal needs an event key (a non-blank string).")
         checked_payload(data)
-        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
+        run_uuid = parse_run_id(run_id)
         said = await self.db.run(
             lambda c: self.store.api.signal(c, run_id=run_uuid, event_key=event_key, payload=data)
         )
@@ -295,15 +295,15 @@ class LaneClient:
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> bool:
         """Cancel a run (the store's ``cancel_run``); return False when it had already ended."""
-        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
+        run_uuid = parse_run_id(run_id)
         said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
         return bool(said["cancelled"])
 
     async def status(self, run_id: str) -> RunStatus:
         """Return a run's status, attempts, steps and result (the store's ``run_status``)."""
-        run_uuid = parse_run_id(run_id)
         await self.check_schemas()
+        run_uuid = parse_run_id(run_id)
         return RunStatus.from_json(
             await self.db.run(lambda c: self.store.api.status(c, run_id=run_uuid))
         )

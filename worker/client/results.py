@@ -57,6 +57,8 @@ class RunStatus:
     facts: tuple[str, ...] = field(default=())
     retry_of: str | None = None
     steps: tuple[StepView, ...] = ()
+    # The ledger facts as run_status gives them (type, when written, delivery).
+    ledger: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_json(cls, said: dict[str, Any]) -> RunStatus:
@@ -77,6 +79,7 @@ class RunStatus:
             output=said["output"],
             error=said["error"],
             facts=tuple(f["type"] for f in said["facts"]),
+            ledger=tuple(said["facts"]),
             retry_of=said["retryOf"],
             steps=tuple(
                 StepView(
@@ -128,6 +131,7 @@ class RunStatus:
                 }
                 for s in self.steps
             ],
+            "facts": list(self.ledger),
         }
 
 

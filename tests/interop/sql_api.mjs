@@ -1,0 +1,61 @@
+// lane-worker's SQL API, called from Node with the `pg` package the way the
+// TypeScript app calls it: submit, an idempotent re-submit, signal, status,
+// cancel, and the refusals an app tests by SQLSTATE. Prints one JSON object of
+// what it saw; tests/e2e/test_interop_node.py checks it against the database.
+//
+// Usage: DATABASE_URL=postgresql://... STORE_SCHEMA=runtime_scheduler node sql_api.mjs
+import pg from 'pg';
+
+const schema = process.env.STORE_SCHEMA ?? 'runtime_scheduler';
+const api = `"${schema.replaceAll('"', '""')}"`;
+const client = new pg.Client({ connectionString: process.env.DATABASE_URL });
+
+// jsonb arguments are sent as JSON text: pg would turn a JS array into a
+// Postgres array literal, not JSON.
+async function call(fn, ...args) {
+  const params = args.map((_, i) => `$${i + 1}`).join(', ');
+  const { rows } = await client.query(`select ${api}.${fn}(${params}) as result`, args);
+  return rows[0].result;
+}
+
+async function refusal(fn, ...args) {
+  try {
+    await call(fn, ...args);
+    return { refused: false };
+  } catch (err) {
+    return {
+      refused: true,
+      code: err.code,
+      constraint: err.constraint ?? null,
+      detail: err.detail ?? null,
+      message: err.message,
+    };
+  }
+}
+
+const seen = {};
+await client.connect();
+try {
+  seen.submitted = await call(
+    'submit_run', 'greet', JSON.stringify({ name: 'from-node' }), 'rel-node', 'node-order-1',
+    JSON.stringify({ baseUrl: 'https://app.example/api', executorToken: process.env.EXEC_TOKEN }),
+  );
+  seen.resubmitted = await call(
+    'submit_run', 'greet', JSON.stringify({ name: 'from-node' }), 'rel-node', 'node-order-1',
+  );
+  seen.conflict = await refusal(
+    'submit_run', 'greet', JSON.stringify({ name: 'someone else' }), 'rel-node', 'node-order-1',
+  );
+  seen.badInput = await refusal('submit_run', 'greet', JSON.stringify([1, 2]), 'rel-node');
+  seen.badRelease = await refusal('submit_run', 'greet', JSON.stringify({}), '???');
+  const runId = seen.submitted.runId;
+  seen.signalled = await call('signal_run', runId, 'approved', JSON.stringify({ by: 'node' }));
+  seen.signalledAgain = await call('signal_run', runId, 'approved', JSON.stringify({ by: 'x' }));
+  seen.status = await call('run_status', runId);
+  seen.noSuchRun = await refusal('run_status', '00000000-0000-4000-8000-000000000000');
+  seen.other = await call('submit_run', 'greet', null, 'rel-node');
+  seen.cancelled = await call('cancel_run', seen.other.runId, 'changed my mind');
+} finally {
+  await client.end();
+}
+process.stdout.write(JSON.stringify(seen) + '\n');
