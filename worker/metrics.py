@@ -69,3 +69,30 @@ class Metrics:
             "Runs executing in this process now.",
             registry=self.registry,
         )
+        self.ledger_delivered = Counter(
+            "lane_worker_ledger_delivered",
+            "Ledger facts a runtime API accepted (a 2xx).",
+            registry=self.registry,
+        )
+        self.ledger_retries = Counter(
+            "lane_worker_ledger_retries",
+            "Ledger deliveries to be tried again: connection error, timeout, 408, 429 or 5xx.",
+            registry=self.registry,
+        )
+        self.ledger_given_up = Counter(
+            "lane_worker_ledger_given_up",
+            "Ledger facts given up, by reason: refused (another 4xx or a redirect) or expired "
+            "(LANE_WORKER_LEDGER_RETRY_FOR passed).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.ledger_pending = Gauge(
+            "lane_worker_ledger_pending",
+            "Ledger facts of the store waiting for delivery (as this worker last read it).",
+            registry=self.registry,
+        )
+        self.ledger_oldest_undelivered = Gauge(
+            "lane_worker_ledger_oldest_undelivered_seconds",
+            "Age of the store's oldest ledger fact waiting for delivery (0: none).",
+            registry=self.registry,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -17,6 +18,11 @@ from worker.config.env import (
     HEALTH_HOST_ENV,
     HEALTH_PORT_ENV,
     HOST,
+    LEDGER_CONCURRENCY_ENV,
+    LEDGER_PATH_ENV,
+    LEDGER_PER_ENDPOINT_ENV,
+    LEDGER_RETRY_FOR_ENV,
+    LEDGER_TIMEOUT_ENV,
     LOG_FORMAT_ENV,
     MAX_ATTEMPTS_ENV,
     PGBOUNCER_ENV,
@@ -50,6 +56,12 @@ class Tuning:
     defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
     # How long a booting worker waits for the database before it gives up (exit 1).
     boot_retry_s: float = 60.0
+    # Ledger delivery to the app's runtime API (worker/daemon/relay.py).
+    ledger_path: str = "/api/runtime/run-ledger"
+    ledger_concurrency: int = 16
+    ledger_per_endpoint: int = 4
+    ledger_timeout_s: float = 10.0
+    ledger_retry_for_s: float = 86_400.0
 
 
 _RUNS, _WHOLE_S, _SECS = (
@@ -69,7 +81,16 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
     ("defer_fail_after_s", DEFER_FAIL_AFTER_ENV, decimal_number, 0.0, 2_592_000.0,
      "a number of seconds (0: never)"),
     ("boot_retry_s", BOOT_RETRY_ENV, decimal_number, 0.0, 3600.0, _SECS),
+    ("ledger_concurrency", LEDGER_CONCURRENCY_ENV, whole_number, 1, 1000,
+     "a whole number of deliveries"),
+    ("ledger_per_endpoint", LEDGER_PER_ENDPOINT_ENV, whole_number, 1, 1000,
+     "a whole number of deliveries"),
+    ("ledger_timeout_s", LEDGER_TIMEOUT_ENV, decimal_number, 0.1, 300.0, _SECS),
+    ("ledger_retry_for_s", LEDGER_RETRY_FOR_ENV, decimal_number, 1.0, 2_592_000.0, _SECS),
 )  # fmt: skip
+
+# A path on the runtime API's base URL: no scheme, host, query or fragment.
+_LEDGER_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
 
 
 def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
@@ -104,6 +125,18 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
         name: number(env, problems, variable, getattr(defaults, name), parse, (low, high), meaning)
         for name, variable, parse, low, high, meaning in _NUMBERS
     }
-    values.update(log_format=log_format, health_host=health_host, pgbouncer=pgbouncer)
+    ledger_path = blank_as_unset(env, LEDGER_PATH_ENV) or defaults.ledger_path
+    if not _LEDGER_PATH.fullmatch(ledger_path):
+        problems.refuse(
+            LEDGER_PATH_ENV,
+            f"{LEDGER_PATH_ENV}={shown(ledger_path)} is not a URL path: set it to the path "
+            "ledger facts are POSTed to on the run's runtime API base URL, starting with / "
+            f"(default {defaults.ledger_path}), or unset it.",
+        )
+        ledger_path = defaults.ledger_path
+    values.update(
+        log_format=log_format, health_host=health_host, pgbouncer=pgbouncer,
+        ledger_path=ledger_path,
+    )  # fmt: skip
     assert set(values) == {f.name for f in fields(Tuning)}
     return Tuning(**values)  # type: ignore[arg-type]  # each value checked above

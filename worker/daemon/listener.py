@@ -1,8 +1,9 @@
 """LISTEN for NOTIFY hints on one dedicated connection; polling stays the guarantee.
 
 Channels: ``lane_worker_<queue>`` per claimed queue (a submit, signal or
-hand-back on that queue) and ``lane_worker_lanes`` (a lane was retired or
-activated). A notification only sets the matching wake-up event.
+hand-back on that queue), ``lane_worker_lanes`` (a lane was retired or
+activated) and ``lane_worker_ledger`` (a ledger fact waits for delivery).
+A notification only sets the matching wake-up event.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncpg
 import structlog
 
 from worker.db.pool import is_transient
-from worker.db.tasks import LANES_CHANNEL, notify_channel
+from worker.db.tasks import LANES_CHANNEL, LEDGER_CHANNEL, notify_channel
 
 log = structlog.get_logger("lane_worker.listener")
 
@@ -28,6 +29,7 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self.lanes_changed = asyncio.Event()
+        self.ledger = asyncio.Event()  # a ledger fact is waiting for delivery
 
     def for_queue(self, queue: str) -> asyncio.Event:
         """Return the wake-up event of ``queue``."""
@@ -62,6 +64,9 @@ class Listener:
         if channel == LANES_CHANNEL:
             self._wakeups.lanes_changed.set()
             return
+        if channel == LEDGER_CHANNEL:
+            self._wakeups.ledger.set()
+            return
         prefix = notify_channel("")
         if channel.startswith(prefix):
             self._wakeups.poke(channel[len(prefix) :])
@@ -83,6 +88,7 @@ class Listener:
                 )
                 listening: set[str] = set()
                 await conn.add_listener(LANES_CHANNEL, self._on_notify)
+                await conn.add_listener(LEDGER_CHANNEL, self._on_notify)
                 self.connected = True
                 failures = 0
                 while not conn.is_closed():
@@ -110,6 +116,7 @@ class Listener:
                 for queue in self._queues():
                     self._wakeups.poke(queue)
                 self._wakeups.lanes_changed.set()
+                self._wakeups.ledger.set()
                 delay = min(_RECONNECT_MAX_S, 0.5 * 2 ** min(failures, 6))
                 log.warning("listener.reconnecting", error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)

@@ -33,6 +33,7 @@ from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
 from worker.daemon.maintenance import maintain
+from worker.daemon.relay import Relay, RelayConfig
 from worker.daemon.report_cache import (
     REPORT_RETRY_FOR_S,
     ReportReader,
@@ -213,6 +214,7 @@ class Supervisor:
                     side.start_soon(self._side_pass, "listener", listener.run)
                 side.start_soon(self._heartbeats, db)
                 side.start_soon(self._maintenance, db)
+                side.start_soon(self._ledger_relay, db)
                 async with anyio.create_task_group() as runs:
                     self.loops.attach(runtime, s.queue, runs, side)
                     side.start_soon(self._adoption_refresh, db, runtime, runs, side)
@@ -410,6 +412,24 @@ class Supervisor:
                 return
             failed = "maintenance" in self.side_loop_outages
             await anyio.sleep(MAINTENANCE_RETRY_S if failed else MAINTENANCE_S)
+
+    async def _ledger_relay(self, db: Database) -> None:
+        """Deliver ledger facts to runtime APIs; a failure of it never stops the worker's runs."""
+        t = self.settings.tuning
+        relay = Relay(
+            db, self.store, worker_id=self.worker_id, metrics=self.metrics,
+            wakeup=self.wakeups.ledger,
+            config=RelayConfig(t.ledger_path, t.ledger_concurrency, t.ledger_per_endpoint,
+                               t.ledger_timeout_s, t.ledger_retry_for_s),
+        )  # fmt: skip
+        while True:
+            try:
+                await relay.run()
+            except Exception as exc:
+                # An outage, or a bug: either way claiming goes on, and the relay
+                # tries again (its facts wait in the store, leased or due).
+                self.log.error("ledger.relay_failed", error=repr(exc))
+            await anyio.sleep(MAINTENANCE_RETRY_S)
 
     async def _probe_database(self) -> bool:
         """Tell whether `select 1` through the daemon's pool answers within 2 s."""

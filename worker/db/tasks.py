@@ -14,6 +14,8 @@ PLAY_RUN_TASK = "play-run"
 
 # Registry changes (a lane retired, activated, moved): every worker re-reads the lanes.
 LANES_CHANNEL = "lane_worker_lanes"
+# A ledger fact waits for delivery (sent by the store's ledger_outbox trigger).
+LEDGER_CHANNEL = "lane_worker_ledger"
 
 
 def notify_channel(queue: str) -> str:

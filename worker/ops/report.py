@@ -64,6 +64,9 @@ class LaneView:
     blocked_by: tuple[Blocker, ...] = ()
     # `lanes prune` dropped its engine queue (a retired, drained lane's history).
     pruned: bool = False
+    # Ledger facts of its runs not delivered to their runtime API: waiting, given up.
+    facts_pending: int = 0
+    facts_failed: int = 0
 
     @property
     def safe_to_stop(self) -> bool:
@@ -91,6 +94,8 @@ class LaneView:
             "safeToStop": self.safe_to_stop,
             "blockedBy": [b.as_json() for b in self.blocked_by],
             "pruned": self.pruned,
+            # Information only: delivery never keeps a lane from draining.
+            "ledger": {"pending": self.facts_pending, "failed": self.facts_failed},
         }
 
 
@@ -254,6 +259,7 @@ async def read_report(
         lanes = await store.report.lanes(conn)
         runs = await store.report.runs(conn)
         adopted = await store.report.adopted(conn)
+        deliveries = {d.queue: d for d in await store.report.deliveries(conn)}
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted.lane, _Tally()).add(counted)
@@ -294,6 +300,8 @@ async def read_report(
                 workers=workers,
                 blocked_by=_blockers(status, release, workers, tally, names),
                 pruned=row is not None and row.pruned_at is not None,
+                facts_pending=deliveries[queue].pending if queue in deliveries else 0,
+                facts_failed=deliveries[queue].failed if queue in deliveries else 0,
             )
         )
     return views

@@ -4,7 +4,8 @@ Lives in the schema ``DEEPLINE_RUNTIME_SCHEDULER_SCHEMA`` of the engine's
 database, so a store write and the engine transition it goes with commit in
 one transaction: every query takes the connection to run on. One typed
 method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
-``store.lanes``, ``store.report``, and ``store.api`` (the app's SQL API),
+``store.lanes``, ``store.report``, ``store.api`` (the app's SQL API) and
+``store.ledger`` (the delivery outbox),
 each with its file of SQL in ``worker/sql/store/`` (``runs.sql``, ...); the
 schema's migrations are ``worker/db/schema.py``.
 """
@@ -18,6 +19,7 @@ from worker.db.sql import quote_ident
 from worker.db.store.api import ApiQueries
 from worker.db.store.attempts import AttemptQueries
 from worker.db.store.lanes import LaneQueries
+from worker.db.store.ledger import LedgerQueries
 from worker.db.store.report import ReportQueries
 from worker.db.store.runs import RunQueries
 
@@ -35,10 +37,11 @@ class Store:
         self.lanes = LaneQueries(schema)
         self.report = ReportQueries(schema)
         self.api = ApiQueries(schema)
+        self.ledger = LedgerQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
         self.q = {
             **self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql,
-            **self.api.sql,
+            **self.api.sql, **self.ledger.sql,
         }  # fmt: skip
 
     async def migrate(self, conn: Connection) -> MigrationReport:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-from worker.db.store.rows import AdoptedCount, ReportLane, ReportRuns
+from worker.db.store.rows import AdoptedCount, DeliveryCount, ReportLane, ReportRuns
 
 
 class ReportQueries(Queries):
-    """The three reads of one drain report (one repeatable-read snapshot)."""
+    """The four reads of one drain report (one repeatable-read snapshot)."""
 
     FILE = "report.sql"
 
@@ -23,3 +23,7 @@ class ReportQueries(Queries):
     async def adopted(self, conn: Connection) -> list[AdoptedCount]:
         """Open runs adopted away from their stamped lane, per (stamped lane, adopter)."""
         return await self._rows(conn, AdoptedCount, "report_adopted")
+
+    async def deliveries(self, conn: Connection) -> list[DeliveryCount]:
+        """Ledger facts not delivered to a runtime API, per stamped lane (pending, failed)."""
+        return await self._rows(conn, DeliveryCount, "report_deliveries")

@@ -231,9 +231,40 @@ class ReportRuns:
 
 
 @dataclass(frozen=True)
+class DeliveryCount:
+    """Undelivered ledger facts of one stamped lane (``report_deliveries``)."""
+
+    queue: str
+    pending: int
+    failed: int
+
+
+@dataclass(frozen=True)
 class AdoptedCount:
     """How many open runs of one stamped lane another lane adopted (``report_adopted``)."""
 
     queue: str
     adopted_queue: str
     runs: int
+
+
+@dataclass(frozen=True)
+class PendingFact:
+    """A ledger fact the relay leased for delivery (``claim_deliveries``)."""
+
+    fact_id: int
+    run_id: uuid.UUID
+    type: str
+    fact: dict[str, Any]
+    delivery_attempts: int  # tries so far
+    created_at: datetime
+    api: dict[str, Any]  # the run's runtime API context: holds tokens, never logged
+
+
+@dataclass(frozen=True)
+class DeliveryBacklog:
+    """Pending ledger deliveries of the whole store (``delivery_backlog``)."""
+
+    pending: int
+    oldest_s: float | None
+    next_due_s: float | None

@@ -81,6 +81,17 @@ with prev as (
            'reason', 'a newer attempt took the run over'))
     from taken t
    where o.run_id = $1 and o.outcome is null
+), started as (
+  -- A run whose ledger goes to a runtime API records that it started, once:
+  -- when an attempt first takes it over (the relay delivers it, migration 0009).
+  insert into {schema}.ledger (run_id, type, fact)
+  select $1, 'run.started',
+         jsonb_build_object('type', 'run.started', 'runId', $1::text,
+                            'occurredAt', (extract(epoch from now()) * 1000)::bigint,
+                            'source', 'worker', 'releaseId', $5::text, 'attempt', $3::integer)
+    from taken
+   where exists (select 1 from {schema}.run_runtime_api x where x.run_id = $1)
+  on conflict (run_id) where type = 'run.started' do nothing
 )
 select a.attempt_id, t.checkpoint, t.step_keys,
        case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,

@@ -77,3 +77,14 @@ select queue, adopted_queue, count(*) as runs
  where status not in ('completed', 'failed', 'cancelled')
    and adopted_queue is not null and adopted_queue <> queue
  group by queue, adopted_queue;
+
+-- name: report_deliveries
+-- Ledger facts not delivered to their run's runtime API, per stamped lane:
+-- waiting (pending) and given up (failed). Information, never a drain blocker.
+select r.queue,
+       count(*) filter (where l.delivery = 'pending') as pending,
+       count(*) filter (where l.delivery = 'failed') as failed
+  from {schema}.ledger l
+  join {schema}.runs r on r.run_id = l.run_id
+ where l.delivery in ('pending', 'failed')
+ group by r.queue;

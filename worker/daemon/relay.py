@@ -1,0 +1,330 @@
+"""The ledger relay: every pending fact of a run that carries a runtime API, POSTed to it.
+
+At least once, in order per run: a fact is leased from the store (a short
+transaction; no pooled connection is held while a request is in flight), sent
+as one ``POST`` of its JSON to the run's ``baseUrl`` + ``LANE_WORKER_LEDGER_PATH``
+with a stable ``Idempotency-Key``, and marked delivered after a 2xx. A
+connection error, a timeout, 408, 429 or a 5xx is tried again later (full-jitter
+exponential backoff, from tenacity, capped at 10 minutes; a ``Retry-After`` is
+honoured), and the endpoint is left alone until then; any other answer (4xx, a
+redirect) gives the fact up with the reason, as does a fact still undelivered
+after ``LANE_WORKER_LEDGER_RETRY_FOR``. Each endpoint gets at most
+``LANE_WORKER_LEDGER_PER_ENDPOINT`` requests at once, so a slow or dead one
+delays no other. Any live worker delivers any fact (no play code is needed), so
+a drained release's facts still go out after its machines stop; a worker killed
+mid-request leaves its lease to expire, and the fact is sent again (the key
+lets the endpoint drop the repeat). Tokens are sent, never logged or stored
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import time
+from collections import Counter as Tally
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import anyio
+import structlog
+from tenacity import RetryCallState, wait_random_exponential
+
+from worker.db.pool import Database
+from worker.db.store import Store
+from worker.db.store.rows import PendingFact
+from worker.metrics import Metrics
+
+MAX_BACKOFF_S = 600.0
+IDLE_POLL_S = 5.0  # the safety net under the NOTIFY
+_BACKOFF = wait_random_exponential(multiplier=1, max=MAX_BACKOFF_S)
+_RETRYABLE = frozenset({408, 429})
+_SHOWN_BODY = 200  # characters of a refusal's body kept as its reason
+try:
+    _USER_AGENT = f"lane-worker/{importlib.metadata.version('lane-worker')}"
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    _USER_AGENT = "lane-worker"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """The relay's knobs (``LANE_WORKER_LEDGER_*``)."""
+
+    path: str
+    concurrency: int
+    per_endpoint: int
+    timeout_s: float
+    retry_for_s: float
+
+    @property
+    def lease_s(self) -> float:
+        # Outlives the request and the write that follows it; a killed relay's
+        # facts are due again after it.
+        return self.timeout_s + 10.0
+
+
+def backoff_s(tries: int, retry_after_s: float | None = None) -> float:
+    """Seconds until try ``tries + 1``: full jitter (tenacity), at least ``Retry-After``."""
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = max(1, tries)
+    wait = float(_BACKOFF(state))
+    if retry_after_s is not None:
+        wait = max(wait, retry_after_s)
+    return min(wait, MAX_BACKOFF_S)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Read a ``Retry-After`` header: seconds, or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def headers_for(fact: PendingFact) -> dict[str, str]:
+    """The request's headers: the token, the fact's idempotency key, the optional two."""
+    api = fact.api
+    headers = {
+        "Authorization": f"Bearer {api['executorToken']}",
+        # The same on every try of this fact, whichever worker sends it.
+        "Idempotency-Key": f"{fact.run_id}:{fact.fact_id}",
+        "Content-Type": "application/json",
+        "User-Agent": _USER_AGENT,
+    }
+    if api.get("vercelProtectionBypassToken"):
+        headers["x-vercel-protection-bypass"] = api["vercelProtectionBypassToken"]
+    if api.get("runtimeTestFaultHeader"):
+        headers["x-runtime-test-fault"] = api["runtimeTestFaultHeader"]
+    return headers
+
+
+def endpoint_of(fact: PendingFact) -> str:
+    """The base URL a fact goes to (the key the relay limits and backs off by)."""
+    return str(fact.api["baseUrl"])
+
+
+def host_of(base_url: str) -> str:
+    """What a log line may say about an endpoint: its host, never a path, query or userinfo."""
+    try:
+        return urlsplit(base_url).hostname or "?"
+    except ValueError:
+        return "?"
+
+
+class Relay:
+    """Delivers the store's pending ledger facts until cancelled."""
+
+    def __init__(
+        self,
+        db: Database,
+        store: Store,
+        *,
+        worker_id: str,
+        config: RelayConfig,
+        metrics: Metrics,
+        wakeup: asyncio.Event,
+    ) -> None:
+        self.db, self.store, self.worker_id = db, store, worker_id
+        self.config, self.metrics, self.wakeup = config, metrics, wakeup
+        self.log = structlog.get_logger("lane_worker.relay")
+        self._in_flight: dict[int, str] = {}  # fact id -> its endpoint
+        self._unsent: list[int] = []  # facts whose delivery was cancelled (a stop)
+        self._backing_off: dict[str, float] = {}  # endpoint -> monotonic time it may be tried
+        self._slot_freed = asyncio.Event()
+        self._next_due_s: float | None = None
+
+    def _skipped(self) -> list[str]:
+        now = time.monotonic()
+        self._backing_off = {e: t for e, t in self._backing_off.items() if t > now}
+        busy = Tally(self._in_flight.values())
+        full = [e for e, n in busy.items() if n >= self.config.per_endpoint]
+        return sorted(set(full) | set(self._backing_off))
+
+    async def run(self) -> None:
+        """Claim and deliver; wait for a NOTIFY, a free slot or the next due fact in between."""
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.config.concurrency)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout, connector=connector) as http,
+                anyio.create_task_group() as deliveries,
+            ):
+                while True:
+                    claimed = await self._claim_some(http, deliveries)
+                    if claimed:
+                        continue  # more may be due
+                    await self._wait()
+        finally:
+            await self._release_unsent()
+
+    async def _claim_some(self, http: aiohttp.ClientSession, tg: anyio.abc.TaskGroup) -> int:
+        free = self.config.concurrency - len(self._in_flight)
+        if free <= 0:
+            return 0
+        self.wakeup.clear()
+        skip = self._skipped()
+        facts = await self.db.run(
+            lambda c: self.store.ledger.claim(
+                c, worker_id=self.worker_id, limit=free, lease_s=self.config.lease_s,
+                skip_base_urls=skip,
+            )
+        )  # fmt: skip
+        over: list[int] = []
+        busy = Tally(self._in_flight.values())
+        for fact in facts:
+            endpoint = endpoint_of(fact)
+            if busy[endpoint] >= self.config.per_endpoint:
+                over.append(fact.fact_id)  # this batch brought more than its share
+                continue
+            busy[endpoint] += 1
+            self._in_flight[fact.fact_id] = endpoint
+            tg.start_soon(self._deliver_one, http, fact)
+        if over:
+            await self.db.run(
+                lambda c: self.store.ledger.release(c, worker_id=self.worker_id, fact_ids=over)
+            )
+        if len(facts) < free:
+            # Everything due was taken (or waits for an endpoint): read the backlog.
+            await self._note_backlog()
+            return 0
+        return len(facts)
+
+    async def _note_backlog(self) -> None:
+        backlog = await self.db.run(self.store.ledger.backlog)
+        self.metrics.ledger_pending.set(backlog.pending)
+        self.metrics.ledger_oldest_undelivered.set(backlog.oldest_s or 0.0)
+        self._next_due_s = backlog.next_due_s
+
+    async def _wait(self) -> None:
+        timeout = IDLE_POLL_S
+        if self._next_due_s is not None:
+            timeout = min(timeout, max(0.05, self._next_due_s))
+        if self._backing_off:
+            soonest = min(self._backing_off.values()) - time.monotonic()
+            timeout = min(timeout, max(0.05, soonest))
+        self._slot_freed.clear()
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as either:
+
+                async def wake(event: asyncio.Event) -> None:
+                    await event.wait()
+                    either.cancel_scope.cancel()
+
+                either.start_soon(wake, self.wakeup)
+                either.start_soon(wake, self._slot_freed)
+
+    async def _deliver_one(self, http: aiohttp.ClientSession, fact: PendingFact) -> None:
+        endpoint = endpoint_of(fact)
+        try:
+            if self._backing_off.get(endpoint, 0.0) > time.monotonic():
+                # Its endpoint failed since this was claimed: put it back unsent.
+                wait = self._backing_off[endpoint] - time.monotonic()
+                await self._record_retry(fact, wait, None, counts=False)
+                return
+            await self._deliver(http, fact, endpoint)
+        except anyio.get_cancelled_exc_class():
+            self._unsent.append(fact.fact_id)
+            raise
+        except Exception as exc:  # the store write failed: the lease expires, it goes again
+            self.log.warning(
+                "ledger.record_failed", run_id=str(fact.run_id), fact=fact.type,
+                error=type(exc).__name__,
+            )  # fmt: skip
+        finally:
+            self._in_flight.pop(fact.fact_id, None)
+            self._slot_freed.set()
+
+    async def _deliver(self, http: aiohttp.ClientSession, fact: PendingFact, endpoint: str) -> None:
+        url = endpoint.rstrip("/") + self.config.path
+        body = json.dumps(fact.fact, separators=(",", ":"), ensure_ascii=False).encode()
+        status: int | None = None
+        why: dict[str, Any]
+        after: float | None = None
+        try:
+            async with http.post(
+                url, data=body, headers=headers_for(fact), allow_redirects=False
+            ) as response:
+                status = response.status
+                after = retry_after_s(response.headers.get("Retry-After"))
+                text = (await response.content.read(_SHOWN_BODY * 4)).decode(errors="replace")
+            why = {"status": status, "body": text[:_SHOWN_BODY]}
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # The class alone: an error's text may carry the URL.
+            why = {"error": type(exc).__name__}
+        tries = fact.delivery_attempts + 1
+        if status is not None and 200 <= status < 300:
+            await self.db.run(lambda c: self.store.ledger.done(c, fact_id=fact.fact_id))
+            self.metrics.ledger_delivered.inc()
+            self.log.info(
+                "ledger.delivered", run_id=str(fact.run_id), fact=fact.type,
+                host=host_of(endpoint), status=status, tries=tries,
+            )  # fmt: skip
+            return
+        why["tries"] = tries
+        if status is None or status >= 500 or status in _RETRYABLE:
+            age_s = time.time() - fact.created_at.timestamp()
+            if age_s < self.config.retry_for_s:
+                wait = backoff_s(tries, after)
+                self._backing_off[endpoint] = time.monotonic() + wait
+                await self._record_retry(fact, wait, why, counts=True)
+                return
+            why["reason"] = f"still undelivered after {self.config.retry_for_s:g} s"
+            await self._give_up(fact, endpoint, why, "expired")
+            return
+        why["reason"] = "refused by the endpoint" if status < 300 or status >= 400 else "redirect"
+        await self._give_up(fact, endpoint, why, "refused")
+
+    async def _record_retry(
+        self, fact: PendingFact, wait: float, why: dict[str, Any] | None, *, counts: bool
+    ) -> None:
+        await self.db.run(
+            lambda c: self.store.ledger.retry(
+                c, fact_id=fact.fact_id, worker_id=self.worker_id, in_s=wait, error=why,
+                counts=counts,
+            )
+        )  # fmt: skip
+        if counts:
+            self.metrics.ledger_retries.inc()
+            self.log.warning(
+                "ledger.retry", run_id=str(fact.run_id), fact=fact.type,
+                host=host_of(endpoint_of(fact)), retry_in_s=round(wait, 1),
+                **{k: v for k, v in (why or {}).items() if k != "body"},
+            )  # fmt: skip
+
+    async def _give_up(
+        self, fact: PendingFact, endpoint: str, why: dict[str, Any], reason: str
+    ) -> None:
+        await self.db.run(
+            lambda c: self.store.ledger.failed(
+                c, fact_id=fact.fact_id, worker_id=self.worker_id, error=why
+            )
+        )
+        self.metrics.ledger_given_up.labels(reason).inc()
+        self.log.error(
+            "ledger.given_up", run_id=str(fact.run_id), fact=fact.type, host=host_of(endpoint),
+            **{k: v for k, v in why.items() if k != "body"},
+        )  # fmt: skip
+
+    async def _release_unsent(self) -> None:
+        """On the way out, make the facts still held due again at once (else: their lease)."""
+        held = sorted({*self._unsent, *self._in_flight})
+        self._unsent.clear()
+        if not held:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            try:
+                await self.db.run(
+                    lambda c: self.store.ledger.release(c, worker_id=self.worker_id, fact_ids=held)
+                )
+            except Exception as exc:
+                self.log.warning("ledger.release_failed", error=type(exc).__name__)
