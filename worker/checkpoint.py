@@ -18,7 +18,9 @@ Checkpoint = dict[str, Any]
 
 SLEEP_BOUNDARY = "sleep"
 INTEGRATION_EVENT_BOUNDARY = "integration_event"
-KNOWN_BOUNDARY_KINDS = frozenset({SLEEP_BOUNDARY, INTEGRATION_EVENT_BOUNDARY})
+# lane-worker's own: a wait for a detached runner (`ctx.run_detached`).
+RUNNER_BOUNDARY = "runner"
+KNOWN_BOUNDARY_KINDS = frozenset({SLEEP_BOUNDARY, INTEGRATION_EVENT_BOUNDARY, RUNNER_BOUNDARY})
 
 _TABLE_KEYS = (
     "completedBatches",
@@ -72,6 +74,27 @@ def checkpoint_with_sleep(
     boundaries[boundary_id] = {
         "kind": SLEEP_BOUNDARY,
         "delayMs": delay_ms,
+        "completedAt": _now_ms(now_ms),
+    }
+    base["resolvedBoundaries"] = boundaries
+    return base
+
+
+def checkpoint_with_runner(
+    checkpoint: object,
+    boundary_id: str,
+    *,
+    runner_attempt: int,
+    output: Mapping[str, Any],
+    now_ms: int | None = None,
+) -> Checkpoint:
+    """Return a new envelope with the detached-runner wait ``boundary_id`` resolved."""
+    base = checkpoint_base(checkpoint)
+    boundaries = _boundaries(base)
+    boundaries[boundary_id] = {
+        "kind": RUNNER_BOUNDARY,
+        "runnerAttempt": runner_attempt,
+        "output": dict(output),
         "completedAt": _now_ms(now_ms),
     }
     base["resolvedBoundaries"] = boundaries

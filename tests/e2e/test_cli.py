@@ -452,3 +452,15 @@ def test_submit_records_a_runtime_api_from_a_file_and_never_shows_its_token(
         "--runtime-api must be a JSON object (baseUrl, executorToken, ...), not a JSON array"
         in (refused.stderr)
     )
+
+
+def test_runner_result_for_an_attempt_nobody_launched_exits_1_naming_it(
+    env: dict[str, str],
+) -> None:
+    """runner-result RUN ATTEMPT: an attempt the run never launched is refused in one sentence."""
+    run_id = ok(env, "submit", "p").stdout.strip()
+    refused = run_cli(env, "runner-result", run_id, "2", "--data", '{"ok": true}')
+    assert refused.returncode == 1
+    assert f"run {run_id} has no runner attempt 2" in one_error_line(refused)
+    usage = run_cli(env, "runner-result", run_id, "0")
+    assert usage.returncode == 2

@@ -145,6 +145,28 @@ def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
     emit(as_json, report, f"{said} {now.run_id}.")
 
 
+@cli.command("runner-result")
+@click.argument("run_id")
+@click.argument("runner_attempt", type=click.IntRange(min=1), metavar="ATTEMPT")
+@click.option("--data", type=PAYLOAD, metavar="JSON|@FILE|-",
+              help="What the runner came to: JSON inline, from @FILE, or - for stdin "
+                   "(default null).")  # fmt: skip
+@json_option
+def runner_result(run_id: str, runner_attempt: int, data: Any, as_json: bool) -> None:
+    """Record the result of detached runner ATTEMPT of a run (ctx.run_detached) and wake it."""
+    said = with_client(lambda client: client.report_runner_result(run_id, runner_attempt, data))
+    if said.woke:
+        text = f"recorded: run {said.run_id} resumes from runner attempt {runner_attempt}."
+    elif said.duplicate:
+        text = f"ignored: runner attempt {runner_attempt} of run {said.run_id} reported already."
+    else:
+        text = (
+            f"recorded and ignored: nothing waits for runner attempt {runner_attempt} of run "
+            f"{said.run_id} ({said.reason})."
+        )
+    emit(as_json, said.as_json(), text)
+
+
 @cli.command()
 @click.argument("run_id")
 @json_option
@@ -172,7 +194,26 @@ def status(run_id: str, as_json: bool) -> None:
         rows.append(("output", json.dumps(now.output, default=str)))
     if now.error is not None:
         rows.append(("error", one_line(now.error, limit=2000)))
+    for fact in now.ledger:
+        delivery = fact.get("delivery")
+        said = "recorded" if delivery is None else _delivery_line(delivery)
+        rows.append((f"  fact {fact['type']}", said))
     emit(as_json, now.as_json(), *columns(rows))
+
+
+def _delivery_line(delivery: dict[str, Any]) -> str:
+    state, tries = delivery["state"], delivery["attempts"]
+    if state == "delivered":
+        return f"delivered to the runtime API ({tries} {'try' if tries == 1 else 'tries'})"
+    error = delivery.get("error") or {}
+    why = (
+        error.get("reason")
+        or error.get("error")
+        or (f"HTTP {error['status']}" if "status" in error else None)
+    )
+    if state == "failed":
+        return f"delivery given up after {tries}: {why or 'no reason recorded'}"
+    return f"delivery pending ({tries} tries so far{f', last: {why}' if why else ''})"
 
 
 def _attempts_line(claims: Sequence[Any]) -> str:

@@ -23,6 +23,7 @@ import asyncpg
 
 from worker import lanes
 from worker.client.results import AttemptView as AttemptView
+from worker.client.results import RunnerReport as RunnerReport
 from worker.client.results import RunStatus as RunStatus
 from worker.client.results import SignalResult as SignalResult
 from worker.client.results import StepView as StepView
@@ -299,6 +300,29 @@ class LaneClient:
         run_uuid = parse_run_id(run_id)
         said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
         return bool(said["cancelled"])
+
+    async def report_runner_result(
+        self, run_id: str, runner_attempt: int, result: Any = None
+    ) -> RunnerReport:
+        """Record what detached runner attempt ``runner_attempt`` of a run came to.
+
+        Wakes the run when it waits for that attempt; a late report (its wait timed
+        out, a newer attempt replaced it, the run ended) is recorded and ignored.
+        """
+        if isinstance(runner_attempt, bool) or not isinstance(runner_attempt, int):
+            raise InvalidRequestError("a runner attempt is a whole number (1, 2, ...).")
+        checked_payload(result)
+        await self.check_schemas()
+        run_uuid = parse_run_id(run_id)
+        said = await self.db.run(
+            lambda c: self.store.api.report_runner(
+                c, run_id=run_uuid, runner_attempt=runner_attempt, result=result
+            )
+        )
+        return RunnerReport(
+            said["runId"], said["runnerAttempt"], said["recorded"], said["duplicate"],
+            said["woke"], said["reason"],
+        )  # fmt: skip
 
     async def status(self, run_id: str) -> RunStatus:
         """Return a run's status, attempts, steps and result (the store's ``run_status``)."""

@@ -153,3 +153,25 @@ class SignalResult:
     def delivered(self) -> bool:
         """Return whether this call delivered the event to an open run."""
         return not self.duplicate and self.run_ended is None
+
+
+@dataclass(frozen=True)
+class RunnerReport:
+    """What recording a detached runner's result did (the store's ``report_runner_result``)."""
+
+    run_id: str
+    runner_attempt: int
+    recorded: bool  # stored now (False: this attempt had reported already)
+    duplicate: bool
+    woke: bool  # its run was waiting for this attempt, and resumes
+    reason: str | None  # why it did not wake the run
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "runId": self.run_id,
+            "runnerAttempt": self.runner_attempt,
+            "recorded": self.recorded,
+            "duplicate": self.duplicate,
+            "woke": self.woke,
+            "reason": self.reason,
+        }

@@ -1,4 +1,5 @@
-"""What a play sees while it runs: ``ctx.step``, ``ctx.sleep`` and ``ctx.wait_for_event``.
+"""What a play sees while it runs: ``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_event`` and
+``ctx.run_detached``.
 
 Steps are engine checkpoints (``step:<name>``): once committed they are never
 executed again, only replayed. Sleeps and event waits park the engine run
@@ -14,6 +15,7 @@ import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -230,14 +232,16 @@ class TaskContext:
             envelope[ARMED_WAITS] = {k: v for k, v in table.items() if k != boundary_id}
         return envelope
 
-    def _resolved_output(self, boundary_id: str) -> dict[str, Any] | None:
+    def _resolved_output(
+        self, boundary_id: str, kind: str = checkpoint.INTEGRATION_EVENT_BOUNDARY
+    ) -> dict[str, Any] | None:
         if not checkpoint.boundary_resolved(self._envelope, boundary_id):
             return None
         entry = self._envelope["resolvedBoundaries"][boundary_id]
-        if entry.get("kind") != checkpoint.INTEGRATION_EVENT_BOUNDARY:
+        if entry.get("kind") != kind:
             raise FatalRunError(
                 f"boundary {boundary_id!r} was resolved as a {entry.get('kind')!r}, but the play "
-                "now waits for an event there; boundary ids must not change meaning."
+                f"now waits for a {kind!r} there; boundary ids must not change meaning."
             )
         output: dict[str, Any] = entry.get("output") or {}
         return output
@@ -326,10 +330,23 @@ class TaskContext:
         return output
 
     async def _park_for_event(self, boundary_id: str, event_key: str, armed: dict[str, Any]) -> Any:
-        """Park until the event or the armed deadline (raises ``Suspended``).
+        """Park until the event or the armed deadline (raises ``Suspended``)."""
+        wait = {
+            "kind": "integration_event",
+            "boundaryId": boundary_id,
+            "eventKey": event_key,
+            "deadlineMs": armed["deadlineMs"],
+        }
+        event_name = checkpoint.integration_event_name(self.run_id, event_key)
+        return await self._park_on_event(boundary_id, event_name, armed, wait)
 
-        Returns the engine's payload when the event is already there (or None
-        when the engine believes the wait timed out).
+    async def _park_on_event(
+        self, boundary_id: str, event_name: str, armed: dict[str, Any], wait: dict[str, Any]
+    ) -> Any:
+        """Park on engine event ``event_name`` until it comes or the armed deadline passes.
+
+        Raises ``Suspended`` when parked. Returns the engine's payload when the
+        event is already there (or None when the engine believes the wait timed out).
         """
         h = self._h
         deadline_ms = armed["deadlineMs"]
@@ -341,13 +358,6 @@ class TaskContext:
             else max(1, math.ceil((deadline_ms - self._now_ms()) / 1000))
         )
         envelope = self._arm(boundary_id, armed)
-        wait = {
-            "kind": "integration_event",
-            "boundaryId": boundary_id,
-            "eventKey": event_key,
-            "deadlineMs": deadline_ms,
-        }
-        event_name = checkpoint.integration_event_name(self.run_id, event_key)
 
         async def park(conn: Connection) -> tuple[bool, Any]:
             return await engine.await_event(
@@ -360,6 +370,125 @@ class TaskContext:
             self._envelope = envelope
             raise Suspended
         return payload
+
+    # -- detached runners -----------------------------------------------------
+
+    async def run_detached(
+        self,
+        name: str,
+        launch: Callable[[DetachedRunner], Any],
+        *,
+        timeout: float,  # noqa: ASYNC109 (a durable deadline, the public play API)
+    ) -> dict[str, Any]:
+        """Start work elsewhere and wait durably for its report; return what it reported.
+
+        As one step, ``launch(runner)`` starts the work, handing it ``runner.run_id``
+        and ``runner.runner_attempt`` (numbered per run: 1, 2, 3 ... across all of its
+        detached calls, so a relaunch gets the next number); whatever JSON it returns
+        is kept. The run then parks until the runner reports
+        (``LaneClient.report_runner_result``, ``lane-worker runner-result`` or the SQL
+        function ``report_runner_result``) or ``timeout`` seconds pass. Returns
+        ``{"runnerAttempt", "result", "timedOut", "launched"}``.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError("run_detached needs a name (a non-blank string), unique in the run")
+        if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"run_detached needs a timeout in seconds above 0, not {timeout!r}")
+        boundary_id = f"runner:{name}"
+        resolved = self._resolved_output(boundary_id, checkpoint.RUNNER_BOUNDARY)
+        if resolved is not None:
+            return resolved
+
+        async def start() -> dict[str, Any]:
+            number = await self._db.run(
+                lambda c: self._attempt.store.attempts.begin_runner(
+                    c, run_id=self._h.run_id, name=name
+                )
+            )
+            said = launch(DetachedRunner(self.run_id, number))
+            if inspect.isawaitable(said):
+                said = await said
+            return {"runnerAttempt": number, "launched": said}
+
+        launched = await self.step(f"runner-launch:{name}", start)
+        number = int(launched["runnerAttempt"])
+        armed = self._armed(boundary_id, checkpoint.RUNNER_BOUNDARY)
+        if armed is None:
+            now_ms = self._now_ms()
+            armed = {
+                "kind": checkpoint.RUNNER_BOUNDARY,
+                "runnerAttempt": number,
+                "deadlineMs": now_ms + max(1, round(timeout * 1000)),
+                "armedAtMs": now_ms,
+            }
+        wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,
+                "runnerAttempt": number, "deadlineMs": armed["deadlineMs"]}  # fmt: skip
+        event_name = checkpoint.runner_terminal_event_name(self.run_id, number)
+        engine_payload: Any = None
+        for _ in range(3):
+            output = await self._take_runner(boundary_id, launched, engine_payload, timed_out=False)
+            if output is not None:
+                return output
+            if self._now_ms() >= armed["deadlineMs"]:
+                output = await self._take_runner(boundary_id, launched, None, timed_out=True)
+                assert output is not None  # at the deadline it always resolves
+                return output
+            engine_payload = await self._park_on_event(boundary_id, event_name, armed, wait)
+        raise FatalRunError(
+            f"runner wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
+            f"the engine and the store disagree about runner attempt {number}."
+        )
+
+    async def _take_runner(
+        self, boundary_id: str, launched: dict[str, Any], engine_payload: Any, *, timed_out: bool
+    ) -> dict[str, Any] | None:
+        """Resolve the runner wait from the stored report, or as timed out at the deadline."""
+        number = int(launched["runnerAttempt"])
+        attempts = self._attempt.store.attempts
+        h = self._h
+
+        async def take(conn: Connection) -> dict[str, Any] | None:
+            if timed_out:
+                reported, result = await attempts.time_out_runner(
+                    conn, run_id=h.run_id, runner_attempt=number
+                )
+            else:
+                reported, result = await attempts.take_runner_result(
+                    conn, run_id=h.run_id, runner_attempt=number
+                )
+                if not reported and engine_payload is not None:
+                    # Emitted straight to the engine (a runner that does not report
+                    # through lane-worker): its payload is the result.
+                    self._log.warning("wait.runner_event_without_report", runner_attempt=number)
+                    reported, result = True, engine_payload
+                if not reported:
+                    return None
+            output = {
+                "runnerAttempt": number,
+                "result": result if reported else None,
+                "timedOut": not reported,
+                "launched": launched.get("launched"),
+            }
+            envelope = self._disarm(
+                checkpoint.checkpoint_with_runner(
+                    self._envelope, boundary_id, runner_attempt=number, output=output,
+                    now_ms=self._now_ms(),
+                ),
+                boundary_id,
+            )  # fmt: skip
+            await self._attempt.save_envelope(conn, envelope)
+            self._envelope = envelope
+            return output
+
+        return await self._db.transaction(take)
+
+
+@dataclass(frozen=True)
+class DetachedRunner:
+    """What a detached call's ``launch`` receives: who the runner reports for."""
+
+    run_id: str
+    runner_attempt: int
 
 
 PlayFn = Callable[[TaskContext, Any], Awaitable[Any]]

@@ -42,7 +42,7 @@ async def _refusals(call: Awaitable[T]) -> T:
 
 
 class ApiQueries(Queries):
-    """``submit_run``, ``signal_run``, ``cancel_run`` and ``run_status``."""
+    """``submit_run``, ``signal_run``, ``cancel_run``, ``run_status``, ``report_runner_result``."""
 
     FILE = "api.sql"
 
@@ -79,6 +79,15 @@ class ApiQueries(Queries):
         """Cancel a run; ``cancelled`` False when it had already ended."""
         result: dict[str, Any] = await _refusals(self._value(conn, "cancel_run", run_id, reason))
         return result
+
+    async def report_runner(
+        self, conn: Connection, *, run_id: uuid.UUID, runner_attempt: int, result: Any
+    ) -> dict[str, Any]:
+        """Record a detached runner's result; ``woke`` says whether its run was waiting for it."""
+        said: dict[str, Any] = await _refusals(
+            self._value(conn, "report_runner_result", run_id, runner_attempt, result)
+        )
+        return said
 
     async def status(self, conn: Connection, *, run_id: uuid.UUID) -> dict[str, Any]:
         """Return what ``status --json`` prints about a run."""

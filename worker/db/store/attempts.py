@@ -107,6 +107,27 @@ class AttemptQueries(Queries):
         rows = await self._records(conn, "consume_signal", run_id, event_key, attempt_id)
         return (True, rows[0]["payload"]) if rows else (False, None)
 
+    async def begin_runner(self, conn: Connection, *, run_id: uuid.UUID, name: str) -> int:
+        """Number a new runner attempt of the run (an older launch of ``name`` is superseded)."""
+        number: int = await self._value(conn, "begin_runner_attempt", run_id, name)
+        return number
+
+    async def take_runner_result(
+        self, conn: Connection, *, run_id: uuid.UUID, runner_attempt: int
+    ) -> tuple[bool, Any]:
+        """Resolve the run's wait from the runner's report: (reported, result)."""
+        rows = await self._records(conn, "take_runner_result", run_id, runner_attempt)
+        return (True, rows[0]["result"]) if rows else (False, None)
+
+    async def time_out_runner(
+        self, conn: Connection, *, run_id: uuid.UUID, runner_attempt: int
+    ) -> tuple[bool, Any]:
+        """Resolve the wait at its deadline: (reported after all, result)."""
+        row = await conn.fetchrow(self._q["time_out_runner"], run_id, runner_attempt)
+        if row is None or row["state"] != "resolved":
+            return False, None
+        return True, row["result"]
+
     async def on_live_worker(self, conn: Connection, *, run_id: uuid.UUID) -> bool:
         """Tell whether an executing attempt of the run has not ended and its worker is live."""
         return bool(await self._value(conn, "attempt_on_live_worker", run_id))

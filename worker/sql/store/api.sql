@@ -14,3 +14,6 @@ select {schema}.cancel_run($1, $2);
 
 -- name: run_status
 select {schema}.run_status($1);
+
+-- name: report_runner_result
+select {schema}.report_runner_result($1, $2, $3);

@@ -180,6 +180,27 @@ update {schema}.signals
  where run_id = $1 and event_key = $2
 returning payload;
 
+-- name: begin_runner_attempt
+-- The next runner attempt of run $1 for its detached call $2 (migration 0010).
+select {schema}.begin_runner_attempt($1, $2);
+
+-- name: take_runner_result
+-- Runner attempt $2 of run $1 reported: the run resumes from its result.
+update {schema}.runner_attempts
+   set state = 'resolved', resolved_at = coalesce(resolved_at, now())
+ where run_id = $1 and runner_attempt = $2 and reported_at is not null
+   and state in ('launched', 'resolved')
+returning result;
+
+-- name: time_out_runner
+-- The wait for runner attempt $2 of run $1 reached its deadline: timed out,
+-- unless the report got in first (then the run resumes from it after all).
+update {schema}.runner_attempts
+   set state = case when reported_at is null then 'timed_out' else 'resolved' end,
+       resolved_at = coalesce(resolved_at, now())
+ where run_id = $1 and runner_attempt = $2
+returning state, result;
+
 -- name: lane_state
 -- What a loop needs to decide on a claimed run, plus the play and input to run
 -- it (never changed after submit); the envelope comes from begin_attempt.
