@@ -293,6 +293,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         ],
         "pruned": False,
         "ledger": {"pending": 0, "failed": 0},
+        "sandboxCleanup": {"pending": 0, "failed": 0, "failedSandboxes": [], "remedy": None},
     }
     assert "no live worker of" in row["blockedBy"][0]["remedy"]
     activated = ok_json(env, "lanes", "activate", RELEASE)

@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from support.http import LocalServer
+
 
 @dataclass(frozen=True)
 class Received:
@@ -40,44 +42,25 @@ class Answer:
 Respond = Callable[[Received, int], Awaitable[Answer] | Answer]
 
 
-class FakeRuntimeApi:
+class FakeRuntimeApi(LocalServer):
     """The endpoint; ``respond(request, n)`` is called with the n-th request (0-based)."""
 
     def __init__(self, respond: Respond | None = None) -> None:
+        super().__init__()
         self.respond = respond
         self.requests: list[Received] = []
         self.accepted: dict[str, Received] = {}  # first 2xx per idempotency key, in order
-        self.port = 0
-        self._runner: web.AppRunner | None = None
         self.changed = asyncio.Event()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/app"
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
-        await site.start()
-        if self.port == 0:
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
     async def __aenter__(self) -> FakeRuntimeApi:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
         received = Received(
             path=request.path,
             key=request.headers.get("Idempotency-Key", ""),

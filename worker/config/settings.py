@@ -140,6 +140,9 @@ class Settings:
     warnings: tuple[str, ...] = ()
     # What from_env parsed: a client of this process takes it instead of parsing again.
     diagnosis: Diagnosis | None = field(default=None, repr=False, compare=False)
+    # Daytona's own variables (DAYTONA_*), read by the sandbox cleanup: the API key
+    # is a secret, so never in repr or logs.
+    daytona_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def database_url_redacted(self) -> str:
@@ -174,6 +177,7 @@ class Settings:
             tuning=diagnosis.tuning,
             warnings=diagnosis.warnings,
             diagnosis=diagnosis,
+            daytona_env={k: v for k, v in env.items() if k.startswith("DAYTONA_")},
         )
 
 

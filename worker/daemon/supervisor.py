@@ -51,6 +51,7 @@ from worker.run.claim import Capacity
 from worker.run.execute import Runtime
 from worker.run.handback import HAND_BACK_TIMEOUT_S
 from worker.run.handle import WorkerSeat
+from worker.run.sandbox import DaytonaDeleter
 from worker.states import LaneState, LaneStatus
 
 log = structlog.get_logger("lane_worker.supervisor")
@@ -194,7 +195,11 @@ class Supervisor:
             self.settings.release_id, worker_base=self.worker_id, lease_s=tuning.claim_timeout_s
         )
         defer = DeferLimits(tuning.defer_alert_after_s, tuning.defer_fail_after_s)
-        return Runtime(db, self.store, self.app, seat, defer=defer, metrics=self.metrics)
+        deleter, why_not = DaytonaDeleter.from_env(self.settings.daytona_env)
+        return Runtime(
+            db, self.store, self.app, seat, defer=defer, metrics=self.metrics,
+            sandboxes=deleter, sandboxes_why_not=why_not,
+        )  # fmt: skip
 
     async def _serve(self, db: Database, health: HealthServer) -> None:
         s = self.settings

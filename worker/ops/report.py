@@ -67,6 +67,9 @@ class LaneView:
     # Ledger facts of its runs not delivered to their runtime API: waiting, given up.
     facts_pending: int = 0
     facts_failed: int = 0
+    # Sandbox cleanups on its queue: waiting (or running), and the given-up sandboxes.
+    cleanups_pending: int = 0
+    cleanups_failed: tuple[str, ...] = ()
 
     @property
     def safe_to_stop(self) -> bool:
@@ -96,7 +99,21 @@ class LaneView:
             "pruned": self.pruned,
             # Information only: delivery never keeps a lane from draining.
             "ledger": {"pending": self.facts_pending, "failed": self.facts_failed},
+            "sandboxCleanup": {
+                "pending": self.cleanups_pending,
+                "failed": len(self.cleanups_failed),
+                "failedSandboxes": list(self.cleanups_failed[:_SHOWN_SANDBOXES]),
+                "remedy": (
+                    "delete these sandboxes in Daytona by hand (its dashboard, or "
+                    "`daytona sandbox delete ID`): their cleanup gave up after 20 attempts"
+                    if self.cleanups_failed
+                    else None
+                ),
+            },
         }
+
+
+_SHOWN_SANDBOXES = 50
 
 
 def _age_s(now: datetime, then: datetime | None) -> float | None:
@@ -260,6 +277,7 @@ async def read_report(
         runs = await store.report.runs(conn)
         adopted = await store.report.adopted(conn)
         deliveries = {d.queue: d for d in await store.report.deliveries(conn)}
+        cleanups = {c.queue: c for c in await store.sandboxes.counts(conn)}
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted.lane, _Tally()).add(counted)
@@ -302,6 +320,10 @@ async def read_report(
                 pruned=row is not None and row.pruned_at is not None,
                 facts_pending=deliveries[queue].pending if queue in deliveries else 0,
                 facts_failed=deliveries[queue].failed if queue in deliveries else 0,
+                cleanups_pending=cleanups[queue].pending if queue in cleanups else 0,
+                cleanups_failed=tuple(cleanups[queue].failed_sandboxes)
+                if queue in cleanups
+                else (),
             )
         )
     return views

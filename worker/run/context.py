@@ -371,6 +371,26 @@ class TaskContext:
             raise Suspended
         return payload
 
+    # -- sandboxes ------------------------------------------------------------
+
+    async def register_sandbox(self, sandbox_id: str) -> None:
+        """Record a Daytona sandbox this run created: it is deleted once the run ends.
+
+        Safe to call again on a resume (a sandbox is recorded once). When the run
+        reaches a terminal state, a ``daytona-sandbox-cleanup`` task is spawned for it
+        on the run's lane, in the transaction that ends the run.
+        """
+        if not isinstance(sandbox_id, str) or not sandbox_id.strip() or len(sandbox_id) > 255:
+            raise ValueError(
+                f"register_sandbox needs a sandbox id (1..255 characters), not {sandbox_id!r}"
+            )
+        run_id = self._h.run_id
+        await self._db.run(
+            lambda c: self._attempt.store.sandboxes.register(
+                c, run_id=run_id, sandbox_id=sandbox_id
+            )
+        )
+
     # -- detached runners -----------------------------------------------------
 
     async def run_detached(

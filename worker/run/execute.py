@@ -42,6 +42,7 @@ from worker.run.handback import Claim, give_back_after, give_back_leftovers, rea
 from worker.run.handle import WorkerSeat
 from worker.run.lease import with_lease
 from worker.run.reconcile import reconcile_queue
+from worker.run.sandbox import SANDBOX_CLEANUP_TASK, SandboxCleanups, SandboxDeleter
 from worker.states import Disposition, Outcome
 
 log = structlog.get_logger("lane_worker.runtime")
@@ -70,6 +71,8 @@ class Runtime:
         *,
         defer: DeferLimits,
         metrics: Metrics | None = None,
+        sandboxes: SandboxDeleter | None = None,
+        sandboxes_why_not: str | None = "no Daytona client was configured",
     ) -> None:
         self.db = db
         self.store = store
@@ -96,6 +99,9 @@ class Runtime:
         # A live machine of this lane registers a play this app lacks (a rollout
         # of mixed apps): the own loop claims past such runs from then on.
         self.lane_plays_differ = False
+        self.cleanups = SandboxCleanups(
+            db, store, deleter=sandboxes, why_not=sandboxes_why_not, lease_s=seat.lease_s
+        )
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""
@@ -174,6 +180,11 @@ class Runtime:
     async def _handle(
         self, claimed: engine.ClaimedRun, claim: Claim, on_refuse: Callable[[], None] | None
     ) -> Handled:
+        if claimed.task_name == SANDBOX_CLEANUP_TASK:
+            # No launch row and no play: any release's worker may do it.
+            outcome = await self.cleanups.handle(claimed)
+            claim.ended = True
+            return Handled(Disposition.OWN, outcome)
         row = await self.db.run(
             lambda c: self.store.attempts.lane_state(c, task_id=claimed.task_id)
         )

@@ -86,3 +86,10 @@ async def slow(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
     first = await ctx.step("one", one)
     second = await ctx.step("two", two)
     return {"one": first, "two": second}
+
+
+@app.play("sandboxed")
+async def sandboxed(ctx: TaskContext, params: dict[str, Any]) -> str:
+    """Register sandbox ``params["sandbox"]`` (deleted once the run ends) and end."""
+    await ctx.register_sandbox(params["sandbox"])
+    return "done"

@@ -5,7 +5,7 @@ database, so a store write and the engine transition it goes with commit in
 one transaction: every query takes the connection to run on. One typed
 method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
 ``store.lanes``, ``store.report``, ``store.api`` (the app's SQL API) and
-``store.ledger`` (the delivery outbox),
+``store.ledger`` (the delivery outbox), ``store.sandboxes`` (sandbox cleanup),
 each with its file of SQL in ``worker/sql/store/`` (``runs.sql``, ...); the
 schema's migrations are ``worker/db/schema.py``.
 """
@@ -22,6 +22,7 @@ from worker.db.store.lanes import LaneQueries
 from worker.db.store.ledger import LedgerQueries
 from worker.db.store.report import ReportQueries
 from worker.db.store.runs import RunQueries
+from worker.db.store.sandboxes import SandboxQueries
 
 __all__ = ["MigrationReport", "Store", "quote_ident"]
 
@@ -38,10 +39,11 @@ class Store:
         self.report = ReportQueries(schema)
         self.api = ApiQueries(schema)
         self.ledger = LedgerQueries(schema)
+        self.sandboxes = SandboxQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
         self.q = {
             **self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql,
-            **self.api.sql, **self.ledger.sql,
+            **self.api.sql, **self.ledger.sql, **self.sandboxes.sql,
         }  # fmt: skip
 
     async def migrate(self, conn: Connection) -> MigrationReport:

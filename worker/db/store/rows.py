@@ -268,3 +268,13 @@ class DeliveryBacklog:
     pending: int
     oldest_s: float | None
     next_due_s: float | None
+
+
+@dataclass(frozen=True)
+class CleanupCount:
+    """Sandbox cleanups of one lane queue (``cleanup_counts``)."""
+
+    queue: str
+    pending: int
+    failed: int
+    failed_sandboxes: list[str]

@@ -83,11 +83,19 @@ begin
       -- The store names the adoption rule (store migration 0007): ask it, so
       -- this filter and the lane registry cannot disagree.
       return format(
-        '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
-         and exists (
-               select 1 from %1$I.runs s
-                where s.task_id = r.task_id
-                  and %1$I.adoptable_by(s.status, s.play, s.adopted_queue, %4$L, %2$s, %3$s))',
+        '((r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
+          and exists (
+                select 1 from %1$I.runs s
+                 where s.task_id = r.task_id
+                   and %1$I.adoptable_by(s.status, s.play, s.adopted_queue, %4$L, %2$s, %3$s)))'
+        || case when to_regclass(format('%I.run_sandboxes', p_store_schema)) is null then ''
+           -- a retired lane''s pending sandbox cleanup needs no play code: a
+           -- claiming release takes it over, so it never waits for the old machines
+           else format(
+             ' or (r.state in (''pending'', ''sleeping'')
+                   and exists (select 1 from %1$I.run_sandboxes x
+                                where x.cleanup_task_id = r.task_id and x.cleanup = ''pending''))',
+             p_store_schema) end,
         p_store_schema, p_own_param, p_plays_param, p_queue_name);
     end if;
     -- A store that an older build migrated lacks the named rule: the same rule

@@ -78,7 +78,8 @@ select exists (select 1 from {schema}.releases where queue = $1)
     or exists (select 1 from absurd.queues where queue_name = $1);
 
 -- name: lane_registry
--- Every lane with its status; whether it still holds non-terminal runs
+-- Every lane with its status; whether it still holds non-terminal runs or
+-- pending sandbox cleanups
 -- (continuation loops attach to retired lanes with open runs, not only parked
 -- ones, so expired leases there are swept, and detach when none is left);
 -- whether it holds open runs adopted by lane $1 (the caller's: its loop there
@@ -90,7 +91,11 @@ select l.queue, l.status, l.release_ids, l.created_at,
        {schema}.lane_older(l.queue, $1) as older_than_mine,
        exists (select 1 from {schema}.runs r
                 where r.queue = l.queue
-                  and r.status not in ('completed', 'failed', 'cancelled')) as has_open,
+                  and r.status not in ('completed', 'failed', 'cancelled'))
+         -- a sandbox cleanup waiting there (migration 0011): a newer release's
+         -- continuation loop takes it once the lane is retired
+         or exists (select 1 from {schema}.run_sandboxes x
+                      where x.cleanup_queue = l.queue and x.cleanup = 'pending') as has_open,
        exists (select 1 from {schema}.runs r
                 where coalesce(r.adopted_queue, r.queue) = $1
                   and r.queue = l.queue
