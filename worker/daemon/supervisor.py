@@ -7,9 +7,11 @@ group: the own claim loop, one ``:continuations`` loop per retired lane that
 still has open runs (kept current), the LISTEN connection, heartbeats and
 maintenance. The first SIGTERM / SIGINT drains; a second exits at once. A side
 loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
-outage with readiness false; any other error in one drains and exits 1.
+outage with readiness false; any other error in one drains and exits 1. The
+ledger relay (``relay.py``) is a side loop too, but nothing it meets stops the
+worker.
 
-(About 460 lines: one class holding one process's state; split further it would
+(About 490 lines: one class holding one process's state; split further it would
 need a mixin with stub attributes, the pattern the run package dropped.)
 """
 

@@ -1,5 +1,5 @@
-"""What a play sees while it runs: ``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_event`` and
-``ctx.run_detached``.
+"""What a play sees while it runs: ``ctx.step``, ``ctx.sleep``, ``ctx.wait_for_event``,
+``ctx.run_detached`` and ``ctx.register_sandbox``.
 
 Steps are engine checkpoints (``step:<name>``): once committed they are never
 executed again, only replayed. Sleeps and event waits park the engine run
@@ -7,6 +7,10 @@ durably; the checkpoint envelope in the store records when each wait was armed
 (its wake time or deadline, under ``armedWaits``) and, once over, how it
 resolved (``resolvedBoundaries``), so a resumed run replays to the same point
 and a timeout is measured from when the wait was armed, not from a reclaim.
+
+(About 510 lines: ``TaskContext`` is the play API, one class; each kind of wait
+is a few methods over the same envelope bookkeeping and the same park, which a
+split would have to share through private attributes.)
 """
 
 from __future__ import annotations
