@@ -71,6 +71,8 @@ async def test_node_submits_signals_reads_and_cancels_through_the_sql_api(
     assert "must be a JSON object, not a JSON array" in seen["badInput"]["message"]
     assert seen["badRelease"]["code"] == "22023"
     assert seen["noSuchRun"]["code"] == "P0002"
+    assert seen["noRunner"]["code"] == "P0002"
+    assert "has no runner attempt 1" in seen["noRunner"]["message"]
 
     assert (seen["signalled"]["delivered"], seen["signalledAgain"]["duplicate"]) == (True, True)
     status = seen["status"]

@@ -53,6 +53,7 @@ try {
   seen.signalledAgain = await call('signal_run', runId, 'approved', JSON.stringify({ by: 'x' }));
   seen.status = await call('run_status', runId);
   seen.noSuchRun = await refusal('run_status', '00000000-0000-4000-8000-000000000000');
+  seen.noRunner = await refusal('report_runner_result', runId, 1, JSON.stringify({ ok: true }));
   seen.other = await call('submit_run', 'greet', null, 'rel-node');
   seen.cancelled = await call('cancel_run', seen.other.runId, 'changed my mind');
 } finally {
