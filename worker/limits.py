@@ -107,3 +107,23 @@ def checked_play(play: str) -> str:
             "characters and no NUL or unpaired surrogate character."
         )
     return play
+
+
+def checked_runtime_api(value: Any) -> dict[str, Any] | None:
+    """Return a runtime API context, or refuse one Python cannot even send (never quoting it).
+
+    Its fields are checked by the store's ``submit_run``; here only what could not
+    reach it as JSON text (a NUL, a lone surrogate, a value JSON cannot hold).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(
+            "runtime_api must be a mapping (baseUrl, executorToken, ...) or None, "
+            f"not {type(value).__name__}."
+        )
+    problem = _json_problem(value, "the runtime API context")
+    if problem is not None:
+        # json_problem names the kind of value and where it sits, never the value.
+        raise InvalidRequestError(f"the runtime API context is not storable JSON: {problem}.")
+    return value

@@ -515,3 +515,20 @@ async def test_submit_on_a_database_without_schemas_installs_them(
     after = await snapshot(empty_database_url)
     assert "absurd" in after.schemas
     assert STORE in after.schemas
+
+
+@pytest.mark.parametrize(
+    "token", ["tok-SECRET\x00", "tok-SECRET\udcff"], ids=["nul", "lone-surrogate"]
+)
+async def test_a_runtime_api_python_cannot_send_is_refused_without_quoting_it(
+    prepared: Prepared, token: str
+) -> None:
+    """A token Postgres could not store: InvalidRequestError naming where, never the token."""
+    before = await snapshot(prepared.url)
+    api = {"baseUrl": "https://app.example", "executorToken": token}
+    with pytest.raises(LaneWorkerError) as caught:
+        await prepared.client.submit("p", {}, runtime_api=api)
+    assert_invalid_request(caught.value, "the runtime API context is not storable JSON")
+    assert "SECRET" not in str(caught.value)
+    assert "$.executorToken" in str(caught.value)
+    assert await snapshot(prepared.url) == before

@@ -18,7 +18,14 @@ from typing import Any
 import structlog
 
 from support.db import sql
-from support.runtime import env_of, eventually, open_client, open_runtime, work_once
+from support.runtime import (
+    env_of,
+    eventually,
+    open_client,
+    open_runtime,
+    register_worker,
+    work_once,
+)
 from support.runtime_api import Answer, FakeRuntimeApi, Received
 from worker import App, TaskContext
 from worker.daemon.relay import Relay, RelayConfig
@@ -213,3 +220,65 @@ async def test_the_drain_report_counts_undelivered_facts_per_lane(database_url: 
         (lane,) = [v for v in await client.lanes() if v.release_id == R]
     assert lane.as_json()["ledger"] == {"pending": 4, "failed": 0}
     assert lane.status == "drained"
+
+
+async def test_a_context_that_cannot_be_sent_is_given_up_at_once_with_why(
+    database_url: str,
+) -> None:
+    """A stored context no request can carry (an older build's, say): failed now, not retried."""
+    async with FakeRuntimeApi() as endpoint:
+        (run_id,) = await submit_and_run(database_url, api_for(endpoint), [{"n": 1}])
+        await sql(
+            database_url,
+            "update runtime_scheduler.run_runtime_api"
+            " set api = jsonb_set(api, '{executorToken}', to_jsonb(E'bad\\ntoken'::text))",
+        )
+        async with relaying(database_url, Metrics()):
+            await nothing_pending(database_url)
+        async with open_client(database_url, env_of(R)) as client:
+            facts = (await client.status(run_id)).as_json()["facts"]
+    assert [f["delivery"]["state"] for f in facts] == ["failed", "failed"]
+    assert facts[0]["delivery"]["error"]["reason"] == "the runtime API context cannot be sent"
+    assert endpoint.requests == []
+
+
+async def test_endpoints_that_hang_take_one_slot_each_not_a_healthy_endpoint_s(
+    database_url: str,
+) -> None:
+    """Five paths of one hanging host are one endpoint: at most its share, then one probe."""
+    async with (
+        FakeRuntimeApi(lambda r, n: Answer(200, delay_s=60)) as hanging,
+        FakeRuntimeApi() as healthy,
+    ):
+        for path in range(5):
+            api = {"baseUrl": f"http://127.0.0.1:{hanging.port}/p{path}", "executorToken": TOKEN}
+            await submit_and_run(database_url, api, [{"n": n} for n in range(3)])
+        ids = await submit_and_run(database_url, api_for(healthy), [{"n": n} for n in range(4)])
+        async with relaying(database_url, Metrics(), timeout_s=60, per_endpoint=4):
+            await healthy.wait_until(lambda: len(healthy.accepted) == 8, timeout_s=20)
+            assert len(hanging.requests) <= 4  # the host's share, whatever its paths
+    assert {r.body["runId"] for r in healthy.accepted.values()} == set(ids)
+
+
+async def test_a_retry_s_facts_go_where_the_run_s_went(database_url: str) -> None:
+    """`runs retry` of a failed run: the retry's run.started and run.completed are delivered."""
+    async with FakeRuntimeApi() as endpoint:
+        (run_id,) = await submit_and_run(database_url, api_for(endpoint), [{"fail": True}])
+        async with (
+            open_client(database_url, env_of(R)) as client,
+            open_runtime(database_url, plain_app(), R) as runtime,
+        ):
+            await client.activate_release(R, force=True)
+            await register_worker(runtime)
+            retry = await client.retry_run(run_id)
+            await sql(
+                database_url,
+                "update runtime_scheduler.runs set input = jsonb_build_object('n', 7)"
+                " where run_id = $1::uuid",
+                retry.run_id,
+            )
+            assert await work_once(runtime) == ["completed"]
+        async with relaying(database_url, Metrics()):
+            await endpoint.wait_until(lambda: len(endpoint.accepted) == 4)
+    assert endpoint.accepted_of(run_id) == ["run.started", "run.failed"]
+    assert endpoint.accepted_of(retry.run_id) == ["run.started", "run.completed"]

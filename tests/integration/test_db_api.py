@@ -115,6 +115,17 @@ BAD_SUBMITS: list[tuple[str, tuple[Any, ...], str]] = [
     ("api-unknown", ("p", {}, "rel-1", None, {**API, "token": TOKEN}), "unknown field 'token'"),
     ("api-number", ("p", {}, "rel-1", None, {**API, "integrationMode": 1}), "must be a string"),
     ("attempts", ("p", {}, "rel-1", None, None, 0), "between 1 and 1000"),
+    ("long-release", ("p", {}, "r" * 201), "over 200 characters"),
+    ("api-userinfo", ("p", {}, "rel-1", None, {**API, "baseUrl": "http://u:pw@h/app"}), "no user"),
+    ("api-empty-label", ("p", {}, "rel-1", None, {**API, "baseUrl": "http://a..b/app"}), "baseUrl"),
+    ("api-port", ("p", {}, "rel-1", None, {**API, "baseUrl": "http://h:99999/"}), "1..65535"),
+    ("api-query", ("p", {}, "rel-1", None, {**API, "baseUrl": "https://h/a?x=1"}), "no user"),
+    ("api-newline", ("p", {}, "rel-1", None, {**API, "executorToken": "a\nb"}), "control"),
+    (
+        "api-del",
+        ("p", {}, "rel-1", None, {**API, "vercelProtectionBypassToken": "a\x7f"}),
+        "control",
+    ),
 ]
 
 
@@ -211,3 +222,7 @@ async def test_cancel_settles_once_with_its_fact_and_status_shows_it_without_sec
     assert TOKEN not in json.dumps(status)
     with pytest.raises(asyncpg.NoDataFoundError, match="no run"):
         await call(conn, "run_status", uuid.uuid4())
+    for fn in ("run_status", "cancel_run", "signal_run"):
+        args = (None, "k", None) if fn == "signal_run" else (None,)
+        with pytest.raises(asyncpg.InvalidParameterValueError, match="a run id is required"):
+            await call(conn, fn, *args)

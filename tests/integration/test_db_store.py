@@ -65,6 +65,8 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "releases",
         "workers",
         "run_runtime_api",
+        "runner_attempts",
+        "run_sandboxes",
     }
 
 

@@ -371,7 +371,7 @@ def napping_app() -> App:
     [
         ("checkpoint", {"resolvedBoundaries": {"nap": {"kind": "approval_v2"}}}, "approval_v2"),
         ("checkpoint", {"armedWaits": {"nap": {"kind": "integration_event"}}}, "armed as"),
-        ("current_wait", {"kind": "runner", "boundaryId": "r1"}, "'runner' wait"),
+        ("current_wait", {"kind": "teleport", "boundaryId": "r1"}, "'teleport' wait"),
     ],
     ids=["unknown-boundary-kind", "armed-as-another-kind", "unknown-wait-kind"],
 )

@@ -41,7 +41,13 @@ from worker.errors import (
     UnknownLaneError,
     shown,
 )
-from worker.limits import checked_input, checked_key, checked_payload, checked_play
+from worker.limits import (
+    checked_input,
+    checked_key,
+    checked_payload,
+    checked_play,
+    checked_runtime_api,
+)
 from worker.ops.remedies import (
     MoveReport,
     Remedies,
@@ -229,11 +235,9 @@ class LaneClient:
         play = checked_play(play)
         params = checked_input(input)
         checked_key(idempotency_key, "an idempotency key")
-        if runtime_api is not None and not isinstance(runtime_api, Mapping):
-            raise InvalidRequestError(
-                "runtime_api must be a mapping (baseUrl, executorToken, ...) or None, "
-                f"not {type(runtime_api).__name__}."
-            )
+        api = checked_runtime_api(
+            dict(runtime_api) if isinstance(runtime_api, Mapping) else runtime_api
+        )
         release_id = self._submit_release(queue_suffix)
         await self.ensure_schemas()
 
@@ -241,7 +245,7 @@ class LaneClient:
             return await self.store.api.submit(
                 conn, play=play, input=params, release_id=release_id,
                 idempotency_key=idempotency_key,
-                runtime_api=None if runtime_api is None else dict(runtime_api),
+                runtime_api=api,
                 max_attempts=self._max_attempts,
             )  # fmt: skip
 

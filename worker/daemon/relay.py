@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import re
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass
@@ -67,6 +68,13 @@ class RelayConfig:
         return self.timeout_s + 10.0
 
 
+def _unsendable(exc: BaseException) -> bool:
+    """Tell whether a request could not even be made from the context (a bad URL or header)."""
+    if isinstance(exc, aiohttp.InvalidURL):
+        return True
+    return isinstance(exc, ValueError | UnicodeError) and not isinstance(exc, aiohttp.ClientError)
+
+
 def backoff_s(tries: int, retry_after_s: float | None = None) -> float:
     """Seconds until try ``tries + 1``: full jitter (tenacity), at least ``Retry-After``."""
     state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
@@ -108,9 +116,22 @@ def headers_for(fact: PendingFact) -> dict[str, str]:
     return headers
 
 
+_ORIGIN = re.compile(r"^(https?://[^/?#]+)", re.IGNORECASE)
+
+
+def origin_of(base_url: str) -> str:
+    """The endpoint a base URL names: scheme, host and port, lowercased.
+
+    The key the relay limits and backs off by; the claim computes the same
+    (``claim_deliveries``), so paths of one host are one endpoint.
+    """
+    found = _ORIGIN.match(base_url)
+    return (found.group(1) if found else base_url).lower()
+
+
 def endpoint_of(fact: PendingFact) -> str:
-    """The base URL a fact goes to (the key the relay limits and backs off by)."""
-    return str(fact.api["baseUrl"])
+    """The endpoint (origin) a fact goes to."""
+    return origin_of(str(fact.api["baseUrl"]))
 
 
 def host_of(base_url: str) -> str:
@@ -140,14 +161,20 @@ class Relay:
         self._in_flight: dict[int, str] = {}  # fact id -> its endpoint
         self._unsent: list[int] = []  # facts whose delivery was cancelled (a stop)
         self._backing_off: dict[str, float] = {}  # endpoint -> monotonic time it may be tried
+        # Endpoints whose last answer was a failure: one request at a time (a probe)
+        # until one succeeds, so endpoints that hang hold a slot each, not their share.
+        self._failing: set[str] = set()
         self._slot_freed = asyncio.Event()
         self._next_due_s: float | None = None
+
+    def _share(self, endpoint: str) -> int:
+        return 1 if endpoint in self._failing else self.config.per_endpoint
 
     def _skipped(self) -> list[str]:
         now = time.monotonic()
         self._backing_off = {e: t for e, t in self._backing_off.items() if t > now}
         busy = Tally(self._in_flight.values())
-        full = [e for e, n in busy.items() if n >= self.config.per_endpoint]
+        full = [e for e, n in busy.items() if n >= self._share(e)]
         return sorted(set(full) | set(self._backing_off))
 
     async def run(self) -> None:
@@ -176,14 +203,14 @@ class Relay:
         facts = await self.db.run(
             lambda c: self.store.ledger.claim(
                 c, worker_id=self.worker_id, limit=free, lease_s=self.config.lease_s,
-                skip_base_urls=skip,
+                skip_endpoints=skip,
             )
         )  # fmt: skip
         over: list[int] = []
         busy = Tally(self._in_flight.values())
         for fact in facts:
             endpoint = endpoint_of(fact)
-            if busy[endpoint] >= self.config.per_endpoint:
+            if busy[endpoint] >= self._share(endpoint):
                 over.append(fact.fact_id)  # this batch brought more than its share
                 continue
             busy[endpoint] += 1
@@ -245,7 +272,7 @@ class Relay:
             self._slot_freed.set()
 
     async def _deliver(self, http: aiohttp.ClientSession, fact: PendingFact, endpoint: str) -> None:
-        url = endpoint.rstrip("/") + self.config.path
+        url = str(fact.api["baseUrl"]).rstrip("/") + self.config.path
         body = json.dumps(fact.fact, separators=(",", ":"), ensure_ascii=False).encode()
         status: int | None = None
         why: dict[str, Any]
@@ -258,11 +285,23 @@ class Relay:
                 after = retry_after_s(response.headers.get("Retry-After"))
                 text = (await response.content.read(_SHOWN_BODY * 4)).decode(errors="replace")
             why = {"status": status, "body": text[:_SHOWN_BODY]}
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except Exception as exc:
+            if not _unsendable(exc) and not isinstance(
+                exc, aiohttp.ClientError | TimeoutError | OSError
+            ):
+                raise
+            if _unsendable(exc):
+                # The context cannot make a request at all (a store that an older
+                # build filled, say): no retry will change that.
+                why = {"error": type(exc).__name__, "tries": fact.delivery_attempts + 1,
+                       "reason": "the runtime API context cannot be sent"}  # fmt: skip
+                await self._give_up(fact, endpoint, why, "refused")
+                return
             # The class alone: an error's text may carry the URL.
             why = {"error": type(exc).__name__}
         tries = fact.delivery_attempts + 1
         if status is not None and 200 <= status < 300:
+            self._failing.discard(endpoint)
             await self.db.run(lambda c: self.store.ledger.done(c, fact_id=fact.fact_id))
             self.metrics.ledger_delivered.inc()
             self.log.info(
@@ -273,6 +312,7 @@ class Relay:
         why["tries"] = tries
         if status is None or status >= 500 or status in _RETRYABLE:
             age_s = time.time() - fact.created_at.timestamp()
+            self._failing.add(endpoint)
             if age_s < self.config.retry_for_s:
                 wait = backoff_s(tries, after)
                 self._backing_off[endpoint] = time.monotonic() + wait

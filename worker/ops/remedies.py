@@ -249,6 +249,8 @@ class Remedies:
             # Its play waits for the same events again: an app that signalled the
             # old run must not have to signal again.
             await self.store.runs.copy_signals(conn, from_run=old.run_id, to_run=new_id)
+            # And the app hears how the retried work ends, where it heard of the run.
+            await self.store.runs.copy_runtime_api(conn, from_run=old.run_id, to_run=new_id)
             await spawn_run_task(conn, self.store, queue, new_id, old.max_attempts)
             return RetriedRun(str(new_id), release_id, queue, str(old.run_id))
 

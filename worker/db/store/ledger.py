@@ -22,11 +22,11 @@ class LedgerQueries(Queries):
         worker_id: str,
         limit: int,
         lease_s: float,
-        skip_base_urls: Sequence[str],
+        skip_endpoints: Sequence[str],
     ) -> list[PendingFact]:
         """Lease up to ``limit`` due facts, each the earliest pending one of its run."""
         return await self._rows(
-            conn, PendingFact, "claim_deliveries", worker_id, limit, lease_s, list(skip_base_urls)
+            conn, PendingFact, "claim_deliveries", worker_id, limit, lease_s, list(skip_endpoints)
         )
 
     async def done(self, conn: Connection, *, fact_id: int) -> None:

@@ -69,6 +69,12 @@ class RunQueries(Queries):
         """Give retry ``to_run`` the events ``from_run`` received."""
         await self._run(conn, "copy_signals", from_run, to_run)
 
+    async def copy_runtime_api(
+        self, conn: Connection, *, from_run: uuid.UUID, to_run: uuid.UUID
+    ) -> None:
+        """Give retry ``to_run`` the runtime API context of ``from_run`` (if it had one)."""
+        await self._run(conn, "copy_runtime_api", from_run, to_run)
+
     async def listed(
         self,
         conn: Connection,

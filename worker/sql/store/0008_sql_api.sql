@@ -139,6 +139,8 @@ create or replace function {schema}.checked_runtime_api(p_api jsonb)
 as $$
 declare
   v_key text;
+  v_url text;
+  v_port text;
 begin
   if p_api is null or jsonb_typeof(p_api) = 'null' then
     return null;
@@ -160,8 +162,19 @@ begin
         using errcode = '22023';
     end if;
   end loop;
-  if coalesce(p_api ->> 'baseUrl', '') !~ '^https?://[^/?#\s]+' then
-    raise exception 'the runtime API context''s baseUrl must be an http:// or https:// URL.'
+  -- A URL the relay can always send to: a scheme, a host (DNS labels or an IPv4
+  -- address; no user or password in it), an optional port, an optional path.
+  v_url := coalesce(p_api ->> 'baseUrl', '');
+  v_port := substring(v_url from '^https?://[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*:([0-9]{1,5})(?:[/?#]|$)');
+  if v_url !~ '^https?://[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~!$&''()*+,;=:@%/-]*)?$'
+     or (v_port is not null and v_port::integer not between 1 and 65535) then
+    raise exception 'the runtime API context''s baseUrl must be an http:// or https:// URL: a host name or address, an optional port (1..65535) and path, no user or password, query or fragment.'
+      using errcode = '22023';
+  end if;
+  -- Header values: no control characters (they could not be sent).
+  if exists (select 1 from jsonb_each_text(p_api) e
+              where e.value ~ '[\x01-\x1f\x7f]') then
+    raise exception 'the runtime API context holds a control character (a line break, a tab ...), which no HTTP header can carry.'
       using errcode = '22023';
   end if;
   if {schema}.lane_trim(coalesce(p_api ->> 'executorToken', '')) = '' then
@@ -342,6 +355,12 @@ begin
   end if;
   v_api := {schema}.checked_runtime_api(p_runtime_api);
   v_release := {schema}.lane_trim(coalesce(p_release_id, ''));
+  if char_length(v_release) > 200 then
+    -- The boot guard's limit: no worker could serve a longer one.
+    raise exception 'release id % is over 200 characters: no worker can serve its lane.',
+      quote_literal(left(v_release, 100)) || '...'
+      using errcode = '22023';
+  end if;
   v_queue := {schema}.queue_for_release(v_release);
 
   if p_idempotency_key is not null then
@@ -380,6 +399,9 @@ as $$
 declare
   v_row {schema}.runs;
 begin
+  if p_run_id is null then
+    raise exception 'a run id is required (a UUID).' using errcode = '22023';
+  end if;
   if p_lock = 'update' then
     select * into v_row from {schema}.runs where run_id = p_run_id for update;
   elsif p_lock = 'share' then

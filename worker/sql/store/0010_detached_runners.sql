@@ -63,6 +63,9 @@ declare
   v_run {schema}.runs;
   v_said jsonb := jsonb_build_object('runId', p_run_id, 'runnerAttempt', p_runner_attempt);
 begin
+  if p_runner_attempt is null then
+    raise exception 'a runner attempt is required (1, 2, ...).' using errcode = '22023';
+  end if;
   perform {schema}.checked_size(coalesce(p_result, 'null'::jsonb), 'the runner''s result');
   -- The run first (shared), then the attempt: the order every writer takes.
   v_run := {schema}.run_row(p_run_id, 'share');

@@ -5,8 +5,8 @@
 
 -- name: claim_deliveries
 -- Up to $2 due facts for worker $1, leased for $3 seconds, each the earliest
--- pending fact of its run (a run's facts go out in order), none for a base
--- URL in $4 (endpoints this relay is busy with or backing off from).
+-- pending fact of its run (a run's facts go out in order), none for an
+-- endpoint in $4 (those this relay is busy with or backing off from).
 with due as (
   select l.fact_id
     from {schema}.ledger l
@@ -14,7 +14,9 @@ with due as (
    where l.delivery = 'pending'
      and l.next_delivery_at <= now()
      and (l.delivery_claimed_until is null or l.delivery_claimed_until < now())
-     and (a.api ->> 'baseUrl') <> all ($4::text[])
+     -- the endpoint, as the relay's origin_of names it: scheme, host, port
+     and lower(coalesce(substring(a.api ->> 'baseUrl' from '^(https?://[^/?#]+)'),
+                        a.api ->> 'baseUrl')) <> all ($4::text[])
      and not exists (select 1 from {schema}.ledger e
                       where e.run_id = l.run_id and e.delivery = 'pending'
                         and e.fact_id < l.fact_id)

@@ -34,6 +34,13 @@ select $2, s.event_key, s.payload, s.received_at
  where s.run_id = $1
 on conflict (run_id, event_key) do nothing;
 
+-- name: copy_runtime_api
+-- Run $1's runtime API context, for its retry $2 (migration 0008): the retry's
+-- ledger facts go where the run's went.
+insert into {schema}.run_runtime_api (run_id, api)
+select $2, a.api from {schema}.run_runtime_api a where a.run_id = $1
+on conflict (run_id) do nothing;
+
 -- name: list_runs
 -- Newest first; each filter applies when given (a lane matches its own runs
 -- and the runs it adopted).
