@@ -67,6 +67,9 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "run_runtime_api",
         "runner_attempts",
         "run_sandboxes",
+        "deployments",
+        "deployment_events",
+        "scaler_state",
     }
 
 

@@ -48,6 +48,7 @@ from worker.limits import (
     checked_play,
     checked_runtime_api,
 )
+from worker.ops.releases import Releases
 from worker.ops.remedies import (
     MoveReport,
     Remedies,
@@ -98,6 +99,8 @@ class LaneClient:
         self._schemas_ready: asyncio.Task[None] | None = None
         self._schemas_checked: asyncio.Task[None] | None = None
         self.remedies = Remedies(db, store, self.check_schemas)
+        # The release registry (`lane-worker releases`): deploy, roll back, list, wait.
+        self.releases = Releases(db, store, self.check_schemas)
 
     def _refuse_on(self, variables: tuple[str, ...]) -> None:
         for error in self._diagnosis.errors:

@@ -24,6 +24,15 @@ from worker.config.env import DATABASE_URL_ENV as DATABASE_URL_ENV
 from worker.config.env import DEFER_ALERT_AFTER_ENV as DEFER_ALERT_AFTER_ENV
 from worker.config.env import DEFER_FAIL_AFTER_ENV as DEFER_FAIL_AFTER_ENV
 from worker.config.env import DRAIN_SECONDS_ENV as DRAIN_SECONDS_ENV
+from worker.config.env import (
+    FLY_MACHINE_ID_ENV,
+    MACHINE_ID_ENV,
+    Problems,
+    blank_as_unset,
+    flag,
+    plain_text,
+    unknown_variables,
+)
 from worker.config.env import HEALTH_HOST_ENV as HEALTH_HOST_ENV
 from worker.config.env import HEALTH_PORT_ENV as HEALTH_PORT_ENV
 from worker.config.env import LOG_FORMAT_ENV as LOG_FORMAT_ENV
@@ -33,13 +42,6 @@ from worker.config.env import PGBOUNCER_ENV as PGBOUNCER_ENV
 from worker.config.env import POLL_INTERVAL_ENV as POLL_INTERVAL_ENV
 from worker.config.env import SERVERLESS_ENV as SERVERLESS_ENV
 from worker.config.env import TEST_DATABASE_URL_ENV as TEST_DATABASE_URL_ENV
-from worker.config.env import (
-    Problems,
-    blank_as_unset,
-    flag,
-    plain_text,
-    unknown_variables,
-)
 from worker.config.env import decimal_number as decimal_number
 from worker.config.env import whole_number as whole_number
 from worker.config.tuning import LogFormat as LogFormat
@@ -143,6 +145,9 @@ class Settings:
     # Daytona's own variables (DAYTONA_*), read by the sandbox cleanup: the API key
     # is a secret, so never in repr or logs.
     daytona_env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # The machine this worker runs on (FLY_MACHINE_ID, or LANE_WORKER_MACHINE_ID from
+    # the scaler's process backend), recorded with its heartbeat; None by hand.
+    machine_id: str | None = None
 
     @property
     def database_url_redacted(self) -> str:
@@ -178,6 +183,9 @@ class Settings:
             warnings=diagnosis.warnings,
             diagnosis=diagnosis,
             daytona_env={k: v for k, v in env.items() if k.startswith("DAYTONA_")},
+            machine_id=(
+                (env.get(MACHINE_ID_ENV) or env.get(FLY_MACHINE_ID_ENV) or "").strip()[:200] or None
+            ),
         )
 
 

@@ -240,6 +240,8 @@ class Supervisor:
                             "release may run; parked runs are left to newer releases",
                         )
                     self.ready.set()
+                    # The ready mark a scaler waits for, now rather than a beat later.
+                    side.start_soon(self._side_pass, "heartbeat", lambda: self._heartbeat_once(db))
                     await self.stop_requested.wait()
                     await self._drain(runs)
                 side.cancel_scope.cancel()
@@ -391,6 +393,7 @@ class Supervisor:
 
     async def _heartbeat_once(self, db: Database) -> None:
         s = self.settings
+        ready = self.ready.is_set()
         await db.run(
             lambda c: self.store.lanes.heartbeat(
                 c,
@@ -401,6 +404,8 @@ class Supervisor:
                 pid=os.getpid(),
                 concurrency=s.tuning.concurrency,
                 plays=sorted(self.app.plays),
+                machine_id=s.machine_id,
+                ready=ready,
             )
         )
 

@@ -4,10 +4,11 @@ Lives in the schema ``DEEPLINE_RUNTIME_SCHEDULER_SCHEMA`` of the engine's
 database, so a store write and the engine transition it goes with commit in
 one transaction: every query takes the connection to run on. One typed
 method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
-``store.lanes``, ``store.report``, ``store.api`` (the app's SQL API) and
-``store.ledger`` (the delivery outbox), ``store.sandboxes`` (sandbox cleanup),
-each with its file of SQL in ``worker/sql/store/`` (``runs.sql``, ...); the
-schema's migrations are ``worker/db/schema.py``.
+``store.lanes``, ``store.report``, ``store.api`` (the app's SQL API),
+``store.ledger`` (the delivery outbox), ``store.sandboxes`` (sandbox cleanup) and
+``store.registry`` (releases and the scaler), each with its file of SQL in
+``worker/sql/store/`` (``runs.sql``, ...); the schema's migrations are
+``worker/db/schema.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from worker.db.store.api import ApiQueries
 from worker.db.store.attempts import AttemptQueries
 from worker.db.store.lanes import LaneQueries
 from worker.db.store.ledger import LedgerQueries
+from worker.db.store.registry import RegistryQueries
 from worker.db.store.report import ReportQueries
 from worker.db.store.runs import RunQueries
 from worker.db.store.sandboxes import SandboxQueries
@@ -40,10 +42,11 @@ class Store:
         self.api = ApiQueries(schema)
         self.ledger = LedgerQueries(schema)
         self.sandboxes = SandboxQueries(schema)
+        self.registry = RegistryQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
         self.q = {
             **self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql,
-            **self.api.sql, **self.ledger.sql, **self.sandboxes.sql,
+            **self.api.sql, **self.ledger.sql, **self.sandboxes.sql, **self.registry.sql,
         }  # fmt: skip
 
     async def migrate(self, conn: Connection) -> MigrationReport:

@@ -25,7 +25,7 @@ IDEMPOTENCY_CONFLICT = "23505"  # unique_violation on constraint `idempotency_ke
 NO_SUCH_RUN = "P0002"  # no_data_found
 
 
-async def _refusals(call: Awaitable[T]) -> T:
+async def refusals(call: Awaitable[T]) -> T:
     """Await ``call``; turn the API's refusals into lane-worker's errors."""
     try:
         return await call
@@ -58,7 +58,7 @@ class ApiQueries(Queries):
         max_attempts: int | None,
     ) -> dict[str, Any]:
         """Submit a run; ``created`` False when the key names an earlier run (nothing written)."""
-        result: dict[str, Any] = await _refusals(
+        result: dict[str, Any] = await refusals(
             self._value(conn, "submit_run", play, input, release_id, idempotency_key,
                         runtime_api, max_attempts)
         )  # fmt: skip
@@ -68,7 +68,7 @@ class ApiQueries(Queries):
         self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any
     ) -> dict[str, Any]:
         """Deliver an event to a run (or its retry); ``delivered``, ``duplicate``, ``runEnded``."""
-        result: dict[str, Any] = await _refusals(
+        result: dict[str, Any] = await refusals(
             self._value(conn, "signal_run", run_id, event_key, payload)
         )
         return result
@@ -77,19 +77,19 @@ class ApiQueries(Queries):
         self, conn: Connection, *, run_id: uuid.UUID, reason: str | None
     ) -> dict[str, Any]:
         """Cancel a run; ``cancelled`` False when it had already ended."""
-        result: dict[str, Any] = await _refusals(self._value(conn, "cancel_run", run_id, reason))
+        result: dict[str, Any] = await refusals(self._value(conn, "cancel_run", run_id, reason))
         return result
 
     async def report_runner(
         self, conn: Connection, *, run_id: uuid.UUID, runner_attempt: int, result: Any
     ) -> dict[str, Any]:
         """Record a detached runner's result; ``woke`` says whether its run was waiting for it."""
-        said: dict[str, Any] = await _refusals(
+        said: dict[str, Any] = await refusals(
             self._value(conn, "report_runner_result", run_id, runner_attempt, result)
         )
         return said
 
     async def status(self, conn: Connection, *, run_id: uuid.UUID) -> dict[str, Any]:
         """Return what ``status --json`` prints about a run."""
-        result: dict[str, Any] = await _refusals(self._value(conn, "run_status", run_id))
+        result: dict[str, Any] = await refusals(self._value(conn, "run_status", run_id))
         return result

@@ -82,11 +82,14 @@ class LaneQueries(Queries):
         pid: int,
         concurrency: int,
         plays: list[str],
+        machine_id: str | None = None,
+        ready: bool = False,
     ) -> None:
-        """Record (or refresh) a live worker and the plays its app registers."""
+        """Record (or refresh) a live worker, the plays its app registers, its machine."""
         await self._run(
-            conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays
-        )
+            conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays,
+            machine_id, ready,
+        )  # fmt: skip
 
     async def for_maintenance(self, conn: Connection) -> list[MaintainedLane]:
         """The lanes a maintenance pass reconciles, each with whether its engine queue exists."""

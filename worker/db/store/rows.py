@@ -278,3 +278,45 @@ class CleanupCount:
     pending: int
     failed: int
     failed_sandboxes: list[str]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A release in the registry (``deployments``), with its lane and its live workers."""
+
+    release_id: str
+    queue: str
+    image: str
+    desired: int
+    role: str  # current, previous, retired
+    deployed_at: datetime
+    deployed_by: str
+    retired_at: datetime | None
+    retired_by: str | None
+    lane_status: str | None  # the lane row's: claiming, retired; None before a worker booted
+    live_workers: int
+    ready_workers: int
+    live_machines: list[str]
+
+
+@dataclass(frozen=True)
+class DeploymentEvent:
+    """Who did what to a release, and when (``deployment_events``)."""
+
+    event_id: int
+    at: datetime
+    release_id: str
+    action: str
+    actor: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ScalerState:
+    """What the active scaler last saw and did (``scaler_state``)."""
+
+    holder: str
+    backend: str
+    beat_at: datetime
+    age_s: float
+    releases: dict[str, Any]

@@ -146,10 +146,15 @@ update {schema}.releases l
 returning l.queue;
 
 -- name: heartbeat
-insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays)
-values ($1, $2, $3, $4, $5, $6, $7)
+-- $8: the machine it runs on (migration 0012); $9: it is ready (serving): the
+-- first such beat records when it became ready.
+insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays,
+                                   machine_id, ready_at)
+values ($1, $2, $3, $4, $5, $6, $7, $8, case when $9 then now() end)
 on conflict (worker_id) do update
-   set heartbeat_at = now(), stopped_at = null, plays = excluded.plays;
+   set heartbeat_at = now(), stopped_at = null, plays = excluded.plays,
+       machine_id = excluded.machine_id,
+       ready_at = coalesce(w.ready_at, excluded.ready_at);
 
 -- name: worker_stopped
 update {schema}.workers set stopped_at = now() where worker_id = $1;

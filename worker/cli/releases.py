@@ -1,0 +1,100 @@
+"""`releases`: the release registry the scaler acts on (deploy, rollback, list)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+
+from worker.cli.connect import with_client
+from worker.cli.exits import Failure
+from worker.cli.output import emit
+from worker.cli.params import RELEASE_ID, Seconds, json_option
+from worker.cli.root import cli
+from worker.client import LaneClient
+from worker.ops.report import aligned
+
+
+@cli.group("releases", invoke_without_command=True)
+@json_option
+@click.pass_context
+def releases_group(ctx: click.Context, as_json: bool) -> None:
+    """List the deployed releases: current, superseded, draining, drained.
+
+    `releases deploy` records the current release; `lane-worker scaler` starts its
+    machines and, once they are ready, retires the releases it supersedes, then stops
+    each retired release's machines when its lane is drained.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    views, scaler = with_client(lambda client: client.releases.list())
+    rows = [["release", "status", "machines", "ready", "image"]]
+    rows += [[v.release_id, v.status, f"{v.live_workers}/{v.desired}", str(v.ready_workers),
+              v.image] for v in views]  # fmt: skip
+    scaler_line = (
+        "scaler: none has reported"
+        if scaler is None
+        else f"scaler: {scaler.holder} ({scaler.backend}), last pass {scaler.age_s:.0f} s ago"
+    )
+    report = {
+        "releases": [v.as_json() for v in views],
+        "scaler": None if scaler is None else {
+            "holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s,
+        },
+    }  # fmt: skip
+    emit(as_json, report, *(aligned(rows) if views else ["no release deployed yet"]), scaler_line)
+
+
+@releases_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@click.option("--image", required=True, help="The image (Fly) or app (process backend) to run.")
+@click.option("--machines", type=click.IntRange(0, 1000), default=1, show_default=True,
+              help="How many machines the release runs.")  # fmt: skip
+@click.option("--wait", is_flag=True,
+              help="Wait until its machines are ready and the releases it supersedes are "
+                   "retired; exit 1 with the reason after --timeout.")  # fmt: skip
+@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, metavar="SECONDS",
+              help="How long --wait waits.")  # fmt: skip
+@json_option
+def deploy(release_id: str, image: str, machines: int, wait: bool, timeout: float,
+           as_json: bool) -> None:  # fmt: skip
+    """Record RELEASE_ID as the current release, with its image and machine count."""
+    _record(release_id, wait, timeout, as_json,
+            lambda c: c.releases.deploy(release_id, image=image, machines=machines))  # fmt: skip
+
+
+@releases_group.command()
+@click.argument("release_id", type=RELEASE_ID)
+@click.option("--wait", is_flag=True, help="Wait until the rollback is done (see deploy).")
+@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, metavar="SECONDS",
+              help="How long --wait waits.")  # fmt: skip
+@json_option
+def rollback(release_id: str, wait: bool, timeout: float, as_json: bool) -> None:
+    """Make an older release current again (its recorded image and machine count)."""
+    _record(release_id, wait, timeout, as_json, lambda c: c.releases.rollback(release_id))
+
+
+Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]
+
+
+def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act) -> None:
+    async def action(client: LaneClient) -> tuple[dict[str, Any], tuple[bool, str | None]]:
+        said = await act(client)
+        if not wait:
+            return said, (True, None)
+        state = await client.releases.wait_rolled_out(said["releaseId"], timeout_s=timeout)
+        return said, (state.done, state.reason)
+
+    said, (done, reason) = with_client(action)
+    previous = ", ".join(said.get("previous") or []) or "none"
+    text = [f"release {said['releaseId']} is current (queue {said['queue']}, "
+            f"{said['desired']} machines); superseded: {previous}."]  # fmt: skip
+    if wait:
+        text.append("rolled out: its machines are ready and what it supersedes is retired."
+                    if done else f"not rolled out after {timeout:g} s: {reason}.")  # fmt: skip
+    emit(as_json, {**said, "rolledOut": done if wait else None, "reason": reason}, *text)
+    if not done:
+        raise Failure(
+            f"release {said['releaseId']} did not roll out within {timeout:g} s: {reason}"
+        )

@@ -1,0 +1,51 @@
+"""Store queries of the release registry and the scaler (migration 0012)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.db.pool import Connection
+from worker.db.store.api import refusals
+from worker.db.store.base import Queries
+from worker.db.store.rows import Deployment, DeploymentEvent, ScalerState
+
+
+class RegistryQueries(Queries):
+    """``deployments``, ``deployment_events`` and ``scaler_state``."""
+
+    FILE = "registry.sql"
+
+    async def deploy(
+        self, conn: Connection, *, release_id: str, image: str, desired: int, actor: str,
+        action: str = "deployed",
+    ) -> dict[str, Any]:  # fmt: skip
+        """Record a release as current (its image, its machines); the former current is previous."""
+        said: dict[str, Any] = await refusals(
+            self._value(conn, "deploy_release", release_id, image, desired, actor, action)
+        )
+        return said
+
+    async def retire_superseded(self, conn: Connection, *, actor: str) -> list[str]:
+        """Retire every release the ready current one supersedes; return them."""
+        return list(await self._value(conn, "retire_superseded", actor) or [])
+
+    async def deployments(self, conn: Connection) -> list[Deployment]:
+        return await self._rows(conn, Deployment, "deployments")
+
+    async def events(
+        self, conn: Connection, *, release_id: str | None = None, limit: int = 50
+    ) -> list[DeploymentEvent]:
+        return await self._rows(conn, DeploymentEvent, "deployment_events", release_id, limit)
+
+    async def record(
+        self, conn: Connection, *, release_id: str, action: str, actor: str, detail: dict[str, Any]
+    ) -> None:
+        await self._run(conn, "record_event", release_id, action, actor, detail)
+
+    async def scaler_beat(
+        self, conn: Connection, *, holder: str, backend: str, releases: dict[str, Any]
+    ) -> None:
+        await self._run(conn, "scaler_beat", holder, backend, releases)
+
+    async def scaler_state(self, conn: Connection) -> ScalerState | None:
+        return await self._row(conn, ScalerState, "scaler_state")

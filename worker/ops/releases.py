@@ -1,0 +1,174 @@
+"""The release registry as an operator uses it: deploy, roll back, list, wait for a rollout.
+
+``deploy`` only records what should run (store migration 0012); the scaler
+(``lane-worker scaler``) starts the machines and, once the new release has its
+machines ready, retires what it supersedes. ``wait_rolled_out`` waits for that,
+and otherwise says why not: no active scaler, machines not ready, a machine
+that refused to boot, the backend's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from worker.db.pool import Database
+from worker.db.store import Store
+from worker.db.store.rows import Deployment, ScalerState
+from worker.errors import InvalidRequestError
+
+# A scaler beats every few seconds; one silent for longer is not active.
+SCALER_STALE_S = 20.0
+
+
+def actor() -> str:
+    """Who is acting, for the registry's record: user@host (pid)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """A release as ``lane-worker releases`` shows it."""
+
+    release_id: str
+    queue: str
+    image: str
+    role: str  # current, previous, retired
+    status: str  # current, rolling out, draining, drained, retired (not yet seen by a lane)
+    desired: int
+    live_workers: int
+    ready_workers: int
+    deployed_at: str
+    deployed_by: str
+    retired_at: str | None
+    scaler: dict[str, Any]  # what the scaler last said about it
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "releaseId": self.release_id, "queue": self.queue, "image": self.image,
+            "role": self.role, "status": self.status, "desired": self.desired,
+            "liveWorkers": self.live_workers, "readyWorkers": self.ready_workers,
+            "deployedAt": self.deployed_at, "deployedBy": self.deployed_by,
+            "retiredAt": self.retired_at, "scaler": self.scaler,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """Where a rollout stands: done, or why not yet."""
+
+    done: bool
+    reason: str | None
+
+
+class Releases:
+    """The registry on one store."""
+
+    def __init__(
+        self, db: Database, store: Store, check_schemas: Callable[[], Awaitable[None]]
+    ) -> None:
+        self.db, self.store, self.check_schemas = db, store, check_schemas
+
+    async def deploy(self, release_id: str, *, image: str, machines: int = 1) -> dict[str, Any]:
+        """Record ``release_id`` as the current release; the scaler does the rest."""
+        return await self._record(release_id, image, machines, "deployed")
+
+    async def rollback(self, release_id: str) -> dict[str, Any]:
+        """Make an older deployed release current again, with its recorded image and count."""
+        await self.check_schemas()
+        known = {d.release_id: d for d in await self.db.run(self.store.registry.deployments)}
+        old = known.get(release_id.strip())
+        if old is None:
+            names = ", ".join(sorted(known)) or "none"
+            raise InvalidRequestError(
+                f"release {release_id!r} was never deployed through the registry, so there is "
+                f"no image to roll back to (deployed: {names}); use `releases deploy` with "
+                "its image."
+            )
+        if old.role == "current":
+            raise InvalidRequestError(f"release {old.release_id!r} is the current release.")
+        return await self._record(old.release_id, old.image, old.desired, "rolled_back")
+
+    async def _record(
+        self, release_id: str, image: str, machines: int, action: str
+    ) -> dict[str, Any]:
+        await self.check_schemas()
+        who = actor()
+        return await self.db.run(
+            lambda c: self.store.registry.deploy(
+                c, release_id=release_id, image=image, desired=machines, actor=who,
+                action=action,
+            )
+        )  # fmt: skip
+
+    async def list(self) -> tuple[list[ReleaseView], ScalerState | None]:
+        """Every deployed release, newest deploy first, and the scaler's last pass."""
+        await self.check_schemas()
+        deployments = await self.db.run(self.store.registry.deployments)
+        scaler = await self.db.run(self.store.registry.scaler_state)
+        said = scaler.releases if scaler is not None and scaler.age_s < SCALER_STALE_S else {}
+        drained = await self._drained_lanes()
+        return [
+            _view(d, said.get(d.release_id, {}), d.queue in drained) for d in deployments
+        ], scaler
+
+    async def _drained_lanes(self) -> set[str]:
+        from worker.ops.report import read_report
+
+        views = await self.db.run(lambda c: read_report(c, self.store))
+        return {v.queue for v in views if v.status == "drained"}
+
+    async def rollout_state(self, release_id: str) -> RolloutState:
+        """Done when ``release_id`` is current and nothing it supersedes still claims."""
+        releases, scaler = await self.list()
+        mine = next((r for r in releases if r.release_id == release_id), None)
+        if mine is None or mine.role != "current":
+            return RolloutState(False, f"release {release_id!r} is no longer the current release")
+        if not any(r.role == "previous" for r in releases):
+            return RolloutState(True, None)
+        if scaler is None or scaler.age_s >= SCALER_STALE_S:
+            return RolloutState(False, "no active scaler (start `lane-worker scaler`)")
+        said = mine.scaler
+        if said.get("error"):
+            return RolloutState(False, f"the scaler's backend failed: {said['error']}")
+        if said.get("bootRefused"):
+            return RolloutState(False, f"a machine refused to boot: {said['bootRefused']}")
+        return RolloutState(
+            False, f"machines not ready ({mine.ready_workers} of {mine.desired} ready)"
+        )
+
+    async def wait_rolled_out(
+        self, release_id: str, *, timeout_s: float, poll_s: float = 1.0
+    ) -> RolloutState:
+        """Wait until the rollout of ``release_id`` is done, or ``timeout_s`` passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = await self.rollout_state(release_id)
+            if state.done or time.monotonic() >= deadline:
+                return state
+            await asyncio.sleep(poll_s)
+
+
+def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
+    if d.role == "current":
+        status = "current"
+    elif d.role == "previous":
+        status = "superseded (claims until the current release is ready)"
+    else:
+        status = "drained" if drained or d.lane_status is None else "draining"
+    return ReleaseView(
+        release_id=d.release_id, queue=d.queue, image=d.image, role=d.role, status=status,
+        desired=d.desired, live_workers=d.live_workers, ready_workers=d.ready_workers,
+        deployed_at=d.deployed_at.isoformat(), deployed_by=d.deployed_by,
+        retired_at=d.retired_at.isoformat() if d.retired_at else None, scaler=scaler,
+    )  # fmt: skip

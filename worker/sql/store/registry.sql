@@ -1,0 +1,49 @@
+-- Store queries of the release registry and the scaler (worker/db/store/registry.py,
+-- migration 0012). Each starts with a `-- name: <name>` line and is run by one
+-- typed method.
+
+-- name: deploy_release
+select {schema}.deploy_release($1, $2, $3, $4, $5);
+
+-- name: retire_superseded
+select {schema}.retire_superseded($1);
+
+-- name: deployments
+-- Every deployed release with its lane's status and its live workers (and how
+-- many of them are ready), newest deploy first.
+select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deployed_by,
+       d.retired_at, d.retired_by, l.status as lane_status,
+       coalesce(w.live, 0) as live_workers, coalesce(w.ready, 0) as ready_workers,
+       coalesce(w.machines, '{}') as live_machines
+  from {schema}.deployments d
+  left join {schema}.releases l on l.queue = d.queue
+  left join lateral (
+    select count(*) as live, count(*) filter (where x.ready_at is not null) as ready,
+           array_agg(distinct x.machine_id) filter (where x.machine_id is not null) as machines
+      from {schema}.workers x
+     where x.queue = d.queue and {schema}.worker_live(x.heartbeat_at, x.stopped_at)
+  ) w on true
+ order by d.deployed_at desc, d.release_id;
+
+-- name: deployment_events
+select event_id, at, release_id, action, actor, detail
+  from {schema}.deployment_events
+ where ($1::text is null or release_id = $1)
+ order by event_id desc
+ limit $2;
+
+-- name: record_event
+insert into {schema}.deployment_events (release_id, action, actor, detail)
+values ($1, $2, $3, $4);
+
+-- name: scaler_beat
+-- The active scaler's pass: who, with which backend, what it saw per release.
+insert into {schema}.scaler_state as s (singleton, holder, backend, beat_at, releases)
+values (true, $1, $2, now(), $3)
+on conflict (singleton) do update
+   set holder = excluded.holder, backend = excluded.backend, beat_at = now(),
+       releases = excluded.releases;
+
+-- name: scaler_state
+select holder, backend, beat_at, extract(epoch from now() - beat_at)::float8 as age_s, releases
+  from {schema}.scaler_state;
