@@ -9,7 +9,14 @@ and shared options, ``output`` the printing.
 
 from __future__ import annotations
 
-from worker.cli import daemon, database, lanes, releases, runs  # noqa: F401 (they register the commands)
+from worker.cli import (  # noqa: F401 (they register the commands)
+    daemon,
+    database,
+    lanes,
+    releases,
+    runs,
+    scaler,
+)
 from worker.cli.root import cli
 
 __all__ = ["cli", "main"]

@@ -296,7 +296,8 @@ class Deployment:
     lane_status: str | None  # the lane row's: claiming, retired; None before a worker booted
     live_workers: int
     ready_workers: int
-    live_machines: list[str]
+    live_machines: list[str]  # machines with a live worker of it
+    ready_machines: list[str]  # those whose worker is ready
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,15 @@ select {schema}.retire_superseded($1);
 select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deployed_by,
        d.retired_at, d.retired_by, l.status as lane_status,
        coalesce(w.live, 0) as live_workers, coalesce(w.ready, 0) as ready_workers,
-       coalesce(w.machines, '{}') as live_machines
+       coalesce(w.machines, '{}') as live_machines,
+       coalesce(w.ready_machines, '{}') as ready_machines
   from {schema}.deployments d
   left join {schema}.releases l on l.queue = d.queue
   left join lateral (
     select count(*) as live, count(*) filter (where x.ready_at is not null) as ready,
-           array_agg(distinct x.machine_id) filter (where x.machine_id is not null) as machines
+           array_agg(distinct x.machine_id) filter (where x.machine_id is not null) as machines,
+           array_agg(distinct x.machine_id)
+             filter (where x.machine_id is not null and x.ready_at is not null) as ready_machines
       from {schema}.workers x
      where x.queue = d.queue and {schema}.worker_live(x.heartbeat_at, x.stopped_at)
   ) w on true

@@ -1,0 +1,54 @@
+"""Wires the scaler from the environment: the store's client, the backend, logging."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import anyio
+
+from worker.client import LaneClient
+from worker.config.dburl import url_secrets
+from worker.config.env import DATABASE_URL_ENV
+from worker.daemon import logs
+from worker.errors import LaneConfigError
+from worker.scaler.backend import Backend
+from worker.scaler.process import ProcessBackend
+from worker.scaler.run import Scaler
+
+
+def backend_for(name: str, env: Mapping[str, str], state_dir: Path) -> Backend:
+    if name == "process":
+        return ProcessBackend(state_dir.resolve(), env)
+    raise LaneConfigError(
+        f"the {name} backend is not available in this build yet; use --backend process.",
+        variable="LANE_WORKER_SCALER_BACKEND",
+    )
+
+
+def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_port: int) -> int:
+    """Run the scaler until SIGTERM; return its exit code."""
+    url = (env.get(DATABASE_URL_ENV) or "").strip()
+    fmt = (env.get("LANE_WORKER_LOG_FORMAT") or "auto").strip().lower()
+    chosen: Literal["json", "console", "auto"] = (
+        "json" if fmt == "json" else "console" if fmt == "console" else "auto"
+    )
+    # The API token is a secret too (the Fly backend sends it): masked like the password.
+    logs.configure(
+        chosen,
+        secrets=(*url_secrets(url), (env.get("FLY_API_TOKEN") or "").strip()),
+    )
+    machines = backend_for(backend, env, state_dir)
+
+    async def main() -> int:
+        client = await LaneClient.connect(env=env)
+        try:
+            await client.check_schemas()
+            return await Scaler(client, machines, health_port=health_port).run(
+                client.db.options.url
+            )
+        finally:
+            await client.close()
+
+    return anyio.run(main)

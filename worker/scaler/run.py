@@ -1,0 +1,163 @@
+"""``lane-worker scaler``: one active per database, a reconcile pass every few seconds.
+
+The active scaler holds a session advisory lock on its own connection; a second
+one waits as a standby and takes over when the lock is free (its holder died or
+stopped). Each pass is stateless (``reconcile.py``), writes what it saw to the
+store (``scaler_state``: ``releases`` and ``releases deploy --wait`` read it)
+and is exposed on the health port: ``/healthz``, ``/readyz`` (ready while it is
+the active scaler and its last pass succeeded), ``/metrics``. SIGTERM stops it;
+the machines keep running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import anyio
+import asyncpg
+import structlog
+from prometheus_client import Counter, Gauge
+
+from worker.client import LaneClient
+from worker.daemon.health import HealthServer
+from worker.metrics import Metrics
+from worker.ops.releases import actor
+from worker.scaler.backend import Backend
+from worker.scaler.reconcile import Reconciler
+
+PASS_S = 2.0
+STANDBY_RETRY_S = 2.0
+
+log = structlog.get_logger("lane_worker.scaler")
+
+
+def lock_key(schema: str) -> int:
+    """The advisory lock one active scaler per store holds (a signed 64-bit number)."""
+    digest = hashlib.sha256(f"lane_worker.scaler:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class ScalerMetrics(Metrics):
+    """The worker's metrics registry, with the scaler's own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.machines_desired = Gauge(
+            "lane_worker_scaler_machines_desired", "Machines a release should run now.",
+            ["release"], registry=self.registry,
+        )  # fmt: skip
+        self.machines_running = Gauge(
+            "lane_worker_scaler_machines_running", "Machines of a release the backend runs.",
+            ["release"], registry=self.registry,
+        )  # fmt: skip
+        self.actions = Counter(
+            "lane_worker_scaler_actions", "Machines created, stopped, destroyed or replaced.",
+            ["action"], registry=self.registry,
+        )  # fmt: skip
+        self.errors = Counter(
+            "lane_worker_scaler_errors", "Passes or backend calls that failed.",
+            registry=self.registry,
+        )  # fmt: skip
+
+
+class Scaler:
+    """The scaler process: standby until it holds the lock, then a pass every ``PASS_S``."""
+
+    def __init__(self, client: LaneClient, backend: Backend, *, health_port: int) -> None:
+        self.client, self.backend, self.health_port = client, backend, health_port
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.metrics = ScalerMetrics()
+        self.active = False
+        self.last_pass_ok = False
+        self.stop = anyio.Event()
+        self.reconciler = Reconciler(client.db, client.store, backend, actor=f"scaler {actor()}")
+
+    async def _readiness(self) -> dict[str, Any]:
+        ready = self.active and self.last_pass_ok
+        return {"ready": ready, "active": self.active, "lastPassOk": self.last_pass_ok}
+
+    async def run(self, url: str) -> int:
+        health = HealthServer(self.health_port, self.metrics, self._readiness)
+        port = await health.start()
+        log.info("scaler.started", backend=self.backend.name, health_port=port,
+                 holder=self.holder)  # fmt: skip
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._signals, tg)
+                await self._lead(url)
+                tg.cancel_scope.cancel()
+        finally:
+            await health.stop()
+            log.info("scaler.stopped")
+        return 0
+
+    async def _signals(self, tg: anyio.abc.TaskGroup) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                self.stop.set()
+                return
+
+    async def _lead(self, url: str) -> None:
+        """Hold the lock (waiting as a standby until it is free) and reconcile while held."""
+        key = lock_key(self.client.store.schema)
+        said_standby = False
+        while not self.stop.is_set():
+            conn: asyncpg.Connection[Any] | None = None
+            try:
+                conn = await asyncpg.connect(url, timeout=10)
+                if not await conn.fetchval("select pg_try_advisory_lock($1)", key):
+                    if not said_standby:
+                        log.info("scaler.standby", detail="another scaler is active")
+                        said_standby = True
+                    await conn.close()
+                    conn = None
+                    with anyio.move_on_after(STANDBY_RETRY_S):
+                        await self.stop.wait()
+                    continue
+                self.active = True
+                log.info("scaler.active", holder=self.holder)
+                await self._passes(conn)
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("scaler.database_unavailable", error=type(exc).__name__)
+                with anyio.move_on_after(STANDBY_RETRY_S):
+                    await self.stop.wait()
+            finally:
+                self.active = False
+                if conn is not None and not conn.is_closed():
+                    await conn.close(timeout=2)  # releases the lock
+
+    async def _beat(self, said: dict[str, Any]) -> None:
+        try:
+            await self.client.db.run(
+                lambda c: self.client.store.registry.scaler_beat(
+                    c, holder=self.holder, backend=self.backend.name, releases=said
+                )
+            )
+        except Exception as exc:
+            log.warning("scaler.beat_failed", error=type(exc).__name__)
+
+    async def _passes(self, lock: asyncpg.Connection[Any]) -> None:
+        while not self.stop.is_set():
+            await lock.fetchval("select 1")  # still holding it: the connection is alive
+            started = time.monotonic()
+            try:
+                seen = await self.reconciler.once()
+                self.last_pass_ok = True
+            except Exception as exc:
+                self.last_pass_ok = False
+                self.metrics.errors.inc()
+                log.error("scaler.pass_failed", error=repr(exc))
+                seen = {}
+            for release_id, s in seen.items():
+                self.metrics.machines_desired.labels(release_id).set(s.target)
+                self.metrics.machines_running.labels(release_id).set(s.running)
+                for action in s.actions:
+                    self.metrics.actions.labels(action.split()[0]).inc()
+            await self._beat({k: v.as_json() for k, v in seen.items()})
+            with anyio.move_on_after(max(0.1, PASS_S - (time.monotonic() - started))):
+                await self.stop.wait()
