@@ -14,6 +14,7 @@ from worker.config.env import DATABASE_URL_ENV
 from worker.daemon import logs
 from worker.errors import LaneConfigError
 from worker.scaler.backend import Backend
+from worker.scaler.fly import FlyBackend
 from worker.scaler.process import ProcessBackend
 from worker.scaler.run import Scaler
 
@@ -21,9 +22,10 @@ from worker.scaler.run import Scaler
 def backend_for(name: str, env: Mapping[str, str], state_dir: Path) -> Backend:
     if name == "process":
         return ProcessBackend(state_dir.resolve(), env)
+    if name == "fly":
+        return FlyBackend.from_env(env)
     raise LaneConfigError(
-        f"the {name} backend is not available in this build yet; use --backend process.",
-        variable="LANE_WORKER_SCALER_BACKEND",
+        f"no scaler backend {name!r}: use fly or process.", variable="LANE_WORKER_SCALER_BACKEND"
     )
 
 

@@ -1,0 +1,196 @@
+"""The Fly backend: machines are Fly Machines, through the Machines REST API.
+
+``FLY_API_TOKEN`` (sent as ``Authorization: Bearer``; never logged, never given to
+a machine), ``FLY_APP_NAME``, ``FLY_REGION`` and ``LANE_WORKER_FLY_API_URL`` (the
+API's address without ``/v1``; default Fly's public one). A machine is created
+with the release's image, ``DEEPLINE_RUNTIME_DEPLOY_VERSION`` set to the release
+in its env, the ``lane_worker_release`` metadata, an HTTP check on ``/readyz``,
+``stop_config`` with SIGTERM and a timeout above the worker's longest stop, and
+no restart policy (the scaler replaces a machine that died). Secrets such as the
+database URL reach machines as the app's own secrets (``fly secrets``).
+Calls are retried with tenacity on 429 (honouring ``Retry-After``), 5xx and
+timeouts; a 401, 403 or 404 is one clear error (the pass records it and the
+next pass tries again), never a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from worker.errors import LaneConfigError
+from worker.scaler.backend import (
+    FAILED,
+    RELEASE_METADATA,
+    STARTED,
+    STARTING,
+    STOPPED,
+    BackendError,
+    Machine,
+)
+
+DEFAULT_API_URL = "https://api.machines.dev"
+API_URL_ENV, TOKEN_ENV, APP_ENV, REGION_ENV = (
+    "LANE_WORKER_FLY_API_URL", "FLY_API_TOKEN", "FLY_APP_NAME", "FLY_REGION",
+)  # fmt: skip
+STOP_TIMEOUT = "60s"  # above the worker's drain (25 s by default) and its stop mark
+HEALTH_PORT = 8080  # the image's LANE_WORKER_HEALTH_PORT (Dockerfile, fly.toml)
+_STATES = {
+    "started": STARTED, "created": STARTING, "starting": STARTING, "replacing": STARTING,
+    "stopping": STOPPED, "stopped": STOPPED, "suspended": STOPPED, "failed": FAILED,
+}  # fmt: skip
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class FlyBackend:
+    """Fly Machines of one app, in one region."""
+
+    name = "fly"
+
+    def __init__(self, *, api_url: str, token: str, app: str, region: str | None) -> None:
+        self.api_url = api_url.rstrip("/")
+        self._token = token
+        self.app = app
+        self.region = region
+
+    def __repr__(self) -> str:  # the token stays out of every repr
+        return f"FlyBackend(api_url={self.api_url!r}, app={self.app!r}, region={self.region!r})"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], region: str | None = None) -> FlyBackend:
+        token = (env.get(TOKEN_ENV) or "").strip()
+        app = (env.get(APP_ENV) or "").strip()
+        for name, value in ((TOKEN_ENV, token), (APP_ENV, app)):
+            if not value:
+                raise LaneConfigError(
+                    f"{name} is not set: the fly backend needs it (`fly tokens create deploy`, "
+                    "and the app's name).",
+                    variable=name,
+                )
+        return cls(
+            api_url=(env.get(API_URL_ENV) or "").strip() or DEFAULT_API_URL,
+            token=token, app=app,
+            region=region or (env.get(REGION_ENV) or "").strip() or None,
+        )  # fmt: skip
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        """One API call, retried on 429, 5xx and timeouts; a refusal raises BackendError."""
+        url = f"{self.api_url}/v1/apps/{self.app}{path}"
+        headers = {"Authorization": f"Bearer {self._token}"}
+
+        async def once() -> Any:
+            timeout = aiohttp.ClientTimeout(total=30)
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=timeout) as http,
+                    http.request(method, url, json=body, headers=headers) as response,
+                ):
+                    text = await response.text()
+                    if response.status == 429 or response.status >= 500:
+                        after = response.headers.get("Retry-After")
+                        wait_s = float(after) if after and after.isdigit() else None
+                        raise _Retryable(f"HTTP {response.status}", wait_s)
+                    if response.status >= 400:
+                        raise BackendError(
+                            f"Fly Machines API {method} {path}: HTTP {response.status} "
+                            f"({text[:200].strip() or 'no body'})"
+                        )
+                    return await response.json(content_type=None) if text else None
+            except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+                raise _Retryable(type(exc).__name__) from exc
+
+        def wait(state: Any) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            base = float(wait_exponential_jitter(initial=0.5, max=10)(state))
+            after = getattr(exc, "retry_after_s", None)
+            return max(base, after) if after is not None else base
+
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
+                stop=stop_after_attempt(5), wait=wait, reraise=True,
+            ):  # fmt: skip
+                with attempt:
+                    return await once()
+        except _Retryable as exc:
+            raise BackendError(
+                f"Fly Machines API {method} {path}: {exc} (gave up after 5 tries)"
+            ) from None
+        return None  # pragma: no cover (AsyncRetrying returns or raises)
+
+    async def list(self) -> list[Machine]:
+        found = await self._call("GET", "/machines") or []
+        machines = []
+        for m in found:
+            config = m.get("config") or {}
+            release = (config.get("metadata") or {}).get(RELEASE_METADATA)
+            if not release or m.get("state") == "destroyed":
+                continue  # not the scaler's: never touched
+            machines.append(
+                Machine(
+                    machine_id=str(m["id"]), release_id=str(release),
+                    image=str(config.get("image") or ""),
+                    state=_STATES.get(str(m.get("state")), STARTING),
+                    age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
+                )
+            )  # fmt: skip
+        return machines
+
+    async def create(self, release_id: str, image: str) -> Machine:
+        config = {
+            "image": image,
+            "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id},
+            "metadata": {RELEASE_METADATA: release_id},
+            "checks": {"readyz": {"type": "http", "port": HEALTH_PORT, "path": "/readyz",
+                                  "interval": "10s", "timeout": "2s"}},
+            "stop_config": {"signal": "SIGTERM", "timeout": STOP_TIMEOUT},
+            "restart": {"policy": "no"},
+        }  # fmt: skip
+        body: dict[str, Any] = {"config": config}
+        if self.region:
+            body["region"] = self.region
+        made = await self._call("POST", "/machines", body)
+        if not isinstance(made, dict) or "id" not in made:
+            raise BackendError("Fly Machines API POST /machines answered without a machine id")
+        return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
+                       state=_STATES.get(str(made.get("state")), STARTING), age_s=0.0)  # fmt: skip
+
+    async def stop(self, machine: Machine) -> None:
+        await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
+
+    async def destroy(self, machine: Machine) -> None:
+        # Forced only for a machine that is not stopped (a dead or stuck one).
+        force = "true" if machine.running else "false"
+        await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
+
+
+def _age_s(created_at: Any) -> float:
+    try:
+        return max(0.0, time.time() - datetime.fromisoformat(str(created_at)).timestamp())
+    except ValueError:
+        return 0.0
+
+
+def _exit_code(machine: Mapping[str, Any]) -> int | None:
+    """The exit code of the machine's last exit event, if it has one."""
+    for event in machine.get("events") or []:
+        if isinstance(event, dict) and event.get("type") == "exit":
+            code = ((event.get("request") or {}).get("exit_event") or {}).get("exit_code")
+            if isinstance(code, int):
+                return code
+    return None
