@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import traceback
 from collections.abc import Callable
 
 from worker.run.context import PlayFn
@@ -31,11 +34,33 @@ class App:
 
 
 def load_app(spec: str) -> App:
-    """Import ``module:attribute`` and return the ``App`` it names."""
+    """Import ``module:attribute`` and return the ``App`` it names.
+
+    Modules are found in the current directory too (as uvicorn and celery do). An
+    error raised while the module is imported is printed with its traceback on
+    stderr (it is the user's code), then reported as an ``ImportError``.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"--app must look like package.module:app, got {spec!r}")
-    module = importlib.import_module(module_name)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ImportError(
+                f"no module {exc.name!r} (looked in the current directory {cwd} and on "
+                "sys.path; set PYTHONPATH or run from the project's directory)"
+            ) from exc
+        traceback.print_exc(file=sys.stderr)
+        raise ImportError(f"importing {module_name} failed: {exc} (traceback above)") from exc
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        raise ImportError(
+            f"importing {module_name} raised {type(exc).__name__}: {exc} (traceback above)"
+        ) from exc
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise ValueError(f"{spec} is not a lane-worker App (found {type(app).__name__})")

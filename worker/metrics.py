@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 # `*_created` series double the exposition for no use here.
@@ -13,6 +15,13 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.build_info = Gauge(
+            "lane_worker_build_info",
+            "The running build: always 1, labelled with its version.",
+            ["version"],
+            registry=self.registry,
+        )
+        self.build_info.labels(_version()).set(1)
         self.claims = Counter(
             "lane_worker_claims",
             "Runs claimed, by loop kind and lane disposition.",
@@ -96,3 +105,10 @@ class Metrics:
             "Age of the store's oldest ledger fact waiting for delivery (0: none).",
             registry=self.registry,
         )
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("lane-worker")
+    except importlib.metadata.PackageNotFoundError:  # a source tree without an install
+        return "unknown"

@@ -8,7 +8,9 @@ run needs a running worker, so it is covered with the daemon tests, not here.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -465,3 +467,41 @@ def test_runner_result_for_an_attempt_nobody_launched_exits_1_naming_it(
     assert f"run {run_id} has no runner attempt 2" in one_error_line(refused)
     usage = run_cli(env, "runner-result", run_id, "0")
     assert usage.returncode == 2
+
+
+def test_run_finds_the_app_in_the_current_directory_and_shows_an_import_error(
+    env: dict[str, str], tmp_path: Any
+) -> None:
+    """`--app plays:app` from the project's directory; an app that raises shows its traceback."""
+    (tmp_path / "myplays.py").write_text(
+        "from worker import App\napp = App()\n\n@app.play('hi')\nasync def hi(ctx, params):\n"
+        "    return 'hi'\n"
+    )
+    (tmp_path / "broken.py").write_text("import json\nraise RuntimeError('config missing')\n")
+    run_env = {**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": "cwd-app", "LANE_WORKER_HEALTH_PORT": "0"}
+    broken = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "--app", "broken:app"],
+        cwd=tmp_path, env={**os.environ, **run_env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert broken.returncode == 2
+    assert "Traceback" in broken.stderr
+    assert "RuntimeError: config missing" in broken.stderr
+    assert "importing broken raised RuntimeError: config missing" in broken.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "worker", "run", "--app", "nowhere:app"],
+        cwd=tmp_path, env={**os.environ, **run_env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert "no module 'nowhere'" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    with subprocess.Popen(
+        [sys.executable, "-m", "worker", "run", "--app", "myplays:app"],
+        cwd=tmp_path, env={**os.environ, **run_env, "LANE_WORKER_LOG_FORMAT": "json"},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as started:  # fmt: skip
+        try:
+            assert started.stdout is not None
+            assert any('"worker.ready"' in line for line in started.stdout)
+        finally:
+            started.terminate()
+            started.wait(timeout=30)

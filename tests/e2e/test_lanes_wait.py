@@ -469,3 +469,17 @@ async def test_a_machine_killed_before_its_lane_drained_leaves_named_stranded_ru
         b.terminate()
         assert await b.wait_exit(timeout_s=30) == 0
         assert b.malformed_lines() == []
+
+
+async def test_lanes_wait_says_what_is_left_every_10_s_on_stderr(database_url: str) -> None:
+    """A retired lane holding a fresh run and no worker: a progress line on stderr, JSON intact."""
+    async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "lw-progress"}) as c:
+        await c.activate_release("lw-progress", force=True)
+        await c.submit("plain", {})
+        await c.retire_release("lw-progress")
+    waited = await lane_worker(database_url, "lanes", "wait", "lw-progress", "--timeout", "11",
+                               "--json")  # fmt: skip
+    assert waited.returncode == 1
+    progress = [line for line in waited.stderr.splitlines() if line.startswith("lanes wait:")]
+    assert progress == ["lanes wait: lw-progress still draining after 10 s; left: fresh 1"]
+    assert json.loads(waited.stdout)["status"] == "draining"

@@ -316,6 +316,7 @@ async def test_fly_metrics_path_serves_prometheus_text(fly: dict[str, Any]) -> N
     families = {family.name: family.type for family in text_string_to_metric_families(body)}
     assert families.get("lane_worker_claims") == "counter", sorted(families)
     assert families.get("lane_worker_runs_in_flight") == "gauge", sorted(families)
+    assert families.get("lane_worker_build_info") == "gauge", sorted(families)  # with its version
 
 
 def test_check_metrics_env_and_image_agree_on_the_health_port(

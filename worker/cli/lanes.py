@@ -20,6 +20,8 @@ from worker.cli.root import cli
 from worker.client import LaneClient, LaneView
 from worker.ops.report import lane_detail, lanes_table
 
+PROGRESS_EVERY_S = 10.0  # a progress line on stderr while `lanes wait` waits
+
 
 @cli.group("lanes", invoke_without_command=True)
 @json_option
@@ -63,11 +65,22 @@ def wait(release_id: str, timeout: float, as_json: bool) -> None:
 
     async def action(client: LaneClient) -> LaneView:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        started = loop.time()
+        deadline, said_at = started + timeout, started
         while True:
             view = await client.lane(release_id)
             if view.safe_to_stop or view.status == "claiming" or loop.time() >= deadline:
                 return view
+            if loop.time() - said_at >= PROGRESS_EVERY_S:
+                # On stderr, so --json stays one object and a CI job with a
+                # no-output limit sees the wait is alive.
+                said_at = loop.time()
+                left = ", ".join(f"{b.reason} {b.count}" for b in view.blocked_by) or "nothing"
+                click.echo(
+                    f"lanes wait: {view.release_id} still {view.status} after "
+                    f"{said_at - started:.0f} s; left: {left}",
+                    err=True,
+                )
             await asyncio.sleep(min(WAIT_POLL_S, max(0.0, deadline - loop.time())))
 
     view = with_client(action)

@@ -6,6 +6,7 @@ import click
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lane-worker", prog_name="lane-worker")
 def cli() -> None:
     """Run and operate lane-worker: durable Absurd runs, one queue per release.
 
