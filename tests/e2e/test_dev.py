@@ -213,9 +213,12 @@ async def test_dev_exit_after_demo_completes_every_demo_run(
     dev = devs.start("demo", "--exit-after-demo", env=dev_env(**{DATABASE_URL_ENV: database_url}))
     assert await dev.wait_exit() == 0, dev.tail()
     assert_demo_completed(dev, "runs")
-    # A configured database is used as is: no embedded PostgreSQL.
+    # A configured database is used as is: no embedded PostgreSQL, and its URL is not echoed.
     assert "embedded PostgreSQL" not in dev.output
     assert not (devs.tmp_path / ".pg").exists()
+    assert "dev: lanes page at http://127.0.0.1:" in dev.output
+    assert "from another terminal: (with your WORKFLOW_RUNTIME_POSTGRES) lane-worker" in dev.output
+    assert database_url not in dev.output
 
 
 @pytest.mark.db  # no database_url, but it runs PostgreSQL all the same
@@ -230,6 +233,9 @@ async def test_dev_embedded_postgres_stops_on_exit_and_is_reused(
     assert_demo_completed(first, "runs")
     assert f"dev: starting embedded PostgreSQL in {pg_data_dir}" in first.output
     assert "dev: PostgreSQL stopped" in first.output
+    # Where a second terminal reaches the embedded server (no password: a unix socket).
+    (told,) = [line for line in first.output.splitlines() if "from another terminal" in line]
+    assert "WORKFLOW_RUNTIME_POSTGRES='postgresql://" in told, told
     assert processes_mentioning(pg_data_dir) == []
     assert not (pg_data_dir / "postmaster.pid").exists(), "PostgreSQL did not shut down cleanly"
 

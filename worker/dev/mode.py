@@ -32,6 +32,7 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     for name, default in ((HEALTH_PORT_ENV, "0"), (LOG_FORMAT_ENV, "console")):
         if blank_as_unset(values, name) is None:
             values[name] = default
+    embedded = not (values.get(DATABASE_URL_ENV) or "").strip()
     with contextlib.ExitStack() as stack:
         try:
             values[DATABASE_URL_ENV] = stack.enter_context(_database(values, data_dir))
@@ -39,11 +40,26 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
             return boot.refuse(exc)
 
         async def serve(settings: Settings, app: App) -> int:
-            return await _dev_main(settings, app, values, exit_after_demo)
+            return await _dev_main(settings, app, values, exit_after_demo, embedded)
 
         # The boot `run` does, on these values; inside the stack, so a refusal is said
         # before PostgreSQL stops.
         return boot.run_worker(values, app_spec, serve)
+
+
+def _say_where(supervisor: Supervisor, embedded: bool) -> None:
+    """Tell how to reach this dev worker: its lanes page, and the database for a second terminal."""
+    settings = supervisor.settings
+    click.echo(f"dev: lanes page at http://127.0.0.1:{supervisor.health_port}/")
+    suffix = (
+        f"DEEPLINE_ABSURD_QUEUE_SUFFIX={settings.queue_suffix} " if settings.queue_suffix else ""
+    )
+    if embedded:
+        # The embedded server takes no password (a unix socket only): safe to show.
+        where = f"WORKFLOW_RUNTIME_POSTGRES='{settings.database_url}' {suffix}"
+    else:
+        where = f"{suffix}(with your WORKFLOW_RUNTIME_POSTGRES) "
+    click.echo(f"dev: from another terminal: {where}lane-worker submit PLAY | status RUN | lanes")
 
 
 @contextlib.contextmanager
@@ -60,14 +76,14 @@ def _database(values: dict[str, str], data_dir: Path) -> Iterator[str]:
 
 
 async def _dev_main(
-    settings: Settings, app: App, env: dict[str, str], exit_after_demo: bool
+    settings: Settings, app: App, env: dict[str, str], exit_after_demo: bool, embedded: bool
 ) -> int:
     supervisor = Supervisor(settings, app)
     outcome = {"demo": 0}
     async with anyio.create_task_group() as tg:
 
         async def demo_then_maybe_stop() -> None:
-            outcome["demo"] = await _demo(supervisor, app, env)
+            outcome["demo"] = await _demo(supervisor, app, env, embedded)
             if exit_after_demo:
                 supervisor.request_stop()
 
@@ -79,9 +95,10 @@ async def _dev_main(
     return code
 
 
-async def _demo(supervisor: Supervisor, app: App, env: dict[str, str]) -> int:
+async def _demo(supervisor: Supervisor, app: App, env: dict[str, str], embedded: bool) -> int:
     """Submit the demo runs, signal their waits, print their progress; 0 when all completed."""
     await supervisor.ready.wait()
+    _say_where(supervisor, embedded)
     runs = [(play, params) for play, params in demo.DEMO_RUNS if play in app.plays]
     if not runs:
         click.echo("dev: this app has none of the demo plays; the worker runs, nothing submitted")
