@@ -343,3 +343,18 @@ async def test_dev_ctrl_c_drains_and_exits_zero(database_url: str, devs: DevRunn
     assert len(workers) == 1, workers
     assert workers[0]["stopped_at"] is not None, "the worker did not record its stop"
     print(f"dev Ctrl-C: exited {stopped_s:.2f} s after SIGINT")
+
+
+async def test_dev_roll_shows_a_rolling_deploy_end_to_end(
+    database_url: str, devs: DevRunner
+) -> None:
+    """`dev --roll`: A's parked runs adopted by B, A drained and its machine removed; exit 0."""
+    dev = devs.start("roll", "--roll", env=dev_env(**{DATABASE_URL_ENV: database_url}))
+    assert await dev.wait_exit(timeout_s=180) == 0, dev.tail()
+    said = [line for line in dev.output.splitlines() if line.startswith("roll: ")]
+    assert any("is retired (draining: parked runs go to" in line for line in said), said
+    adopted = [line for line in said if ": completed (adopted by roll_b_" in line]
+    assert len(adopted) == 3, said  # two naps and the approval
+    assert said[-1].startswith("roll: roll-a-"), said
+    assert "is drained: its machine was stopped and removed. Rolled out to roll-b-" in said[-1]
+    assert not list(devs.tmp_path.glob(".pg/roll-machines-*"))

@@ -44,12 +44,20 @@ def run(app: str) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".pg/dev"), show_default=True,
               help="Embedded PostgreSQL's data folder, reused across starts.")  # fmt: skip
-def dev(app: str, exit_after_demo: bool, data_dir: Path) -> None:
+@click.option("--roll", is_flag=True,
+              help="Instead: show a rolling deploy end to end (a scaler with local machines, "
+                   "release A with parked runs, then B); exit 0 when it rolled out.")  # fmt: skip
+def dev(app: str, exit_after_demo: bool, data_dir: Path, roll: bool) -> None:
     """Run a worker with the demo runs, on embedded PostgreSQL unless one is configured.
 
     With WORKFLOW_RUNTIME_POSTGRES set, that database is used instead. Ctrl-C
     drains the worker and stops PostgreSQL.
     """
+    if roll:
+        from worker.dev.roll import run_roll
+
+        sys.exit(daemon_exit(functools.partial(run_roll, os.environ, app, data_dir=data_dir),
+                             os.environ))  # fmt: skip
     from worker.dev.mode import run_dev  # embedded Postgres stays out of other commands
 
     run = functools.partial(

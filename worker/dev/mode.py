@@ -35,7 +35,7 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
     embedded = not (values.get(DATABASE_URL_ENV) or "").strip()
     with contextlib.ExitStack() as stack:
         try:
-            values[DATABASE_URL_ENV] = stack.enter_context(_database(values, data_dir))
+            values[DATABASE_URL_ENV] = stack.enter_context(database_for_dev(values, data_dir))
         except RuntimeError as exc:  # embedded Postgres is not installed, or did not start
             return boot.refuse(exc)
 
@@ -63,7 +63,7 @@ def _say_where(supervisor: Supervisor, embedded: bool) -> None:
 
 
 @contextlib.contextmanager
-def _database(values: dict[str, str], data_dir: Path) -> Iterator[str]:
+def database_for_dev(values: dict[str, str], data_dir: Path) -> Iterator[str]:
     url = (values.get(DATABASE_URL_ENV) or "").strip()
     if url:
         yield url
