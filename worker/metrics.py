@@ -28,10 +28,40 @@ class Metrics:
             ["loop", "disposition"],
             registry=self.registry,
         )
+        self.attempts = Counter(
+            "lane_worker_attempts",
+            "Attempts that ended in this worker, by outcome (parked, retrying, deferred, ...).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.runs = Counter(
             "lane_worker_runs",
-            "Attempts that ended, by outcome.",
-            ["outcome"],
+            "Runs this worker brought to a terminal status (completed, failed, cancelled).",
+            ["status"],
+            registry=self.registry,
+        )
+        # The drain report, per lane, as of the last /metrics scrape (refreshed then).
+        self.lane_open_runs = Gauge(
+            "lane_worker_lane_open_runs",
+            "Open runs of a lane, by bucket (fresh, inFlight, retrying, parkedSleep, ...).",
+            ["lane", "release", "bucket"],
+            registry=self.registry,
+        )
+        self.lane_live_workers = Gauge(
+            "lane_worker_lane_live_workers", "Live workers of a lane.", ["lane", "release"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.lane_status = Gauge(
+            "lane_worker_lane_status",
+            "1 for a lane's status (claiming, draining, drained, unregistered), else absent.",
+            ["lane", "release", "status"],
+            registry=self.registry,
+        )
+        self.lane_stranded = Gauge(
+            "lane_worker_lane_stranded",
+            "1 when a lane holds work only its release may run and no live worker of it: "
+            "nothing will finish that work until one starts.",
+            ["lane", "release"],
             registry=self.registry,
         )
         self.run_duration = Histogram(

@@ -150,6 +150,17 @@ async def test_ready_daemon_serves_health_readiness_and_metrics(empty_database_u
         }
         ours = {name for name in names if name.startswith("lane_worker_")}
         assert ours, f"no lane_worker_ metric in:\n{body[:2000]}"
+        # The drain report per lane, as of this scrape: an operator can alert on it.
+        for series in (
+            f'lane_worker_lane_status{{lane="{QUEUE}",release="{WORKER_RELEASE}",'
+            'status="claiming"} 1.0',
+            f'lane_worker_lane_live_workers{{lane="{QUEUE}",release="{WORKER_RELEASE}"}} 1.0',
+            f'lane_worker_lane_stranded{{lane="{QUEUE}",release="{WORKER_RELEASE}"}} 0.0',
+            f'lane_worker_lane_open_runs{{bucket="fresh",lane="{QUEUE}",'
+            f'release="{WORKER_RELEASE}"}} 0.0',
+        ):
+            assert series in body, (series, body[-3000:])
+        assert 'lane_worker_build_info{version="' in body
 
         status, content_type, body = await http_get(daemon.health_port, "/lanes")
         assert status == 200

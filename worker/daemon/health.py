@@ -262,6 +262,20 @@ async def _handler_clock(
             bounded.start_clock()
 
 
+def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
+    """Set the per-lane gauges from a drain report (a lane gone from it is dropped)."""
+    for gauge in (metrics.lane_open_runs, metrics.lane_live_workers, metrics.lane_status,
+                  metrics.lane_stranded):  # fmt: skip
+        gauge.clear()
+    for v in views:
+        for bucket, n in v.counts.items():
+            metrics.lane_open_runs.labels(v.queue, v.release_id, bucket).set(n)
+        metrics.lane_live_workers.labels(v.queue, v.release_id).set(v.live_workers)
+        metrics.lane_status.labels(v.queue, v.release_id, v.status).set(1)
+        stranded = v.status in ("draining", "unregistered") and v.live_workers == 0
+        metrics.lane_stranded.labels(v.queue, v.release_id).set(1 if stranded else 0)
+
+
 class HealthServer:
     """The daemon's HTTP endpoints on one port (0 picks a free one)."""
 
@@ -363,5 +377,9 @@ class HealthServer:
         return web.json_response({"lanes": [v.as_json() for v in views]})
 
     async def _metrics_page(self, _request: web.Request) -> web.Response:
+        if self._lanes is not None:
+            views = await self._report()  # single flight, reused briefly (report_cache)
+            if not isinstance(views, str):  # a database that is away keeps the last values
+                lane_gauges(self._metrics, views)
         body = generate_latest(self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

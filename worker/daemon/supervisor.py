@@ -258,7 +258,7 @@ class Supervisor:
                 self.log.info(
                     "worker.stopped",
                     claims=_total(self.metrics.claims),
-                    outcomes=_by_label(self.metrics.runs),
+                    outcomes=_by_label(self.metrics.attempts),
                 )
 
     async def _give_back_leftovers(self, runtime: Runtime) -> None:

@@ -23,7 +23,10 @@ from worker.db import engine
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
 from worker.run.execute import Runtime
-from worker.states import Disposition
+from worker.states import Disposition, Outcome
+
+# Attempt outcomes that end their run for good (lane_worker_runs_total counts those).
+TERMINAL_OUTCOMES = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.CANCELLED})
 
 log = structlog.get_logger("lane_worker.poller")
 
@@ -271,7 +274,9 @@ class Poller:
             self.metrics.run_duration.observe(time.monotonic() - started)
             self.capacity.release(1)
         self.metrics.claims.labels(self.kind, handled.disposition).inc()
-        self.metrics.runs.labels(handled.outcome).inc()
+        self.metrics.attempts.labels(handled.outcome).inc()
+        if handled.outcome in TERMINAL_OUTCOMES:
+            self.metrics.runs.labels(handled.outcome).inc()
 
     def _refused(self) -> None:
         if self.kind == "continuation":
