@@ -296,6 +296,9 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "pruned": False,
         "ledger": {"pending": 0, "failed": 0},
         "sandboxCleanup": {"pending": 0, "failed": 0, "failedSandboxes": [], "remedy": None},
+        "stranded": True,  # work only its release may run, and no worker of it is live
+        "release": {"role": None, "machinesDesired": None, "machinesLive": 0, "scaler": None},
+        "asOf": row["asOf"],
     }
     assert "no live worker of" in row["blockedBy"][0]["remedy"]
     activated = ok_json(env, "lanes", "activate", RELEASE)

@@ -65,6 +65,7 @@ def without_ages(report: Any) -> Any:
         for age in AGES:
             value = lane["counts"].pop(age)
             assert value is None or value >= 0, (age, value)
+        assert lane.pop("asOf")  # when it was read
     return stripped
 
 

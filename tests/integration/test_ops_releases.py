@@ -92,3 +92,24 @@ async def test_a_bad_deploy_is_refused_and_records_nothing(
             await client.releases.deploy(release, image=image, machines=machines)
         views, _ = await client.releases.list()
     assert views == []
+
+
+async def test_the_report_marks_the_current_release_and_never_says_retire_it(
+    database_url: str,
+) -> None:
+    """The current release's lane: its role and machines shown, no "lanes retire" remedy."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.activate_release("rel-hand", force=True)  # deployed by hand
+        await client.releases.deploy("rel-a", image="img:a", machines=2)
+        await client.activate_release("rel-a", force=True)
+        views = {v.release_id: v for v in await client.lanes()}
+    current = views["rel-a"].as_json()
+    assert current["release"] == {
+        "role": "current", "machinesDesired": 2, "machinesLive": 0, "scaler": "no active scaler",
+    }  # fmt: skip
+    (claiming,) = current["blockedBy"]
+    assert "is the current release" in claiming["remedy"]
+    assert "lanes retire" not in claiming["remedy"]
+    hand = views["rel-hand"].as_json()
+    assert hand["release"]["role"] is None
+    assert "lanes retire rel-hand" in hand["blockedBy"][0]["remedy"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from worker.daemon import page
 from worker.ops.report import Blocker, LaneView
 
@@ -37,3 +39,28 @@ def test_a_pruned_lane_says_so_beside_its_status() -> None:
     html = page.render([pruned, plain])
     assert html.count('data-field="pruned"') == 1
     assert '<span class="draining" data-field="status">draining</span> <span class="note" ' in html
+
+
+def test_the_current_release_its_machines_the_scaler_and_a_stranded_lane_are_marked() -> None:
+    """Registry marks, live/desired machines, the scaler's word, a stranded lane, the time read."""
+    as_of = datetime(2026, 12, 4, 17, 0, 5, tzinfo=UTC)
+    current = LaneView(
+        release_id="b", queue="runs_b", status="claiming", role="current", machines_desired=2,
+        machines_live=1, scaler="created m-1", as_of=as_of, **BASE,
+    )  # fmt: skip
+    stranded = LaneView(
+        release_id="a", queue="runs_a", status="draining", role="retired", machines_desired=1,
+        as_of=as_of, **{**BASE, "live_workers": 0},
+    )  # fmt: skip
+    draining = LaneView(release_id="z", queue="runs_z", status="draining", as_of=as_of, **BASE)
+    html = page.render([current, stranded, draining])
+    assert (
+        '<td data-field="releaseId">b<span class="badge" data-field="role">current</span>' in html
+    )
+    assert '<td class="n" data-field="machines">1/2<div class="scaler" data-field="scaler">' in html
+    assert (
+        'data-queue="runs_a" data-status="draining" data-safe-to-stop="no" class="stranded"' in html
+    )
+    assert html.count('class="stranded"') == 1  # a normal drain (live workers) is not stranded
+    assert "stranded: no live worker" in html
+    assert 'As of <span data-field="asOf">2026-12-04 17:00:05 UTC</span>.' in html

@@ -91,6 +91,12 @@ def wait(release_id: str, timeout: float, as_json: bool) -> None:
         return
     if as_json:
         emit(True, view.as_json())
+    if view.status == "claiming" and view.role == "current":
+        raise Failure(
+            f"lane {view.queue} (release {view.release_id}) is the current release, so it will "
+            "not drain: deploy a newer one (`lane-worker releases deploy`) and the scaler "
+            "retires it once that one is ready."
+        )
     if view.status == "claiming":
         raise Failure(
             f"lane {view.queue} (release {view.release_id}) still claims new runs, so it will "

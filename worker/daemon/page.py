@@ -23,6 +23,10 @@ th{background:#f4f4f4;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
 .claiming{color:#0b5394}.draining{color:#b45f06}.drained{color:#38761d}
 .unregistered{color:#990000}
+tr.stranded td{background:#fde8e8}.stranded-note{color:#990000;font-weight:600}
+.badge{display:inline-block;margin-left:.4rem;padding:0 .35rem;border-radius:.6rem;
+ font-size:11px;background:#0b5394;color:#fff}
+.scaler{color:#666;font-size:12px}
 ul{margin:0;padding-left:1rem}
 code{font-size:12px}
 """
@@ -53,13 +57,34 @@ def _row(view: LaneView) -> str:
     verdict = "yes" if view.safe_to_stop else "no"
     status = escape(view.status)
     pruned = ' <span class="note" data-field="pruned">(pruned)</span>' if view.pruned else ""
+    # A lane with work only its release may run and no live worker of it: nothing
+    # will finish that work until one starts (apart from a normal drain).
+    stranded = (
+        ' <span class="stranded-note" data-field="stranded">stranded: no live worker</span>'
+        if view.stranded
+        else ""
+    )
+    badge = ""
+    if view.role is not None:
+        label = {"current": "current", "previous": "superseded"}.get(view.role, view.role)
+        badge = f'<span class="badge" data-field="role">{escape(label)}</span>'
+    machines = (
+        f"{view.machines_live}/{view.machines_desired}" if view.machines_desired is not None else ""
+    )
+    scaler = (
+        f'<div class="scaler" data-field="scaler">{escape(view.scaler)}</div>'
+        if view.scaler
+        else ""
+    )
+    row_class = ' class="stranded"' if view.stranded else ""
     return (
         f'<tr data-queue="{escape(view.queue)}" data-status="{status}" '
-        f'data-safe-to-stop="{verdict}">'
-        f'<td data-field="releaseId">{escape(view.release_id)}</td>'
+        f'data-safe-to-stop="{verdict}"{row_class}>'
+        f'<td data-field="releaseId">{escape(view.release_id)}{badge}</td>'
         f"<td><code>{escape(view.queue)}</code></td>"
-        f'<td><span class="{status}" data-field="status">{status}</span>{pruned}</td>'
+        f'<td><span class="{status}" data-field="status">{status}</span>{pruned}{stranded}</td>'
         f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
+        f'<td class="n" data-field="machines">{machines}{scaler}</td>'
         f"{counts}"
         f'<td data-field="safeToStop">{verdict}</td>'
         f"<td>{f'<ul>{blockers}</ul>' if blockers else ''}</td>"
@@ -79,7 +104,13 @@ def render(views: list[LaneView]) -> str:
     """Return the whole page for ``views`` (the drain report)."""
     head = "".join(f"<th>{escape(label)}</th>" for _, label in COUNT_COLUMNS)
     rows = "".join(_row(v) for v in views) or (
-        '<tr><td colspan="13">no lanes registered (a worker registers its lane at boot).</td></tr>'
+        '<tr><td colspan="14">no lanes registered (a worker registers its lane at boot).</td></tr>'
+    )
+    as_of = next((v.as_of for v in views if v.as_of is not None), None)
+    when = (
+        f' As of <span data-field="asOf">{escape(as_of.strftime("%Y-%m-%d %H:%M:%S %Z"))}</span>.'
+        if as_of
+        else ""
     )
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -87,10 +118,11 @@ def render(views: list[LaneView]) -> str:
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>lane-worker lanes</title><style>{_STYLE}</style></head><body>"
         "<h1>lane-worker lanes</h1>"
-        f'<p class="note">The drain report, refreshed every {REFRESH_S} s. A lane is safe to '
-        "stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
+        f'<p class="note">The drain report, refreshed every {REFRESH_S} s.{when} A lane is safe '
+        "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
         "<a href=/lanes?format=text>/lanes?format=text</a>.</p>"
         "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
+        "<th>machines</th>"
         f"{head}<th>safe to stop</th><th>blocked by</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></body></html>"
     )

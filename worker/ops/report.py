@@ -3,7 +3,12 @@
 Read in one repeatable-read transaction, so the counts, the verdict and the
 blockers describe one moment. Only open runs are read (the store's partial
 indexes), so a store with millions of finished runs answers as fast as an
-empty one.
+empty one. Beside the runs it carries what else an operator reads per lane:
+undelivered ledger facts, sandbox cleanups, the release registry's role and
+machines, and the scaler's last word.
+
+(About 460 lines: one view, its JSON, its blockers and their remedies, and the
+one read that fills them; the remedies' sentences are most of it.)
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store import Store
-from worker.db.store.rows import ReportRuns
+from worker.db.store.rows import Deployment, ReportRuns, ScalerState
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
@@ -70,6 +75,17 @@ class LaneView:
     # Sandbox cleanups on its queue: waiting (or running), and the given-up sandboxes.
     cleanups_pending: int = 0
     cleanups_failed: tuple[str, ...] = ()
+    # The release registry's word on it (None: deployed by hand), and the scaler's.
+    role: str | None = None  # current, previous, retired
+    machines_desired: int | None = None
+    machines_live: int = 0
+    scaler: str | None = None  # what the active scaler last did or said about it
+    as_of: datetime | None = None  # when the report was read (the database's clock)
+
+    @property
+    def stranded(self) -> bool:
+        """Work only its release may run, and no live worker of it: nothing finishes it."""
+        return self.status in ("draining", "unregistered") and self.live_workers == 0
 
     @property
     def safe_to_stop(self) -> bool:
@@ -99,6 +115,14 @@ class LaneView:
             "pruned": self.pruned,
             # Information only: delivery never keeps a lane from draining.
             "ledger": {"pending": self.facts_pending, "failed": self.facts_failed},
+            "stranded": self.stranded,
+            "release": {
+                "role": self.role,
+                "machinesDesired": self.machines_desired,
+                "machinesLive": self.machines_live,
+                "scaler": self.scaler,
+            },
+            "asOf": self.as_of.isoformat() if self.as_of else None,
             "sandboxCleanup": {
                 "pending": self.cleanups_pending,
                 "failed": len(self.cleanups_failed),
@@ -114,6 +138,24 @@ class LaneView:
 
 
 _SHOWN_SANDBOXES = 50
+SCALER_STALE_S = 20.0  # a scaler silent this long is not active (worker/ops/releases.py)
+
+
+def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[str, Any]:
+    if d is None:
+        return {}
+    said = None
+    if scaler is None or scaler.age_s >= SCALER_STALE_S:
+        said = "no active scaler"
+    else:
+        seen = scaler.releases.get(d.release_id) or {}
+        parts = [*(seen.get("actions") or [])]
+        for key in ("error", "bootRefused"):
+            if seen.get(key):
+                parts.append(str(seen[key]))
+        said = "; ".join(parts) or f"{seen.get('running', 0)} of {seen.get('target', 0)} running"
+    return {"role": d.role, "machines_desired": d.desired,
+            "machines_live": len(d.live_machines), "scaler": said}  # fmt: skip
 
 
 def _age_s(now: datetime, then: datetime | None) -> float | None:
@@ -175,6 +217,11 @@ def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tall
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
         return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"
+    if reason == "current":
+        return (
+            f"{release} is the current release (lane-worker releases): it claims by design; "
+            "deploy a newer release to retire it"
+        )
     if reason == "parkedNotAdoptable":
         said = []
         stamped = sum(tally.claiming_stamps.values())
@@ -245,6 +292,7 @@ def _blockers(
     workers: Sequence[dict[str, Any]],
     tally: _Tally,
     names: dict[str, str],
+    current: bool = False,
 ) -> tuple[Blocker, ...]:
     if status == "drained":
         return ()
@@ -252,7 +300,9 @@ def _blockers(
     served = frozenset(p for w in workers for p in w["plays"])
     found = []
     if status == "claiming":
-        found.append(Blocker("claiming", 0, _remedy("claiming", release, live, [], tally, names)))
+        # Never "retire it" for the registry's current release: that would stop its lane.
+        why = "current" if current else "claiming"
+        found.append(Blocker("claiming", 0, _remedy(why, release, live, [], tally, names)))
     order = [*BUCKETS, "parkedNotAdoptable"]
     for reason in sorted(tally.own, key=order.index):
         count, oldest, plays = tally.own[reason]
@@ -278,6 +328,8 @@ async def read_report(
         adopted = await store.report.adopted(conn)
         deliveries = {d.queue: d for d in await store.report.deliveries(conn)}
         cleanups = {c.queue: c for c in await store.sandboxes.counts(conn)}
+        deployed = {d.queue: d for d in await store.registry.deployments(conn)}
+        scaler = await store.registry.scaler_state(conn)
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted.lane, _Tally()).add(counted)
@@ -316,7 +368,14 @@ async def read_report(
                 oldest_deferral_s=_age_s(now, tally.oldest_deferral),
                 adopted_by=adopted_by.get(queue, {}),
                 workers=workers,
-                blocked_by=_blockers(status, release, workers, tally, names),
+                blocked_by=_blockers(
+                    status,
+                    release,
+                    workers,
+                    tally,
+                    names,
+                    current=getattr(deployed.get(queue), "role", None) == "current",
+                ),
                 pruned=row is not None and row.pruned_at is not None,
                 facts_pending=deliveries[queue].pending if queue in deliveries else 0,
                 facts_failed=deliveries[queue].failed if queue in deliveries else 0,
@@ -324,6 +383,8 @@ async def read_report(
                 cleanups_failed=tuple(cleanups[queue].failed_sandboxes)
                 if queue in cleanups
                 else (),
+                **_registry_fields(deployed.get(queue), scaler),
+                as_of=now,
             )
         )
     return views
