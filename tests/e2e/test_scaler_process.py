@@ -115,3 +115,35 @@ async def test_a_rolling_deploy_with_the_process_backend(database_url: str, tmp_
     # One of the two was active, the other waited as a standby.
     said = [[e.get("event") for e in events(p)] for p in (log, tmp_path / "standby.log")]
     assert sorted("scaler.standby" in s for s in said) == [False, True], said
+
+
+async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreated_every_pass(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An image (app) that does not load: deploy --wait says why; machines are retried slower."""
+    state = tmp_path / "machines"
+    log = tmp_path / "scaler.log"
+    scaler = start_scaler(database_url, state, log)
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "bad"}) as c:
+            await c.releases.deploy("roll-bad", image="support.apps.nowhere:app", machines=1)
+            rolled = await c.releases.wait_rolled_out("roll-bad", timeout_s=12)
+        created = await fetch(
+            database_url,
+            f"select count(*) as n from {SCHEMA}.deployment_events"
+            " where action = 'machine_created'",
+        )
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(timeout=30)
+        for m in await ProcessBackend(state, os.environ).list():
+            await ProcessBackend(state, os.environ).destroy(m)
+    assert not rolled.done
+    assert rolled.reason is not None
+    assert "a machine refused to boot: machine m-" in rolled.reason, rolled.reason
+    assert "exited 2 (its worker could not start" in rolled.reason
+    said = [e for e in events(log) if e.get("event") == "scaler.machine_destroyed"]
+    assert said, log.read_text()[-2000:]
+    assert all(e["exit_code"] == 2 for e in said)  # the app did not load: usage error
+    # 12 s of passes every 2 s would be 6 machines; doubling waits (2, 4, 8 s) allow 4.
+    assert 1 <= created[0]["n"] <= 4, created

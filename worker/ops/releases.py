@@ -129,12 +129,14 @@ class Releases:
         return {v.queue for v in views if v.status == "drained"}
 
     async def rollout_state(self, release_id: str) -> RolloutState:
-        """Done when ``release_id`` is current and nothing it supersedes still claims."""
+        """Done when ``release_id`` is current, has its machines ready, and nothing it
+        supersedes still claims (the scaler retires those once it is ready)."""
         releases, scaler = await self.list()
         mine = next((r for r in releases if r.release_id == release_id), None)
         if mine is None or mine.role != "current":
             return RolloutState(False, f"release {release_id!r} is no longer the current release")
-        if not any(r.role == "previous" for r in releases):
+        superseded = any(r.role == "previous" for r in releases)
+        if not superseded and mine.ready_workers >= mine.desired:
             return RolloutState(True, None)
         if scaler is None or scaler.age_s >= SCALER_STALE_S:
             return RolloutState(False, "no active scaler (start `lane-worker scaler`)")

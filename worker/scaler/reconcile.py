@@ -18,6 +18,7 @@ that takes over) converges to the same end. The rules:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from worker.scaler.backend import Backend, BackendError, Machine
 # (or has stopped beating since) is dead: a boot takes seconds.
 DEAD_AFTER_S = 60.0
 EXIT_CONFIG = 78  # a worker that refused its configuration
+MAX_RESTART_BACKOFF_S = 300.0  # between machines of a release whose machines keep dying
 
 log = structlog.get_logger("lane_worker.scaler")
 
@@ -62,6 +64,12 @@ class Reconciler:
 
     def __init__(self, db: Database, store: Store, backend: Backend, *, actor: str) -> None:
         self.db, self.store, self.backend, self.actor = db, store, backend, actor
+        # Per release: machines that died young in a row, and when the next may be created.
+        # A release whose workers cannot boot is not recreated every pass (kept in memory:
+        # a restarted scaler starts over, which is safe, only faster).
+        self._died: dict[str, int] = {}
+        self._not_before: dict[str, float] = {}
+        self._why_died: dict[str, str] = {}  # the last one's exit, until one is ready
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
@@ -89,7 +97,7 @@ class Reconciler:
         return seen
 
     async def _release(self, d: Deployment, mine: list[Machine], drained: bool) -> ReleaseSeen:
-        seen = ReleaseSeen(desired=d.desired)
+        seen = ReleaseSeen(desired=d.desired, boot_refused=self._why_died.get(d.release_id))
         live = set(d.live_machines)
         ready = set(d.ready_machines) if d else set()
         release_id = d.release_id
@@ -97,11 +105,20 @@ class Reconciler:
             alive: list[Machine] = []
             for m in mine:
                 if not m.running:
+                    if m.exit_code not in (None, 0):
+                        self._note_death(release_id)
                     if m.exit_code == EXIT_CONFIG:
                         seen.boot_refused = (
                             f"machine {m.machine_id} exited 78 (its worker refused the "
                             "configuration; see its log)"
                         )
+                    elif m.exit_code not in (None, 0):
+                        seen.boot_refused = (
+                            f"machine {m.machine_id} exited {m.exit_code} (its worker could not "
+                            "start or crashed; see its log)"
+                        )
+                    if seen.boot_refused:
+                        self._why_died[release_id] = seen.boot_refused
                     await self._act(seen, release_id, "destroyed", m, "it is not running")
                     continue
                 if m.machine_id not in live and m.age_s > DEAD_AFTER_S and not drained:
@@ -111,12 +128,21 @@ class Reconciler:
                 alive.append(m)
             seen.running = len(alive)
             seen.ready = sum(1 for m in alive if m.machine_id in ready)
+            if seen.ready:
+                self._died.pop(release_id, None)
+                self._not_before.pop(release_id, None)
+                self._why_died.pop(release_id, None)
+                seen.boot_refused = None
             if drained:
                 seen.target = 0
                 for m in alive:
                     await self._act(seen, release_id, "stopped", m, "its lane is drained")
                 return seen
             seen.target = d.desired
+            wait_s = self._not_before.get(release_id, 0.0) - time.monotonic()
+            if d.desired > len(alive) and wait_s > 0:
+                seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
+                return seen
             for _ in range(d.desired - len(alive)):
                 made = await self.backend.create(d.release_id, d.image)
                 seen.actions.append(f"created {made.machine_id}")
@@ -134,6 +160,12 @@ class Reconciler:
             seen.error = str(exc)
             log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
         return seen
+
+    def _note_death(self, release_id: str) -> None:
+        """A machine of the release exited with an error: back off before the next one."""
+        died = self._died.get(release_id, 0) + 1
+        self._died[release_id] = died
+        self._not_before[release_id] = time.monotonic() + min(MAX_RESTART_BACKOFF_S, 2.0**died)
 
     async def _act(
         self, seen: ReleaseSeen, release_id: str, action: str, m: Machine, reason: str
