@@ -113,3 +113,36 @@ async def test_the_report_marks_the_current_release_and_never_says_retire_it(
     hand = views["rel-hand"].as_json()
     assert hand["release"]["role"] is None
     assert "lanes retire rel-hand" in hand["blockedBy"][0]["remedy"]
+
+
+async def test_a_superseded_release_whose_lane_never_registered_is_retired_lane_and_all(
+    database_url: str,
+) -> None:
+    """Its lane is created retired (a late machine cannot claim for ever), and it is recorded."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-slow", image="img:s")  # its machine never booted
+        await client.releases.deploy("rel-b", image="img:b")
+        await client.activate_release("rel-b", force=True)
+        retired = await client.db.run(
+            lambda c: client.store.registry.retire_superseded(c, actor="t")
+        )
+        lanes = {v.release_id: v.status for v in await client.lanes(include_pruned=True)}
+    assert retired == ["rel-slow"]
+    assert lanes["rel-slow"] == "drained"
+    events = await fetch(
+        database_url,
+        f"select action, detail from {SCHEMA}.deployment_events where release_id = 'rel-slow'",
+    )
+    assert [(e["action"], e["detail"].get("laneRegistered")) for e in events] == [
+        ("deployed", None), ("retired", False),
+    ]  # fmt: skip
+
+
+async def test_a_preview_lane_is_never_deployed_over(database_url: str) -> None:
+    """A release id whose queue a dev-<suffix> worker serves is refused; so is any DEV spelling."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.activate_release("dev-bob", force=True)
+        with pytest.raises(InvalidRequestError, match="a dev or preview worker serves"):
+            await client.releases.deploy("bob", image="img")
+        with pytest.raises(InvalidRequestError, match="not a dev lane"):
+            await client.releases.deploy("DEV", image="img")

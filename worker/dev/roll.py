@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,8 +67,7 @@ async def _roll(values: dict[str, str], app_spec: str, data_dir: Path) -> int:
     finally:
         for m in await machines.list():
             await machines.destroy(m)
-        with contextlib.suppress(OSError):
-            machines.state_dir.rmdir()  # empty once every machine is gone
+        shutil.rmtree(machines.state_dir, ignore_errors=True)  # the demo's machines and logs
         await client.close()
 
 

@@ -121,7 +121,8 @@ class ProcessBackend:
         pid = self._pid(machine)
         if pid is not None and _alive(pid, machine.machine_id):
             _signal_group(pid, signal.SIGKILL)
-        for suffix in (".json", ".exit", ".log"):
+        # The log stays (a machine that failed to boot is explained there).
+        for suffix in (".json", ".exit"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
 
     def _pid(self, machine: Machine) -> int | None:

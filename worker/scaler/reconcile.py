@@ -77,7 +77,12 @@ class Reconciler:
         views = await self.db.run(lambda c: read_report(c, self.store))
         drained = {v.queue for v in views if v.status == "drained"}
         known_lanes = {v.queue for v in views}
-        machines = await self.backend.list()
+        try:
+            machines = await self.backend.list()
+        except BackendError as exc:
+            log.error("scaler.backend_failed", error=str(exc))
+            return {d.release_id: ReleaseSeen(desired=d.desired, error=str(exc))
+                    for d in deployments}  # fmt: skip
         by_release: dict[str, list[Machine]] = {}
         for m in machines:
             by_release.setdefault(m.release_id, []).append(m)
@@ -196,7 +201,9 @@ class Reconciler:
         if current is None or not any(d.role == "previous" for d in deployments):
             return
         ready = seen.get(current.release_id, ReleaseSeen()).ready
-        if current.desired > 0 and ready < current.desired:
+        # A current release that runs no machine takes nothing over: the superseded
+        # ones keep claiming (no lane would otherwise take new runs).
+        if current.desired == 0 or ready < current.desired:
             return
         retired = await self.db.run(
             lambda c: self.store.registry.retire_superseded(c, actor=self.actor)

@@ -122,7 +122,8 @@ class Scaler:
                 self.active = True
                 log.info("scaler.active", holder=self.holder)
                 await self._passes(conn)
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                # The lock's connection dropped (or never opened): stand by and take it again.
                 log.warning("scaler.database_unavailable", error=type(exc).__name__)
                 with anyio.move_on_after(STANDBY_RETRY_S):
                     await self.stop.wait()

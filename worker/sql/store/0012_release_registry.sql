@@ -57,7 +57,7 @@ declare
   v_queue text;
   v_previous text[];
 begin
-  if v_release = '' or v_release = 'dev' or left(v_release, 4) = 'dev-' then
+  if v_release = '' or lower(v_release) = 'dev' or lower(left(v_release, 4)) = 'dev-' then
     raise exception 'releases deploy needs a release id (not a dev lane: dev and dev-<suffix> are never deployed), got %',
       quote_literal(left(v_release, 100))
       using errcode = '22023';
@@ -72,6 +72,14 @@ begin
     raise exception 'a release runs 0..1000 machines, not %.', p_desired using errcode = '22023';
   end if;
   v_queue := {schema}.queue_for_release(v_release);
+  -- A preview's lane (a worker with DEEPLINE_ABSURD_QUEUE_SUFFIX registered it as
+  -- dev-<suffix>) may share the queue name: never take it over, never retire it.
+  if exists (select 1 from {schema}.releases l, unnest(l.release_ids) r
+              where l.queue = v_queue and (lower(r) = 'dev' or lower(left(r, 4)) = 'dev-')) then
+    raise exception 'release % maps to lane %, which a dev or preview worker serves: pick another release id.',
+      quote_literal(v_release), v_queue
+      using errcode = '22023';
+  end if;
   -- One deploy at a time: the role changes below are read-modify-write.
   perform pg_advisory_xact_lock(hashtext('lane_worker.deploy'), hashtext('{schema}'));
   if exists (select 1 from {schema}.deployments d
@@ -137,6 +145,8 @@ begin
       left join {schema}.deployments d on d.queue = l.queue
      where l.queue <> v_current.queue
        and l.status = 'claiming'
+       and not exists (select 1 from unnest(l.release_ids) r
+                        where lower(r) = 'dev' or lower(left(r, 4)) = 'dev-')
        and (d.role = 'previous'
             or (d.release_id is null
                 and v_current_created is not null and l.created_at < v_current_created
@@ -157,11 +167,27 @@ begin
             jsonb_build_object('queue', v_lane.queue, 'supersededBy', v_current.release_id));
     v_retired := v_retired || v_lane.release_id;
   end loop;
-  -- A previous release whose lane no worker ever registered has nothing to retire.
-  update {schema}.deployments
-     set role = 'retired', retired_at = now(), retired_by = coalesce(p_actor, 'unknown'),
-         updated_at = now()
-   where role = 'previous';
+  -- A previous release whose lane no worker registered yet: its lane is created
+  -- retired now, so a machine of it that boots later drains (or refuses, drained)
+  -- instead of registering a lane that claims for ever.
+  for v_lane in
+    select d.release_id, d.queue from {schema}.deployments d where d.role = 'previous'
+  loop
+    insert into {schema}.releases (queue, status, release_ids, retired_at)
+    values (v_lane.queue, 'retired', array[v_lane.release_id], now())
+    on conflict (queue) do update
+       set status = 'retired', retired_at = coalesce({schema}.releases.retired_at, now()),
+           updated_at = now();
+    update {schema}.deployments
+       set role = 'retired', retired_at = now(), retired_by = coalesce(p_actor, 'unknown'),
+           updated_at = now()
+     where release_id = v_lane.release_id;
+    insert into {schema}.deployment_events (release_id, action, actor, detail)
+    values (v_lane.release_id, 'retired', coalesce(p_actor, 'unknown'),
+            jsonb_build_object('queue', v_lane.queue, 'supersededBy', v_current.release_id,
+                               'laneRegistered', false));
+    v_retired := v_retired || v_lane.release_id;
+  end loop;
   if cardinality(v_retired) > 0 then
     perform pg_notify('lane_worker_lanes', '');
   end if;
