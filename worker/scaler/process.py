@@ -10,6 +10,7 @@ worker serves (``module:attr``, as ``lane-worker run --app`` takes it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -40,12 +41,19 @@ class ProcessBackend:
     def __init__(self, state_dir: Path, env: Mapping[str, str]) -> None:
         self.state_dir = state_dir
         self.env = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def _record(self, machine_id: str) -> Path:
         return self.state_dir / f"{machine_id}.json"
 
+    def _reap(self) -> None:
+        for machine_id, child in list(self._children.items()):
+            if child.poll() is not None:
+                del self._children[machine_id]
+
     async def list(self) -> list[Machine]:
+        self._reap()
         machines = []
         for path in sorted(self.state_dir.glob("*.json")):
             try:
@@ -98,12 +106,19 @@ class ProcessBackend:
                 'mv "$0.exit.tmp" "' + str(exit_file) + '"',
                 str(log), sys.executable, "-m", "worker", "run", "--app", image]  # fmt: skip
         try:
-            process = await anyio.open_process(
-                argv, env=env, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # The image (an app spec) is an argument of its own ("$@"), never shell text.
+            process = await anyio.to_thread.run_sync(
+                lambda: subprocess.Popen(  # noqa: S603
+                    argv, env=env, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             )  # fmt: skip
         except OSError as exc:
             raise BackendError(f"could not start a worker process: {exc}") from exc
+        # Kept to reap it when it exits (list, destroy); a restarted scaler's
+        # machines are not its children, and init reaps those.
+        self._children[machine_id] = process
         record = {"id": machine_id, RELEASE_METADATA: release_id, "image": image,
                   "pid": process.pid, "created_at": time.time()}  # fmt: skip
         tmp = self._record(machine_id).with_suffix(".tmp")
@@ -121,6 +136,10 @@ class ProcessBackend:
         pid = self._pid(machine)
         if pid is not None and _alive(pid, machine.machine_id):
             _signal_group(pid, signal.SIGKILL)
+        child = self._children.pop(machine.machine_id, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await anyio.to_thread.run_sync(lambda: child.wait(timeout=5))
         # The log stays (a machine that failed to boot is explained there).
         for suffix in (".json", ".exit"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
