@@ -234,7 +234,10 @@ class Relay:
 
     async def _wait(self) -> None:
         timeout = IDLE_POLL_S
-        if self._next_due_s is not None:
+        # A fact already due that this pass did not take waits for its endpoint (a
+        # slot to free, a backoff to end, both woken below) or for another worker:
+        # polling for it every few milliseconds would only load the database.
+        if self._next_due_s is not None and self._next_due_s > 0:
             timeout = min(timeout, max(0.05, self._next_due_s))
         if self._backing_off:
             soonest = min(self._backing_off.values()) - time.monotonic()
