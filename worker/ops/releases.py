@@ -22,9 +22,7 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ScalerState
 from worker.errors import InvalidRequestError
-
-# A scaler beats every few seconds; one silent for longer is not active.
-SCALER_STALE_S = 20.0
+from worker.ops.report import SCALER_STALE_S, read_report
 
 
 def actor() -> str:
@@ -123,8 +121,6 @@ class Releases:
         ], scaler
 
     async def _drained_lanes(self) -> set[str]:
-        from worker.ops.report import read_report
-
         views = await self.db.run(lambda c: read_report(c, self.store))
         return {v.queue for v in views if v.status == "drained"}
 

@@ -138,7 +138,9 @@ class LaneView:
 
 
 _SHOWN_SANDBOXES = 50
-SCALER_STALE_S = 20.0  # a scaler silent this long is not active (worker/ops/releases.py)
+# A scaler beats every few seconds; one silent this long is not active (the report's
+# word on a release and `releases deploy --wait` both go by it).
+SCALER_STALE_S = 20.0
 
 
 def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[str, Any]:

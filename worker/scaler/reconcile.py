@@ -104,7 +104,7 @@ class Reconciler:
     async def _release(self, d: Deployment, mine: list[Machine], drained: bool) -> ReleaseSeen:
         seen = ReleaseSeen(desired=d.desired, boot_refused=self._why_died.get(d.release_id))
         live = set(d.live_machines)
-        ready = set(d.ready_machines) if d else set()
+        ready = set(d.ready_machines)
         release_id = d.release_id
         try:
             alive: list[Machine] = []
