@@ -195,10 +195,14 @@ class Relay:
             await self._release_unsent()
 
     async def _claim_some(self, http: aiohttp.ClientSession, tg: anyio.abc.TaskGroup) -> int:
+        # Cleared before the claim, not before the wait: a delivery that ends while
+        # this pass still talks to the database must wake the next pass, not be lost
+        # (the relay would then sleep the idle poll with a slot free).
+        self.wakeup.clear()
+        self._slot_freed.clear()
         free = self.config.concurrency - len(self._in_flight)
         if free <= 0:
             return 0
-        self.wakeup.clear()
         skip = self._skipped()
         facts = await self.db.run(
             lambda c: self.store.ledger.claim(
@@ -242,7 +246,6 @@ class Relay:
         if self._backing_off:
             soonest = min(self._backing_off.values()) - time.monotonic()
             timeout = min(timeout, max(0.05, soonest))
-        self._slot_freed.clear()
         with anyio.move_on_after(timeout):
             async with anyio.create_task_group() as either:
 
