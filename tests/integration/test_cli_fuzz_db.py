@@ -206,9 +206,13 @@ _VALUED = {"--input", "--idempotency-key", "--queue-suffix", "--timeout", "--dat
 
 
 def _json_flag(argv: list[str]) -> bool:
-    """Tell whether ``--json`` is a flag in ``argv`` (not the value of the option before it)."""
+    """Tell whether ``--json`` is a flag in ``argv``.
+
+    Not the value of the option before it, nor an argument after ``--``.
+    """
+    flags = argv[: argv.index("--")] if "--" in argv else argv
     return any(
-        word == "--json" and (i == 0 or argv[i - 1] not in _VALUED) for i, word in enumerate(argv)
+        word == "--json" and (i == 0 or flags[i - 1] not in _VALUED) for i, word in enumerate(flags)
     )
 
 
