@@ -15,6 +15,8 @@ daemon started by :mod:`support.daemon` gets the same directory on ``PYTHONPATH`
 - :mod:`support.page`: the lanes page as headless Chromium renders it.
 - :mod:`support.plays`: the in-process apps the integration tests share.
 - :mod:`support.apps`: the apps the daemons of the e2e tests run.
+- :mod:`support.deployfiles`: the Dockerfile, fly.toml and shell scripts, read as their tools do.
+- :mod:`support.example_app`: the example app (``examples/app``) and its image's build, replayed.
 """
 
 from pathlib import Path

@@ -1,29 +1,44 @@
 """The deploy files (Dockerfile, fly.toml, docker/install.sh, Makefile) agree with the code.
 
-No database: fly.toml is read with tomllib, the Dockerfile with the small parser below
-(``\\`` continuations, comments, stages, ``ENV A=1 B=2`` and ``ENV A 1``), and every value
-is checked against what the code actually reads, binds or serves.
+No database: fly.toml is read with tomllib, the Dockerfile with the small parser of
+``support/deployfiles.py`` (``\\`` continuations, comments, stages, ``ENV A=1 B=2`` and
+``ENV A 1``), and every value is checked against what the code actually reads, binds or serves.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
 import signal
-import subprocess
 import tomllib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from support import REPO
+from support.deployfiles import (
+    DOCKERFILE,
+    FLY_TOML,
+    UNUSED_DB_URL,
+    Stage,
+    assert_bakes_the_release_id,
+    assert_runs_as_a_non_root_user_it_creates,
+    assert_syncs_exactly_the_lock,
+    copy_sources,
+    exec_form,
+    exposed_ports,
+    fly_env,
+    health_port,
+    makefile_uv_version,
+    parse_dockerfile,
+    release_guard,
+    shell_lines,
+    uv_syncs,
+)
 from worker import lanes
 from worker.app import load_app
 from worker.config import settings
@@ -31,105 +46,7 @@ from worker.daemon import supervisor
 from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
 
-REPO = Path(__file__).resolve().parents[2]
-DOCKERFILE = REPO / "Dockerfile"
-FLY_TOML = REPO / "fly.toml"
 INSTALL_SH = REPO / "docker" / "install.sh"
-MAKEFILE = REPO / "Makefile"
-# Only for Settings.from_env in these tests: never connected to.
-UNUSED_DB_URL = "postgresql://deploy-check@127.0.0.1:1/none"
-
-
-# --- the Dockerfile parser -----------------------------------------------------------------
-
-
-@dataclass
-class Stage:
-    """One ``FROM`` stage: its instructions in order, as (KEYWORD, arguments)."""
-
-    base: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def all(self, keyword: str) -> list[str]:
-        """Return the arguments of every ``keyword`` instruction of this stage."""
-        return [args for kw, args in self.instructions if kw == keyword]
-
-    def last(self, keyword: str) -> str:
-        """Return the arguments of the stage's last ``keyword`` (the one Docker applies)."""
-        found = self.all(keyword)
-        assert found, f"the stage FROM {self.base} has no {keyword}"
-        return found[-1]
-
-    def env(self) -> dict[str, str]:
-        """Return the stage's ENV variables (later ENVs win)."""
-        values: dict[str, str] = {}
-        for args in self.all("ENV"):
-            values.update(parse_env(args))
-        return values
-
-    def args(self) -> dict[str, str | None]:
-        """Return the stage's ARG names with their defaults (None: no default)."""
-        values: dict[str, str | None] = {}
-        for args in self.all("ARG"):
-            for word in shlex.split(args):
-                name, eq, default = word.partition("=")
-                values[name] = default if eq else None
-        return values
-
-
-def dockerfile_instructions(text: str) -> Iterator[tuple[str, str]]:
-    """Yield (KEYWORD, arguments) per instruction: continuations joined, comments dropped."""
-    pending: list[str] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        # Comment lines are dropped, also between continuation lines (Docker does the same).
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending.append(line[:-1].strip())
-            continue
-        pending.append(line)
-        joined = " ".join(part for part in pending if part)
-        pending = []
-        keyword, _, args = joined.partition(" ")
-        yield keyword.upper(), args.strip()
-    assert not pending, "the Dockerfile ends inside a line continuation"
-
-
-def parse_env(args: str) -> dict[str, str]:
-    """Parse an ENV instruction's arguments: ``A=1 B="two words"`` or the legacy ``A 1``."""
-    words = shlex.split(args)
-    if words and "=" not in words[0]:
-        name, _, value = args.partition(" ")
-        return {name: " ".join(shlex.split(value))}
-    values = {}
-    for word in words:
-        name, eq, value = word.partition("=")
-        assert eq, f"ENV {args!r}: {word!r} is not NAME=VALUE"
-        values[name] = value
-    return values
-
-
-def parse_dockerfile(text: str) -> list[Stage]:
-    """Return the Dockerfile's stages in order (the last one is the image)."""
-    stages: list[Stage] = []
-    for keyword, args in dockerfile_instructions(text):
-        if keyword == "FROM":
-            stages.append(Stage(base=args))
-        else:
-            assert stages, f"{keyword} before the first FROM"
-            stages[-1].instructions.append((keyword, args))
-    assert stages, "the Dockerfile has no FROM"
-    return stages
-
-
-def exec_form(args: str) -> list[str]:
-    """Return a CMD/ENTRYPOINT as argv: the JSON (exec) form, else the shell words."""
-    if args.startswith("["):
-        argv = json.loads(args)
-        assert isinstance(argv, list), args
-        return [str(a) for a in argv]
-    return shlex.split(args)
 
 
 def test_dockerfile_parser_handles_continuations_comments_and_both_env_forms() -> None:
@@ -167,11 +84,6 @@ def image(stages: list[Stage]) -> Stage:
     return stages[-1]
 
 
-def fly_env(fly: dict[str, Any]) -> dict[str, str]:
-    """Return fly.toml's [env] as strings (as the machine sees them)."""
-    return {name: str(value) for name, value in fly.get("env", {}).items()}
-
-
 DEPLOYED_RELEASE = "3f9c2e1d7a5b"
 
 
@@ -203,35 +115,11 @@ def seconds(value: Any) -> float:
     return float(match.group(1)) * scale
 
 
-def health_port(fly: dict[str, Any]) -> int:
-    """Return the health port fly.toml's [env] gives the daemon, as the daemon parses it."""
-    env = {**fly_env(fly), settings.DATABASE_URL_ENV: UNUSED_DB_URL}
-    assert settings.HEALTH_PORT_ENV in env, (
-        f"fly.toml [env] does not set {settings.HEALTH_PORT_ENV}"
-    )
-    return settings.Settings.from_env(env).tuning.health_port
-
-
 def http_checks(fly: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Return fly.toml's named [checks] of type http."""
     checks = {name: c for name, c in fly.get("checks", {}).items() if c.get("type") == "http"}
     assert checks, "fly.toml has no http check"
     return checks
-
-
-def shell_lines(text: str) -> list[str]:
-    """Return a shell script's commands, ``\\`` continuations joined, comments dropped."""
-    lines, pending = [], ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        lines.append(pending + line)
-        pending = ""
-    return lines
 
 
 # --- stopping: signal and timeout ----------------------------------------------------------
@@ -327,7 +215,7 @@ def test_check_metrics_env_and_image_agree_on_the_health_port(
     for name, check in http_checks(fly).items():
         assert int(check["port"]) == port, f"[checks.{name}] port"
     assert int(fly["metrics"]["port"]) == port, "[metrics] port"
-    exposed = {int(p.split("/")[0]) for args in image.all("EXPOSE") for p in args.split()}
+    exposed = exposed_ports(image)
     assert exposed == {port}, f"Dockerfile EXPOSE {sorted(exposed)}, daemon port {port}"
     assert image.env().get(settings.HEALTH_PORT_ENV) == str(port), "Dockerfile ENV health port"
     assert port == settings.Tuning().health_port, "the code default health port differs"
@@ -352,9 +240,7 @@ def test_release_id_variable_is_baked_in_under_the_name_the_code_reads(
 ) -> None:
     """The image's ARG/ENV and fly's [build.args] use worker.lanes.RELEASE_ID_ENV."""
     name = lanes.RELEASE_ID_ENV
-    assert name in image.args(), f"the final stage declares no ARG {name}"
-    baked = image.env().get(name)
-    assert baked in (f"${{{name}}}", f"${name}"), f"ENV {name}={baked!r} is not the ARG's value"
+    assert_bakes_the_release_id(image)
     assert set(fly["build"]["args"]) == {name}, f"fly [build.args] {sorted(fly['build']['args'])}"
 
 
@@ -363,19 +249,10 @@ def test_release_id_variable_is_baked_in_under_the_name_the_code_reads(
 )
 def test_image_build_refuses_an_empty_release_id(image: Stage, value: str, builds: bool) -> None:
     """The final stage's guard fails the build without a release id (run as Docker runs it)."""
-    name = lanes.RELEASE_ID_ENV
-    guards = [run for run in image.all("RUN") if name in run]
-    assert len(guards) == 1, f"the final stage has no single RUN that checks {name}"
-    result = subprocess.run(
-        ["/bin/sh", "-c", guards[0]],
-        env={name: value, "PATH": os.environ.get("PATH", "")},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = release_guard(image, value)
     assert (result.returncode == 0) is builds, result.stderr
     if not builds:
-        assert f"--build-arg {name}=" in result.stderr
+        assert f"--build-arg {lanes.RELEASE_ID_ENV}=" in result.stderr
 
 
 def test_a_fly_machine_environment_boots_without_errors_or_warnings(
@@ -408,13 +285,7 @@ def test_image_cmd_and_fly_process_run_the_daemon_with_a_loadable_app(
 
 def test_image_user_is_not_root(image: Stage) -> None:
     """The final stage runs as a non-root user it creates."""
-    user = image.last("USER")
-    name = user.split(":")[0]
-    assert name not in ("root", "0"), f"USER {user}"
-    created = [args for args in image.all("RUN") if "useradd" in args or "adduser" in args]
-    assert any(re.search(rf"\b{re.escape(name)}\s*$", args) for args in created), (
-        f"USER {user}, but the final stage creates no such user"
-    )
+    assert_runs_as_a_non_root_user_it_creates(image)
 
 
 def test_image_installs_with_install_sh_into_the_venv_it_runs(
@@ -432,20 +303,19 @@ def test_image_installs_with_install_sh_into_the_venv_it_runs(
     assert f"{venv}/bin" in image.env()["PATH"].split(":")
 
 
+def test_every_copy_source_is_in_the_build_context(stages: list[Stage]) -> None:
+    """Each COPY from the build context (the repository's root) names a path that exists."""
+    for stage in stages:
+        for args in stage.all("COPY"):
+            for source in copy_sources(args):
+                assert (REPO / source).exists(), f"COPY {args}: no {source} in {REPO}"
+
+
 def test_install_sh_syncs_from_the_lock_without_dev_tools() -> None:
     """docker/install.sh installs with `uv sync --frozen --no-dev` (exactly the lock)."""
-    commands = [shlex.split(line) for line in shell_lines(INSTALL_SH.read_text())]
-    syncs = [
-        words[i + 1 :]
-        for words in commands
-        for i, word in enumerate(words[:-1])
-        if Path(word).name == "uv" and words[i + 1] == "sync"
-    ]
+    syncs = uv_syncs(shell_lines(INSTALL_SH.read_text()))
     assert len(syncs) == 1, f"docker/install.sh runs `uv sync` {len(syncs)} times"
-    words = syncs[0]
-    assert "--frozen" in words, words
-    assert "--no-dev" in words, words
-    assert not {"--all-extras", "--extra", "--dev", "--all-groups"} & set(words), words
+    assert_syncs_exactly_the_lock(syncs[0])
 
 
 def test_install_sh_pins_the_makefiles_uv_version() -> None:
@@ -454,7 +324,5 @@ def test_install_sh_pins_the_makefiles_uv_version() -> None:
     pinned = re.findall(r"^\s*uv_version=(\S+)\s*$", script, re.MULTILINE)
     assert len(pinned) == 1, pinned
     assert '"uv==${uv_version}"' in script or "uv==${uv_version}" in script
-    make = re.findall(r"^\s*UV_VERSION\s*:?=\s*(\S+)\s*$", MAKEFILE.read_text(), re.MULTILINE)
-    assert len(make) == 1, make
-    assert "uv==$(UV_VERSION)" in MAKEFILE.read_text()
-    assert pinned[0] == make[0], f"install.sh uv {pinned[0]}, Makefile uv {make[0]}"
+    make = makefile_uv_version()
+    assert pinned[0] == make, f"install.sh uv {pinned[0]}, Makefile uv {make}"
