@@ -358,3 +358,26 @@ async def test_dev_roll_shows_a_rolling_deploy_end_to_end(
     assert said[-1].startswith("roll: roll-a-"), said
     assert "is drained: its machine was stopped and removed. Rolled out to roll-b-" in said[-1]
     assert not list(devs.tmp_path.glob(".pg/roll-machines-*"))
+    assert not (devs.tmp_path / ".pg" / "dev-roll").exists(), "the roll's database was left"
+    # The database the environment names is never the roll's: it would deploy and
+    # retire releases in a database that may be a team's.
+    assert any(f"{DATABASE_URL_ENV} is not used" in line for line in said), said
+    conn = await asyncpg.connect(database_url)
+    try:
+        registry = await conn.fetchval(f"select to_regclass('{STORE}.deployments')::text")
+        deployed = 0 if registry is None else await conn.fetchval(
+            f"select count(*) from {STORE}.deployments")  # fmt: skip
+    finally:
+        await conn.close()
+    assert deployed == 0, "the roll deployed releases into the environment's database"
+
+
+async def test_dev_roll_stops_on_the_first_ctrl_c(devs: DevRunner) -> None:
+    """Ctrl-C mid-roll ends it at once (exit 1), its machines and its database removed."""
+    dev = devs.start("roll-ctrl-c", "--roll", env=dev_env())
+    await dev.wait_for("is ready; submitting work to its lane")
+    dev.ctrl_c()
+    assert await dev.wait_exit(STOP_TIMEOUT_S) == 1, dev.tail()
+    assert "roll: interrupted" in dev.output, dev.tail()
+    assert not list(devs.tmp_path.glob(".pg/roll-machines-*"))
+    assert not (devs.tmp_path / ".pg").exists()  # its database, machines, all removed

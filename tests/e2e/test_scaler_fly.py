@@ -49,7 +49,8 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
     log = tmp_path / "scaler.log"
     scaler = start_scaler(database_url, fly, log)
     try:
-        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "fly-a"}) as c:
+        client_env = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "fly-a", "LANE_WORKER_MAX_ATTEMPTS": "12"}
+        async with open_client(database_url, client_env) as c:
             await c.releases.deploy("fly-a", image=APP, machines=2)
 
             async def a_ready() -> bool:
@@ -61,11 +62,18 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
             held = (await c.submit("slow", {"dir": str(tmp_path), "seconds": 25,
                                             "rerun_seconds": 0})).run_id  # fmt: skip
 
-            async def settled_in() -> bool:
-                states = [(await c.status(r)).status for r in [*sleepers, waiter, held]]
-                return states == ["waiting", "waiting", "waiting", "running"]
+            gate = tmp_path / "gate"
+            gate.mkdir()
+            retrying = (await c.submit("gated", {"dir": str(gate)})).run_id
+            everyone = [*sleepers, waiter, held, retrying]
 
-            await eventually(settled_in, timeout_s=30, what="A's runs parked and one running")
+            async def settled_in() -> bool:
+                states = [(await c.status(r)).status for r in everyone]
+                return states[:4] == ["waiting", "waiting", "waiting", "running"] and (
+                    len((await c.status(retrying)).attempts) >= 2
+                )
+
+            await eventually(settled_in, timeout_s=30, what="A's runs parked, running, retrying")
 
             fly.faults += [(500, {}), (429, {"Retry-After": "1"})]
             await c.releases.deploy("fly-b", image=APP, machines=1)
@@ -81,7 +89,8 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
             await fly.machines.destroy(a_machines[0])
 
             await c.signal(waiter, "go", {"by": "test"})
-            for run_id in [*sleepers, waiter, held]:
+            (gate / "open").touch()  # the retrying run may now succeed, on A (never adopted)
+            for run_id in everyone:
                 final = await c.wait(run_id, 120)
                 assert final.status == "completed", (run_id, final.status, final.error)
 
@@ -90,9 +99,16 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
 
             await eventually(a_removed, timeout_s=90, what="A's machines removed once drained")
             finals = [await c.status(r) for r in sleepers]
+            gated_final = await c.status(retrying)
         record = await fetch(
             database_url,
-            f"select release_id, action, detail from {SCHEMA}.deployment_events order by event_id",
+            f"select release_id, action, detail, at from {SCHEMA}.deployment_events"
+            " order by event_id",
+        )
+        terminal = await fetch(
+            database_url,
+            f"select run_id::text as run_id, type, created_at from {SCHEMA}.ledger"
+            " where type in ('run.completed', 'run.failed', 'run.cancelled')",
         )
     finally:
         scaler.send_signal(signal.SIGTERM)
@@ -104,6 +120,20 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
     assert steps.index(("fly-b", "machine_created")) < steps.index(("fly-a", "retired"))
     assert steps.count(("fly-a", "machine_created")) == 3  # two, then the replacement
     assert [f.output["after"] for f in finals] == ["fly_b", "fly_b"]
+    assert gated_final.output == {"release": "fly_a"}  # a retry runs on its own release
+    # Every run ended once, completed; A's machines were stopped only after the last run
+    # that needed A ended, and for that reason.
+    assert sorted((t["run_id"], t["type"]) for t in terminal) == sorted(
+        (str(r), "run.completed") for r in everyone
+    )
+    a_needed_until = max(t["created_at"] for t in terminal
+                         if t["run_id"] in {str(held), str(retrying)})  # fmt: skip
+    a_stops = [e for e in record if e["release_id"] == "fly-a"
+               and e["action"] in ("machine_stopped", "machine_destroyed")
+               and e["detail"]["reason"] != "it is not running"]  # fmt: skip
+    assert a_stops, record
+    assert all(e["detail"]["reason"] == "its lane is drained" for e in a_stops), a_stops
+    assert min(e["at"] for e in a_stops) > a_needed_until
     assert {s for _, _, s in fly.calls} >= {200, 429, 500}  # both faults met, and retried
     assert fly.touched_foreign == []
     for body in fly.bodies:  # the release id, and nothing else: secrets are the app's

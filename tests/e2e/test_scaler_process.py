@@ -12,40 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-from support import REPO
 from support.daemon import base_env
 from support.db import fetch
+from support.machines import destroy_all, store_backend
 from support.runtime import SCHEMA, eventually, open_client
+from support.scaler import events, start_scaler
 from worker.client import LaneClient
-from worker.scaler.process import ProcessBackend
+from worker.scaler.backend import Machine
 
 APP = "support.apps.basic:app"
-
-
-def start_scaler(database_url: str, state_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**base_env(database_url, "unused"), "LANE_WORKER_DRAIN_SECONDS": "3"}
-    env.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "worker", "scaler", "--backend", "process",
-             "--state-dir", str(state_dir), "--health-port", "0"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-
-def events(log: Path) -> list[dict[str, Any]]:
-    found = []
-    for line in log.read_text().splitlines():
-        try:
-            found.append(json.loads(line))
-        except ValueError:
-            continue
-    return found
 
 
 async def roles(client: LaneClient) -> dict[str, tuple[str, int, int]]:
@@ -57,11 +34,11 @@ async def test_a_rolling_deploy_with_the_process_backend(database_url: str, tmp_
     """Deploy A (2), runs parked on A, deploy B: retire after B is ready, A removed once drained."""
     state = tmp_path / "machines"
     log = tmp_path / "scaler.log"
-    backend = ProcessBackend(state, os.environ)
     scaler = start_scaler(database_url, state, log)
     standby = start_scaler(database_url, state, tmp_path / "standby.log")
     try:
         async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "roll-a"}) as c:
+            backend = await store_backend(database_url, state)
             await c.releases.deploy("roll-a", image=APP, machines=2)
 
             async def a_ready() -> bool:
@@ -99,8 +76,7 @@ async def test_a_rolling_deploy_with_the_process_backend(database_url: str, tmp_
             process.send_signal(signal.SIGTERM)
         for process in (scaler, standby):
             process.wait(timeout=30)
-        for m in await ProcessBackend(state, os.environ).list():
-            await ProcessBackend(state, os.environ).destroy(m)
+        await destroy_all(state)
     steps = [(e["release_id"], e["action"]) for e in record]
     b_created = steps.index(("roll-b", "machine_created"))
     a_retired = steps.index(("roll-a", "retired"))
@@ -136,14 +112,135 @@ async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreate
     finally:
         scaler.send_signal(signal.SIGTERM)
         scaler.wait(timeout=30)
-        for m in await ProcessBackend(state, os.environ).list():
-            await ProcessBackend(state, os.environ).destroy(m)
+        await destroy_all(state)
     assert not rolled.done
     assert rolled.reason is not None
     assert "a machine refused to boot: machine m-" in rolled.reason, rolled.reason
     assert "exited 2 (its worker could not start" in rolled.reason
+    assert f"see {state}/m-" in rolled.reason  # where its log is
     said = [e for e in events(log) if e.get("event") == "scaler.machine_destroyed"]
     assert said, log.read_text()[-2000:]
     assert all(e["exit_code"] == 2 for e in said)  # the app did not load: usage error
     # 12 s of passes every 2 s would be 6 machines; doubling waits (2, 4, 8 s) allow 4.
     assert 1 <= created[0]["n"] <= 4, created
+
+
+async def test_a_new_image_of_the_current_release_replaces_its_machines_new_ones_first(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Deploy the current release again: a bad image leaves the old machine serving; a good
+    one is started, and only once it is ready is the old machine stopped."""
+    state = tmp_path / "machines"
+    scaler = start_scaler(database_url, state, tmp_path / "scaler.log")
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "roll-img"}) as c:
+            backend = await store_backend(database_url, state)
+            await c.releases.deploy("roll-img", image=APP, machines=1)
+            first = await c.releases.wait_rolled_out("roll-img", timeout_s=60)
+            assert first.done, first.reason
+            [old] = await backend.list()
+
+            await c.releases.deploy("roll-img", image="support.apps.nowhere:app", machines=1)
+            bad = await c.releases.wait_rolled_out("roll-img", timeout_s=8)
+            assert not bad.done
+            assert bad.reason is not None
+            assert "refused to boot" in bad.reason, bad.reason
+            still = {m.machine_id: m for m in await backend.list()}
+            assert still[old.machine_id].running  # the old image keeps serving the lane
+            done = (await c.submit("plain", {"n": 1})).run_id
+            assert (await c.wait(done, 30)).status == "completed"
+
+            renamed = "support.apps.renamed:app"
+            await c.releases.deploy("roll-img", image=renamed, machines=1)
+            good = await c.releases.wait_rolled_out("roll-img", timeout_s=90)
+            assert good.done, good.reason
+            machines = await backend.list()
+            assert [m.image for m in machines] == [renamed], machines
+            assert old.machine_id not in {m.machine_id for m in machines}
+        steps = await fetch(
+            database_url,
+            f"select action, detail from {SCHEMA}.deployment_events"
+            " where release_id = 'roll-img' order by event_id",
+        )
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(timeout=30)
+        await destroy_all(state)
+    made = [i for i, s in enumerate(steps) if s["action"] == "machine_created"
+            and s["detail"]["image"] == renamed]  # fmt: skip
+    old_stopped = [i for i, s in enumerate(steps) if s["action"] == "machine_stopped"
+                   and s["detail"]["machine"] == old.machine_id]  # fmt: skip
+    assert len(made) == 1, steps
+    assert len(old_stopped) == 1, steps
+    assert made[0] < old_stopped[0]
+    assert "was replaced by support.apps.renamed:app" in steps[old_stopped[0]]["detail"]["reason"]
+
+
+async def test_a_stopped_machine_is_tracked_while_its_worker_drains(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Stop reaches the worker once, through the machine's wrapper: the machine is listed as
+    stopping while the worker finishes its step, then as stopped with exit 0; destroying a
+    draining machine kills its worker."""
+    state = tmp_path / "machines"
+    env = {**base_env(database_url, "unused"), "LANE_WORKER_DRAIN_SECONDS": "30"}
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "wrap"}) as c:
+            backend = await store_backend(database_url, state, env)
+
+            async def draining(name: str) -> tuple[Machine, Path]:
+                """A machine of release ``wrap`` stopped while a slow step of it runs."""
+                machine = await backend.create("wrap", APP)
+                steps = tmp_path / name
+                steps.mkdir()
+                await c.submit("slow", {"dir": str(steps), "seconds": 4})
+                two = steps / "two.log"
+
+                async def running() -> bool:
+                    return two.exists()
+
+                await eventually(running, timeout_s=60, what=f"{name}: step two running")
+                await backend.stop(machine)
+                [listed] = [m for m in await backend.list() if m.machine_id == machine.machine_id]
+                assert listed.state == "stopping", listed  # its worker is still draining
+                assert listed.stopping_s is not None
+                return listed, two
+
+            first, two = await draining("first")
+            # The stop sent again, and to the wrapper's whole group (as a service
+            # manager stopping the scaler would): the worker still gets one signal.
+            await backend.stop(first)
+            wrapper = json.loads((state / f"{first.machine_id}.pids").read_text())["wrapper"]
+            os.killpg(os.getpgid(wrapper), signal.SIGTERM)
+
+            async def stopped() -> Machine | None:
+                found = {m.machine_id: m for m in await backend.list()}[first.machine_id]
+                return found if found.state == "stopped" else None
+
+            done = await eventually(stopped, timeout_s=40, what="the drained worker's exit")
+            assert done.exit_code == 0
+            assert len(two.read_text().splitlines()) == 1  # the step ran once, to its end
+            said = [e for e in events(state / f"{first.machine_id}.log")
+                    if e.get("event") == "worker.signal"]  # fmt: skip
+            assert len(said) == 1, said
+            await backend.destroy(done)
+
+            second, _ = await draining("second")
+            worker = json.loads((state / f"{second.machine_id}.pids").read_text())["worker"]
+            await backend.destroy(second)
+            assert not await backend.list()
+
+            async def killed() -> bool:
+                return _gone(worker)
+
+            await eventually(killed, timeout_s=10, what="the draining worker killed")
+    finally:
+        await destroy_all(state)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie awaiting its parent counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

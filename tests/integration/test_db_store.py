@@ -70,6 +70,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "deployments",
         "deployment_events",
         "scaler_state",
+        "store_identity",
     }
 
 

@@ -12,7 +12,9 @@ import pytest
 
 from support.db import fetch
 from support.runtime import SCHEMA, env_of, open_client, queue_of
+from worker.client import LaneClient
 from worker.errors import InvalidRequestError
+from worker.ops.report import lanes_table
 
 
 async def test_deploy_then_retire_superseded_moves_the_roles_and_the_lanes(
@@ -52,16 +54,21 @@ async def test_deploy_then_retire_superseded_moves_the_roles_and_the_lanes(
     assert all(e["actor"] for e in events)
 
 
+async def _a_retired_for_b(client: LaneClient, *, machines_a: int) -> None:
+    """rel-a deployed and booted, then rel-b; the scaler's step retired rel-a."""
+    await client.releases.deploy("rel-a", image="img:a", machines=machines_a)
+    await client.activate_release("rel-a", force=True)
+    await client.releases.deploy("rel-b", image="img:b")
+    await client.activate_release("rel-b", force=True)
+    await client.db.run(lambda c: client.store.registry.retire_superseded(c, actor="t"))
+
+
 async def test_rollback_makes_the_older_lane_claim_again_with_its_recorded_image(
     database_url: str,
 ) -> None:
     """Roll back to A: A's lane claims again at once; B becomes previous until A is ready."""
     async with open_client(database_url, env_of("rel-a")) as client:
-        await client.releases.deploy("rel-a", image="img:a", machines=3)
-        await client.activate_release("rel-a", force=True)
-        await client.releases.deploy("rel-b", image="img:b")
-        await client.activate_release("rel-b", force=True)
-        await client.db.run(lambda c: client.store.registry.retire_superseded(c, actor="t"))
+        await _a_retired_for_b(client, machines_a=3)
         said = await client.releases.rollback("rel-a")
         assert (said["image"], said["desired"], said["previous"]) == ("img:a", 3, ["rel-b"])
         lanes = {v.release_id: v.status for v in await client.lanes()}
@@ -146,3 +153,102 @@ async def test_a_preview_lane_is_never_deployed_over(database_url: str) -> None:
             await client.releases.deploy("bob", image="img")
         with pytest.raises(InvalidRequestError, match="not a dev lane"):
             await client.releases.deploy("DEV", image="img")
+
+
+async def test_a_rollback_to_a_pruned_lane_makes_it_claim_and_show_again(
+    database_url: str,
+) -> None:
+    """A's lane retired and pruned (its history kept): `releases` says drained, not draining;
+    a rollback to A clears the prune mark with the retirement, so the lane shows again and can
+    be pruned again once retired."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await _a_retired_for_b(client, machines_a=1)
+        await client.db.execute(
+            f"update {SCHEMA}.releases set pruned_at = now() where queue = $1", queue_of("rel-a")
+        )  # as `lanes prune` leaves it
+        views, _ = await client.releases.list()
+        assert {v.release_id: v.status for v in views}["rel-a"] == "drained"
+
+        await client.releases.rollback("rel-a")
+        lanes = {v.release_id: (v.status, v.pruned) for v in await client.lanes()}
+    assert lanes["rel-a"] == ("claiming", False)
+    [row] = await fetch(
+        database_url,
+        f"select status, pruned_at from {SCHEMA}.releases where queue = $1",
+        queue_of("rel-a"),
+    )
+    assert (row["status"], row["pruned_at"]) == ("claiming", None)
+
+
+async def test_waiting_for_a_rollout_that_cannot_finish_ends_at_once(database_url: str) -> None:
+    """A deploy superseded by another, or one with 0 machines that supersedes a release: the
+    wait says why at once instead of waiting out its timeout."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a")
+        await client.releases.deploy("rel-b", image="img:b", machines=0)
+        superseded = await client.releases.wait_rolled_out("rel-a", timeout_s=600)
+        nothing = await client.releases.wait_rolled_out("rel-b", timeout_s=600)
+    assert (superseded.done, superseded.final) == (False, True)
+    assert superseded.reason == "release 'rel-a' is no longer the current release"
+    assert (nothing.done, nothing.final) == (False, True)
+    assert nothing.reason is not None
+    assert "deployed with 0 machines" in nothing.reason
+
+
+async def test_a_deployed_release_with_no_worker_yet_is_reported(database_url: str) -> None:
+    """B deployed but none of its machines booted: the report lists its lane as the current
+    release, claiming, 0 of 1 machines live, not safe to stop; A stays listed too."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a")
+        await client.activate_release("rel-a", force=True)
+        await client.releases.deploy("rel-b", image="img:b")
+        views = {v.release_id: v for v in await client.lanes()}
+    b = views["rel-b"]
+    assert (b.queue, b.status, b.role) == (queue_of("rel-b"), "claiming", "current")
+    assert (b.machines_live, b.machines_desired, b.live_workers) == (0, 1, 0)
+    assert not b.safe_to_stop
+    assert views["rel-a"].role == "previous"
+
+
+async def test_a_deploy_during_a_pass_keeps_what_it_supersedes_claiming(
+    database_url: str,
+) -> None:
+    """The scaler saw B current and ready; C is deployed before it retires: nothing is
+    retired on B's word (C has no machine), and B's word on its own deploy still counts."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a")
+        await client.activate_release("rel-a", force=True)
+        await client.releases.deploy("rel-b", image="img:b")
+        await client.activate_release("rel-b", force=True)
+        seen = await client.db.run(client.store.registry.deployments)
+        b = next(d for d in seen if d.release_id == "rel-b")
+        await client.releases.deploy("rel-c", image="img:broken")
+        stale = await client.db.run(
+            lambda c: client.store.registry.retire_superseded(c, actor="t", current=b)
+        )
+        await client.releases.deploy("rel-b", image="img:b2")  # B again: a new deploy of it
+        again = await client.db.run(
+            lambda c: client.store.registry.retire_superseded(c, actor="t", current=b)
+        )
+        lanes = {v.release_id: v.status for v in await client.lanes()}
+    assert stale == []
+    assert again == []
+    assert lanes["rel-a"] == "claiming"
+    assert lanes["rel-b"] == "claiming"
+
+
+async def test_a_current_release_without_workers_that_holds_runs_is_stranded(
+    database_url: str,
+) -> None:
+    """Rolled back to (or scaled to 0) with no machine running it: its lane claims, so
+    nothing newer adopts its runs; the report calls it stranded and says what to do."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a", machines=0)
+        await client.activate_release("rel-a", force=True)  # its lane claims (a rollback)
+        await client.submit("plain", {"n": 1})
+        [a] = [v for v in await client.lanes() if v.release_id == "rel-a"]
+        table = "\n".join(lanes_table([a]))
+    assert (a.status, a.live_workers, a.stranded) == ("claiming", 0, True)
+    assert [b.reason for b in a.blocked_by] == ["fresh"]
+    assert "no live worker of rel-a: start one of its machines" in a.blocked_by[0].remedy
+    assert "rel-a: blocked by fresh (1)" in table, table

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from support.http import LocalServer
-from worker.scaler.backend import RELEASE_METADATA, Machine
+from worker.scaler.backend import IMAGE_METADATA, RELEASE_METADATA, Machine
 from worker.scaler.process import ProcessBackend
 
 
@@ -29,6 +29,8 @@ class FakeFly(LocalServer):
     def __init__(self, state_dir: Path, env: Mapping[str, str], token: str, app: str) -> None:
         super().__init__()
         self.machines = ProcessBackend(state_dir, env)
+        self.machines.store_id = "fake-fly"  # the fake's own folder; Fly keeps metadata
+        self.metadata: dict[str, dict[str, str]] = {}  # as each machine was created with
         self.token, self.app = token, app
         self.calls: list[tuple[str, str, int]] = []
         self.faults: list[tuple[int, dict[str, str]]] = []  # answers for the next calls
@@ -66,7 +68,8 @@ class FakeFly(LocalServer):
             return 404, {"error": "not found"}
         rest = request.path[len(prefix) :].strip("/").split("/")
         if request.method == "GET" and rest == [""]:
-            mine = [_fly_json(m) for m in await self.machines.list()]
+            mine = [_fly_json(m, self.metadata.get(m.machine_id, {}))
+                    for m in await self.machines.list()]  # fmt: skip
             return 200, [*mine, *self.foreign.values()]
         if request.method == "POST" and rest == [""]:
             body = await request.json()
@@ -75,7 +78,8 @@ class FakeFly(LocalServer):
             release = config["metadata"][RELEASE_METADATA]
             assert config["env"]["DEEPLINE_RUNTIME_DEPLOY_VERSION"] == release
             made = await self.machines.create(release, config["image"])
-            return 200, _fly_json(made)
+            self.metadata[made.machine_id] = dict(config["metadata"])
+            return 200, _fly_json(made, self.metadata[made.machine_id])
         machine_id = rest[0]
         if machine_id in self.foreign:
             self.touched_foreign.append(f"{request.method} {request.path}")
@@ -92,7 +96,11 @@ class FakeFly(LocalServer):
         return 404, {"error": "no such endpoint"}
 
 
-def _fly_json(m: Machine) -> dict[str, Any]:
+_FLY_STATES = {"started": "started", "starting": "starting", "stopping": "stopping",
+               "failed": "failed"}  # fmt: skip
+
+
+def _fly_json(m: Machine, metadata: dict[str, str]) -> dict[str, Any]:
     created = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=m.age_s)
     events = []
     if m.exit_code is not None:
@@ -100,8 +108,11 @@ def _fly_json(m: Machine) -> dict[str, Any]:
                        "request": {"exit_event": {"exit_code": m.exit_code}}})  # fmt: skip
     return {
         "id": m.machine_id,
-        "state": {"started": "started", "failed": "failed"}.get(m.state, "stopped"),
+        "state": _FLY_STATES.get(m.state, "stopped"),
         "region": "ams", "created_at": created.isoformat(), "events": events,
-        "config": {"image": m.image, "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": m.release_id},
-                   "metadata": {RELEASE_METADATA: m.release_id}},
+        # Fly lists an image as it resolved it, not as it was asked for.
+        "config": {"image": f"registry.example/{m.image}@sha256:0",
+                   "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": m.release_id},
+                   "metadata": {RELEASE_METADATA: m.release_id, IMAGE_METADATA: m.image,
+                                **metadata}},
     }  # fmt: skip

@@ -13,6 +13,7 @@ from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
+from worker.ops.releases import RolloutState
 from worker.ops.report import aligned
 
 
@@ -29,9 +30,9 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     views, scaler = with_client(lambda client: client.releases.list())
-    rows = [["release", "status", "machines", "ready", "image"]]
+    rows = [["release", "status", "workers", "ready", "scaler sees", "image"]]
     rows += [[v.release_id, v.status, f"{v.live_workers}/{v.desired}", str(v.ready_workers),
-              v.image] for v in views]  # fmt: skip
+              _scaler_sees(v.scaler), v.image] for v in views]  # fmt: skip
     scaler_line = (
         "scaler: none has reported"
         if scaler is None
@@ -44,6 +45,18 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
         },
     }  # fmt: skip
     emit(as_json, report, *(aligned(rows) if views else ["no release deployed yet"]), scaler_line)
+
+
+def _scaler_sees(said: dict[str, Any]) -> str:
+    """The scaler's last word on a release's machines: running, stopping, outdated."""
+    if not said:
+        return "-"
+    parts = [f"{said.get('running', 0)} running"]
+    parts += [f"{said[k]} {k}" for k in ("stopping", "outdated") if said.get(k)]
+    # Why it is not at its count, in the table too (not only in --json).
+    parts += [a for a in said.get("actions") or [] if str(a).startswith("waiting")]
+    parts += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
+    return "; ".join(parts)
 
 
 @releases_group.command()
@@ -79,22 +92,26 @@ Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]
 
 
 def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act) -> None:
-    async def action(client: LaneClient) -> tuple[dict[str, Any], tuple[bool, str | None]]:
+    async def action(client: LaneClient) -> tuple[dict[str, Any], RolloutState]:
         said = await act(client)
         if not wait:
-            return said, (True, None)
-        state = await client.releases.wait_rolled_out(said["releaseId"], timeout_s=timeout)
-        return said, (state.done, state.reason)
+            return said, RolloutState(True, None)
+        return said, await client.releases.wait_rolled_out(said["releaseId"], timeout_s=timeout)
 
-    said, (done, reason) = with_client(action)
+    said, state = with_client(action)
+    done, reason = state.done, state.reason
+    # A rollout that cannot finish (superseded, or nothing to take over with) is
+    # said as soon as it is known, not after the timeout.
+    when = "" if state.final else f" after {timeout:g} s"
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [f"release {said['releaseId']} is current (queue {said['queue']}, "
             f"{said['desired']} machines); superseded: {previous}."]  # fmt: skip
     if wait:
-        text.append("rolled out: its machines are ready and what it supersedes is retired."
-                    if done else f"not rolled out after {timeout:g} s: {reason}.")  # fmt: skip
+        ran = ("its machines are ready" if said["desired"] else
+               "it runs no machine (deployed with 0)")  # fmt: skip
+        text.append(f"rolled out: {ran} and what it supersedes is retired."
+                    if done else f"not rolled out{when}: {reason}.")  # fmt: skip
     emit(as_json, {**said, "rolledOut": done if wait else None, "reason": reason}, *text)
     if not done:
-        raise Failure(
-            f"release {said['releaseId']} did not roll out within {timeout:g} s: {reason}"
-        )
+        within = "" if state.final else f" within {timeout:g} s"
+        raise Failure(f"release {said['releaseId']} did not roll out{within}: {reason}")

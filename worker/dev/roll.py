@@ -1,7 +1,9 @@
 """``lane-worker dev --roll``: a rolling deploy, end to end, on one machine.
 
-Embedded PostgreSQL (unless ``WORKFLOW_RUNTIME_POSTGRES`` is set), a scaler with
-the process backend, and the demo app as two releases: A gets parked and
+Its own embedded PostgreSQL, always (a fresh one beside the dev data folder,
+removed afterwards: ``WORKFLOW_RUNTIME_POSTGRES`` is never used, since the roll
+deploys releases and retires what they supersede), a scaler with the process
+backend, and the demo app as two releases: A gets parked and
 waiting runs, then B is deployed. The scaler starts B's machine, retires A once
 B is ready; B adopts A's parked runs; A drains and its machine is stopped and
 removed. Every step is printed; exits 0 when every run completed and A is gone.
@@ -35,12 +37,24 @@ def run_roll(env: Mapping[str, str], app_spec: str, *, data_dir: Path) -> int:
     # would outrank their release ids and put both on one lane.
     values = {k: v for k, v in env.items()
               if k not in ("DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA",
-                           "DEEPLINE_RUNTIME_DEPLOY_VERSION")}  # fmt: skip
+                           "DEEPLINE_RUNTIME_DEPLOY_VERSION", DATABASE_URL_ENV)}  # fmt: skip
     values.setdefault(LOG_FORMAT_ENV, "console")
     logs.configure("console")
-    with contextlib.ExitStack() as stack:
-        values[DATABASE_URL_ENV] = stack.enter_context(database_for_dev(values, data_dir))
-        return anyio.run(_roll, values, app_spec, data_dir)
+    if (env.get(DATABASE_URL_ENV) or "").strip():
+        _say(f"{DATABASE_URL_ENV} is not used: the roll deploys and retires releases, so it "
+             "runs on an embedded database of its own")  # fmt: skip
+    # Never the dev database either: the roll's releases would retire a dev
+    # worker's release of the same lane family.
+    roll_dir = data_dir.parent / f"{data_dir.name}-roll"
+    shutil.rmtree(roll_dir, ignore_errors=True)  # a roll cut off earlier
+    try:
+        with contextlib.ExitStack() as stack:
+            values[DATABASE_URL_ENV] = stack.enter_context(database_for_dev(values, roll_dir))
+            return anyio.run(_roll, values, app_spec, data_dir)
+    finally:
+        shutil.rmtree(roll_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            roll_dir.parent.rmdir()  # made for the roll alone (a dev database keeps it)
 
 
 def _say(text: str) -> None:
@@ -57,12 +71,24 @@ async def _roll(values: dict[str, str], app_spec: str, data_dir: Path) -> int:
     scaler = Scaler(client, machines, health_port=0)
     try:
         await client.migrate()
+        ok = False
         async with anyio.create_task_group() as tg:
             tg.start_soon(scaler.run, values[DATABASE_URL_ENV])
-            try:
-                ok = await _story(client, values, machines, a, b, app_spec)
-            finally:
-                scaler.stop.set()
+            with anyio.CancelScope() as story:
+
+                async def interrupted() -> None:
+                    # Ctrl-C (or SIGTERM) reaches the scaler's signal handler: the
+                    # story stops too, rather than wait for a rollout nobody drives.
+                    await scaler.stop.wait()
+                    story.cancel()
+
+                tg.start_soon(interrupted)
+                try:
+                    ok = await _story(client, values, machines, a, b, app_spec)
+                finally:
+                    scaler.stop.set()
+        if story.cancelled_caught:
+            _say("interrupted: the roll's machines and database are removed")
         return 0 if ok else 1
     finally:
         for m in await machines.list():

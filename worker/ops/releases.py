@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from worker.db.pool import Database
@@ -67,6 +68,9 @@ class RolloutState:
 
     done: bool
     reason: str | None
+    # Nothing left to wait for: this rollout cannot finish as asked (another
+    # release was deployed since, or it runs no machine and supersedes one).
+    final: bool = False
 
 
 class Releases:
@@ -115,14 +119,16 @@ class Releases:
         deployments = await self.db.run(self.store.registry.deployments)
         scaler = await self.db.run(self.store.registry.scaler_state)
         said = scaler.releases if scaler is not None and scaler.age_s < SCALER_STALE_S else {}
-        drained = await self._drained_lanes()
+        # A lane the report leaves out (pruned, or never registered) holds nothing.
+        holding = await self._holding_lanes()
         return [
-            _view(d, said.get(d.release_id, {}), d.queue in drained) for d in deployments
+            _view(d, said.get(d.release_id, {}), d.queue not in holding) for d in deployments
         ], scaler
 
-    async def _drained_lanes(self) -> set[str]:
+    async def _holding_lanes(self) -> set[str]:
+        """The lanes that still hold work (every reported status but drained)."""
         views = await self.db.run(lambda c: read_report(c, self.store))
-        return {v.queue for v in views if v.status == "drained"}
+        return {v.queue for v in views if v.status != "drained"}
 
     async def rollout_state(self, release_id: str) -> RolloutState:
         """Done when ``release_id`` is current, has its machines ready, and nothing it
@@ -130,20 +136,46 @@ class Releases:
         releases, scaler = await self.list()
         mine = next((r for r in releases if r.release_id == release_id), None)
         if mine is None or mine.role != "current":
-            return RolloutState(False, f"release {release_id!r} is no longer the current release")
+            return RolloutState(
+                False, f"release {release_id!r} is no longer the current release", final=True
+            )
         superseded = any(r.role == "previous" for r in releases)
-        if not superseded and mine.ready_workers >= mine.desired:
-            return RolloutState(True, None)
-        if scaler is None or scaler.age_s >= SCALER_STALE_S:
-            return RolloutState(False, "no active scaler (start `lane-worker scaler`)")
+        if superseded and mine.desired == 0:
+            return RolloutState(
+                False,
+                f"release {release_id!r} was deployed with 0 machines: it takes over from "
+                "nothing, so the release before it keeps claiming (deploy it with --machines 1 "
+                "or more)",
+                final=True,
+            )
+        active = scaler is not None and scaler.age_s < SCALER_STALE_S
         said = mine.scaler
+        # The scaler's word on this deploy (a pass that read the registry before it
+        # speaks of the previous image or count): its machines on this image are
+        # ready and none is left on an image it replaced.
+        current_word = (
+            scaler is not None
+            and scaler.beat_at > datetime.fromisoformat(mine.deployed_at)
+            and said.get("image") == mine.image
+            and said.get("desired") == mine.desired
+        )
+        if active and current_word:
+            if not superseded and said.get("ready", 0) >= mine.desired and not said.get("outdated"):
+                return RolloutState(True, None)
+        elif not active and not superseded and mine.ready_workers >= mine.desired:
+            return RolloutState(True, None)  # machines run by hand, no scaler
+        if not active:
+            return RolloutState(False, "no active scaler (start `lane-worker scaler`)")
         if said.get("error"):
             return RolloutState(False, f"the scaler's backend failed: {said['error']}")
         if said.get("bootRefused"):
             return RolloutState(False, f"a machine refused to boot: {said['bootRefused']}")
-        return RolloutState(
-            False, f"machines not ready ({mine.ready_workers} of {mine.desired} ready)"
-        )
+        if said.get("outdated") and said.get("ready", 0) >= mine.desired:
+            return RolloutState(
+                False, f"{said['outdated']} machine(s) on the replaced image still stopping"
+            )
+        ready = said.get("ready", mine.ready_workers)
+        return RolloutState(False, f"machines not ready ({ready} of {mine.desired} ready)")
 
     async def wait_rolled_out(
         self, release_id: str, *, timeout_s: float, poll_s: float = 1.0
@@ -152,7 +184,7 @@ class Releases:
         deadline = time.monotonic() + timeout_s
         while True:
             state = await self.rollout_state(release_id)
-            if state.done or time.monotonic() >= deadline:
+            if state.done or state.final or time.monotonic() >= deadline:
                 return state
             await asyncio.sleep(poll_s)
 

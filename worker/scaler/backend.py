@@ -7,13 +7,29 @@ puts on every machine it creates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-RELEASE_METADATA = "lane_worker_release"
+from worker.config.env import Problems
+from worker.config.tuning import read_tuning
+from worker.daemon.supervisor import longest_stop_s
 
-# Machine states, as the scaler reads them.
-STARTING, STARTED, STOPPED, FAILED = "starting", "started", "stopped", "failed"
+RELEASE_METADATA = "lane_worker_release"
+# The image as the scaler asked for it (a backend may list it normalised: a
+# registry host or a digest added), to tell a machine on an outdated image.
+IMAGE_METADATA = "lane_worker_image"
+
+# Which store a machine serves (an id the store keeps, migration 0013): two
+# scalers of different databases sharing one Fly app or state folder never list,
+# stop or destroy each other's machines.
+STORE_METADATA = "lane_worker_store"
+
+# Machine states, as the scaler reads them. STOPPING: the stop was sent and the
+# worker is draining; it is never sent again (a second stop signal makes a
+# worker exit at once) and the machine is not destroyed while it drains.
+STARTING, STARTED, STOPPING = "starting", "started", "stopping"
+STOPPED, FAILED = "stopped", "failed"
 RUNNING_STATES = frozenset({STARTING, STARTED})
 
 
@@ -24,13 +40,20 @@ class Machine:
     machine_id: str
     release_id: str
     image: str
-    state: str  # starting, started, stopped, failed
+    state: str  # starting, started, stopping, stopped, failed
     age_s: float  # since it was created
     exit_code: int | None = None  # how its worker exited, when the backend knows
+    stopping_s: float | None = None  # since its stop was sent, when the backend knows
 
     @property
     def running(self) -> bool:
         return self.state in RUNNING_STATES
+
+
+def machine_stop_s(env: Mapping[str, str]) -> float:
+    """The longest a machine's worker takes to stop on SIGTERM, with the drain window that
+    ``env`` sets (``LANE_WORKER_DRAIN_SECONDS``; what the machines get must match)."""
+    return longest_stop_s(read_tuning(env, Problems()).drain_s)
 
 
 class BackendError(Exception):
@@ -41,9 +64,16 @@ class Backend(Protocol):
     """The machines of one deployment target."""
 
     name: str
+    # The store this scaler serves (set once it has read it, before any call):
+    # machines are created with it and only machines carrying it are listed.
+    store_id: str
+    # How long a stopped machine may take to stop before it is destroyed: above
+    # its worker's longest stop, so a draining worker is never cut off.
+    stop_deadline_s: float
 
     async def list(self) -> list[Machine]:
-        """Every machine carrying the scaler's release metadata (others are never listed)."""
+        """Every machine of ``store_id`` carrying the scaler's release metadata (others
+        are never listed)."""
         ...
 
     async def create(self, release_id: str, image: str) -> Machine:
@@ -51,9 +81,13 @@ class Backend(Protocol):
         ...
 
     async def stop(self, machine: Machine) -> None:
-        """Stop a machine (its worker drains on the stop signal)."""
+        """Stop a machine (its worker drains on the stop signal); sent once per machine."""
         ...
 
     async def destroy(self, machine: Machine) -> None:
         """Remove a stopped machine."""
+        ...
+
+    def where_logs(self, machine_id: str) -> str:
+        """Where an operator reads what a machine's worker printed."""
         ...

@@ -15,6 +15,7 @@ next pass tries again), never a crash.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -31,23 +32,26 @@ from tenacity import (
 from worker.errors import LaneConfigError
 from worker.scaler.backend import (
     FAILED,
+    IMAGE_METADATA,
     RELEASE_METADATA,
     STARTED,
     STARTING,
     STOPPED,
+    STOPPING,
+    STORE_METADATA,
     BackendError,
     Machine,
+    machine_stop_s,
 )
 
 DEFAULT_API_URL = "https://api.machines.dev"
 API_URL_ENV, TOKEN_ENV, APP_ENV, REGION_ENV = (
     "LANE_WORKER_FLY_API_URL", "FLY_API_TOKEN", "FLY_APP_NAME", "FLY_REGION",
 )  # fmt: skip
-STOP_TIMEOUT = "60s"  # above the worker's drain (25 s by default) and its stop mark
 HEALTH_PORT = 8080  # the image's LANE_WORKER_HEALTH_PORT (Dockerfile, fly.toml)
 _STATES = {
     "started": STARTED, "created": STARTING, "starting": STARTING, "replacing": STARTING,
-    "stopping": STOPPED, "stopped": STOPPED, "suspended": STOPPED, "failed": FAILED,
+    "stopping": STOPPING, "stopped": STOPPED, "suspended": STOPPED, "failed": FAILED,
 }  # fmt: skip
 
 
@@ -62,11 +66,17 @@ class FlyBackend:
 
     name = "fly"
 
-    def __init__(self, *, api_url: str, token: str, app: str, region: str | None) -> None:
+    def __init__(
+        self, *, api_url: str, token: str, app: str, region: str | None, stop_s: float = 60.0
+    ) -> None:
         self.api_url = api_url.rstrip("/")
+        # Fly's stop timeout (then it kills the machine): above the worker's longest stop.
+        self.stop_timeout_s = math.ceil(stop_s)
+        self.stop_deadline_s = self.stop_timeout_s + 30.0
         self._token = token
         self.app = app
         self.region = region
+        self.store_id = ""  # the scaler sets it before its first call
 
     def __repr__(self) -> str:  # the token stays out of every repr
         return f"FlyBackend(api_url={self.api_url!r}, app={self.app!r}, region={self.region!r})"
@@ -86,6 +96,9 @@ class FlyBackend:
             api_url=(env.get(API_URL_ENV) or "").strip() or DEFAULT_API_URL,
             token=token, app=app,
             region=region or (env.get(REGION_ENV) or "").strip() or None,
+            # The machines' drain window is the scaler's LANE_WORKER_DRAIN_SECONDS
+            # (25 s by default): set it alike for both. 60 s at least, as before.
+            stop_s=max(60.0, machine_stop_s(env) + 15.0),
         )  # fmt: skip
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
@@ -138,13 +151,16 @@ class FlyBackend:
         machines = []
         for m in found:
             config = m.get("config") or {}
-            release = (config.get("metadata") or {}).get(RELEASE_METADATA)
+            metadata = config.get("metadata") or {}
+            release = metadata.get(RELEASE_METADATA)
             if not release or m.get("state") == "destroyed":
                 continue  # not the scaler's: never touched
+            if metadata.get(STORE_METADATA) != self.store_id:
+                continue  # a scaler of another database shares this app: its machines
             machines.append(
                 Machine(
                     machine_id=str(m["id"]), release_id=str(release),
-                    image=str(config.get("image") or ""),
+                    image=str(metadata.get(IMAGE_METADATA) or config.get("image") or ""),
                     state=_STATES.get(str(m.get("state")), STARTING),
                     age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
                 )
@@ -152,13 +168,16 @@ class FlyBackend:
         return machines
 
     async def create(self, release_id: str, image: str) -> Machine:
+        if not self.store_id:
+            raise BackendError("the fly backend has no store id yet: nothing is created")
         config = {
             "image": image,
             "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id},
-            "metadata": {RELEASE_METADATA: release_id},
+            "metadata": {RELEASE_METADATA: release_id, IMAGE_METADATA: image,
+                         STORE_METADATA: self.store_id},
             "checks": {"readyz": {"type": "http", "port": HEALTH_PORT, "path": "/readyz",
                                   "interval": "10s", "timeout": "2s"}},
-            "stop_config": {"signal": "SIGTERM", "timeout": STOP_TIMEOUT},
+            "stop_config": {"signal": "SIGTERM", "timeout": f"{self.stop_timeout_s}s"},
             "restart": {"policy": "no"},
         }  # fmt: skip
         body: dict[str, Any] = {"config": config}
@@ -177,6 +196,9 @@ class FlyBackend:
         # Forced only for a machine that is not stopped (a dead or stuck one).
         force = "true" if machine.running else "false"
         await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
+
+    def where_logs(self, machine_id: str) -> str:
+        return f"fly logs --app {self.app} --machine {machine_id}"
 
 
 def _age_s(created_at: Any) -> float:

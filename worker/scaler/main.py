@@ -10,7 +10,8 @@ import anyio
 
 from worker.client import LaneClient
 from worker.config.dburl import url_secrets
-from worker.config.env import DATABASE_URL_ENV
+from worker.config.env import DATABASE_URL_ENV, PGBOUNCER_ENV, Problems
+from worker.config.tuning import read_tuning
 from worker.daemon import logs
 from worker.errors import LaneConfigError
 from worker.scaler.backend import Backend
@@ -41,6 +42,15 @@ def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_por
         chosen,
         secrets=(*url_secrets(url), (env.get("FLY_API_TOKEN") or "").strip()),
     )
+    if read_tuning(env, Problems()).pgbouncer:
+        # Its lock is a session advisory lock with an idle-session lease: behind a
+        # transaction pooler two scalers could both hold it, or neither.
+        raise LaneConfigError(
+            f"{PGBOUNCER_ENV} is set: the scaler needs a direct (session) connection to "
+            f"PostgreSQL; give it a {DATABASE_URL_ENV} that does not go through PgBouncer "
+            "and unset the flag for it.",
+            variable=PGBOUNCER_ENV,
+        )
     machines = backend_for(backend, env, state_dir)
 
     async def main() -> int:

@@ -1,10 +1,14 @@
 """The process backend: machines are local ``lane-worker run`` processes.
 
 For a single VM without an orchestrator, for ``lane-worker dev``, and for tests.
-Each machine is a directory entry under the state directory (``<id>.json``: its
-release, app and process id; ``<id>.exit``: how it exited; ``<id>.log``: what it
-printed), so a scaler that restarts lists the same machines: the processes run
-in their own session and outlive it. The "image" of a release is the app the
+Each machine is a few files under the state directory (``<id>.json``: its
+release, app and store, written before it starts; ``<id>.stopping``: when its
+stop was sent; ``<id>.pids``: its wrapper's and its
+worker's process ids; ``<id>.exit``: how the worker exited; ``<id>.log``: what
+it printed), so a scaler that restarts lists the same machines: the processes
+run in their own session and outlive it. A small wrapper (``machine.py``) is
+each machine's first process: it forwards the stop signal to the worker and
+records its exit. The "image" of a release is the app the
 worker serves (``module:attr``, as ``lane-worker run --app`` takes it).
 """
 
@@ -23,13 +27,31 @@ from pathlib import Path
 
 import anyio
 
-from worker.scaler.backend import FAILED, RELEASE_METADATA, STARTED, STOPPED, BackendError, Machine
+from worker.lanes import QUEUE_SUFFIX_ENV
+from worker.scaler.backend import (
+    FAILED,
+    RELEASE_METADATA,
+    STARTED,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    STORE_METADATA,
+    BackendError,
+    Machine,
+    machine_stop_s,
+)
+
+# A machine recorded this long ago whose wrapper never said its pid did not start.
+START_GRACE_S = 15.0
 
 # What a machine inherits from the scaler: the database and the store, not the
-# scaler's own settings (a machine's release, machine id and port are its own).
+# scaler's own settings (a machine's release, machine id and port are its own),
+# nor a queue suffix: a registry release's lane is its release id's (a suffix
+# would put every release on one lane).
 _NOT_INHERITED = (
     "DEEPLINE_RUNTIME_DEPLOY_VERSION", "LANE_WORKER_MACHINE_ID", "LANE_WORKER_HEALTH_PORT",
     "LANE_WORKER_SCALER_BACKEND", "LANE_WORKER_SCALER_STATE_DIR", "FLY_API_TOKEN",
+    QUEUE_SUFFIX_ENV,
 )  # fmt: skip
 
 
@@ -40,7 +62,10 @@ class ProcessBackend:
 
     def __init__(self, state_dir: Path, env: Mapping[str, str]) -> None:
         self.state_dir = state_dir
+        self.store_id = ""  # the scaler sets it before its first call
         self.env = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+        # Machines inherit the scaler's drain window: a margin above their longest stop.
+        self.stop_deadline_s = machine_stop_s(self.env) + 30.0
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -62,8 +87,20 @@ class ProcessBackend:
                 continue  # half written by a create that was cut off: not ours yet
             if not isinstance(record, dict) or RELEASE_METADATA not in record:
                 continue
+            if record.get(STORE_METADATA) != self.store_id:
+                continue  # another store's scaler shares this folder: its machines
             machines.append(self._machine(record))
         return machines
+
+    def _pids(self, machine_id: str) -> tuple[int | None, int | None]:
+        """The wrapper's and the worker's process ids, as the wrapper wrote them."""
+        try:
+            pids = json.loads((self.state_dir / f"{machine_id}.pids").read_text())
+            wrapper, worker = pids.get("wrapper"), pids.get("worker")
+        except (OSError, ValueError, AttributeError):
+            return None, None
+        return (wrapper if isinstance(wrapper, int) else None,
+                worker if isinstance(worker, int) else None)  # fmt: skip
 
     def _machine(self, record: dict[str, object]) -> Machine:
         machine_id = str(record["id"])
@@ -74,9 +111,13 @@ class ProcessBackend:
                 exit_code = int(exit_file.read_text().strip())
             except ValueError:
                 exit_code = None
-        alive = _alive(int(str(record["pid"])), machine_id)
-        if alive:
-            state = STARTED
+        age_s = max(0.0, time.time() - float(str(record["created_at"])))
+        wrapper, worker = self._pids(machine_id)
+        stopping_s = self._stopping_s(machine_id)
+        if _alive(wrapper, machine_id) or _alive(worker, machine_id):
+            state = STARTED if stopping_s is None else STOPPING
+        elif wrapper is None and exit_code is None and age_s < START_GRACE_S:
+            state = STARTING  # recorded, its wrapper not yet up
         elif exit_code is None or exit_code == 0:
             state = STOPPED
         else:
@@ -86,27 +127,42 @@ class ProcessBackend:
             release_id=str(record[RELEASE_METADATA]),
             image=str(record["image"]),
             state=state,
-            age_s=max(0.0, time.time() - float(str(record["created_at"]))),
+            age_s=age_s,
             exit_code=exit_code,
+            stopping_s=stopping_s,
         )
+
+    def _stopping_s(self, machine_id: str) -> float | None:
+        """Seconds since the machine's stop was sent; None if it never was."""
+        try:
+            sent = float((self.state_dir / f"{machine_id}.stopping").read_text())
+        except (OSError, ValueError):
+            return None
+        return max(0.0, time.time() - sent)
 
     async def create(self, release_id: str, image: str) -> Machine:
         machine_id = f"m-{secrets.token_hex(4)}"
-        log = self.state_dir / f"{machine_id}.log"
-        exit_file = self.state_dir / f"{machine_id}.exit"
         env = {
             **self.env,
             "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
             "LANE_WORKER_MACHINE_ID": machine_id,
             "LANE_WORKER_HEALTH_PORT": "0",
         }
-        # A shell records the worker's exit code (how a machine that refused to
-        # boot is told from one that stopped); its own session outlives the scaler.
-        argv = ["/bin/sh", "-c", 'exec 1>>"$0" 2>&1; "$@"; echo $? > "$0.exit.tmp"; '
-                'mv "$0.exit.tmp" "' + str(exit_file) + '"',
-                str(log), sys.executable, "-m", "worker", "run", "--app", image]  # fmt: skip
+        # Recorded before it starts: a scaler cut off between the two leaves a
+        # record the next pass finds (and cleans up), never an untracked process.
+        if not self.store_id:
+            raise BackendError("the process backend has no store id yet: nothing is created")
+        record = {"id": machine_id, RELEASE_METADATA: release_id, "image": image,
+                  STORE_METADATA: self.store_id, "created_at": time.time()}  # fmt: skip
+        tmp = self._record(machine_id).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self._record(machine_id))
+        # The wrapper (worker/scaler/machine.py) forwards the stop signal to the
+        # worker and records its exit; its own session outlives the scaler. The
+        # image (an app spec) is an argument, never shell text.
+        argv = [sys.executable, "-m", "worker.scaler.machine", str(self.state_dir), machine_id,
+                "--", sys.executable, "-m", "worker", "run", "--app", image]  # fmt: skip
         try:
-            # The image (an app spec) is an argument of its own ("$@"), never shell text.
             process = await anyio.to_thread.run_sync(
                 lambda: subprocess.Popen(  # noqa: S603
                     argv, env=env, start_new_session=True,
@@ -115,61 +171,72 @@ class ProcessBackend:
                 )
             )  # fmt: skip
         except OSError as exc:
+            self._record(machine_id).unlink(missing_ok=True)
             raise BackendError(f"could not start a worker process: {exc}") from exc
         # Kept to reap it when it exits (list, destroy); a restarted scaler's
         # machines are not its children, and init reaps those.
         self._children[machine_id] = process
-        record = {"id": machine_id, RELEASE_METADATA: release_id, "image": image,
-                  "pid": process.pid, "created_at": time.time()}  # fmt: skip
-        tmp = self._record(machine_id).with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(self._record(machine_id))
         return self._machine(record)
 
     async def stop(self, machine: Machine) -> None:
-        pid = self._pid(machine)
-        if pid is not None and _alive(pid, machine.machine_id):
-            # The whole session: the shell and the worker under it.
-            _signal_group(pid, signal.SIGTERM)
+        wrapper, worker = self._pids(machine.machine_id)
+        # The wrapper forwards it to the worker once (a second SIGTERM would make
+        # the worker exit at once instead of draining).
+        if _alive(wrapper, machine.machine_id):
+            _signal(wrapper, signal.SIGTERM)
+        elif _alive(worker, machine.machine_id):
+            _signal(worker, signal.SIGTERM)
+        # Recorded after the signal: the machine lists as stopping from now on, so
+        # no scaler (this one restarted, or a standby) sends it again; one cut off
+        # in between sends it again, which the wrapper ignores.
+        mark = self.state_dir / f"{machine.machine_id}.stopping"
+        if not mark.exists():
+            tmp = mark.with_suffix(".stopping-tmp")
+            tmp.write_text(repr(time.time()))
+            tmp.replace(mark)
 
     async def destroy(self, machine: Machine) -> None:
-        pid = self._pid(machine)
-        if pid is not None and _alive(pid, machine.machine_id):
-            _signal_group(pid, signal.SIGKILL)
+        wrapper, worker = self._pids(machine.machine_id)
+        for pid in (worker, wrapper):
+            if _alive(pid, machine.machine_id):
+                _signal(pid, signal.SIGKILL)
         child = self._children.pop(machine.machine_id, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await anyio.to_thread.run_sync(lambda: child.wait(timeout=5))
         # The log stays (a machine that failed to boot is explained there).
-        for suffix in (".json", ".exit"):
+        for suffix in (".json", ".exit", ".pids", ".stopping"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
 
-    def _pid(self, machine: Machine) -> int | None:
-        try:
-            return int(json.loads(self._record(machine.machine_id).read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return None
+    def where_logs(self, machine_id: str) -> str:
+        return str(self.state_dir / f"{machine_id}.log")
 
 
-def _alive(pid: int, machine_id: str) -> bool:
-    """Whether ``pid`` is still this machine's process (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+def _alive(pid: int | None, machine_id: str) -> bool:
+    """Whether ``pid`` is still a process of this machine (not a reused pid).
+
+    The wrapper names the machine in its arguments, the worker in its environment.
+    """
+    if pid is None:
         return False
+    proc = Path(f"/proc/{pid}")
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
             return False  # exited, not yet reaped
+        mark = machine_id.encode()
+        if mark in (proc / "cmdline").read_bytes():
+            return True
+        return b"LANE_WORKER_MACHINE_ID=" + mark + b"\0" in (proc / "environ").read_bytes()
     except (OSError, IndexError):
         return False
-    return machine_id.encode() in cmdline
 
 
-def _signal_group(pid: int, signum: int) -> None:
+def _signal(pid: int | None, signum: int) -> None:
+    if pid is None:
+        return
     try:
-        os.killpg(pid, signum)
+        os.kill(pid, signum)
     except ProcessLookupError:
         pass
     except PermissionError as exc:
-        raise BackendError(f"cannot signal process group {pid}: {exc}") from exc
+        raise BackendError(f"cannot signal process {pid}: {exc}") from exc

@@ -2,16 +2,27 @@
 
 Stateless: every pass reads the registry, the drain report and the backend's
 machines, and acts on the difference, so a scaler that restarts (or a standby
-that takes over) converges to the same end. The rules:
+that takes over) converges to the same end. Two things only are remembered,
+and forgotten when a scaler becomes active: since when a machine has been seen
+without a live worker (so a database outage, which stops every heartbeat, does
+not make every machine look dead the moment it ends) and which stops were sent
+(for a backend that lists a stopping machine as running for a moment). The rules:
 
 - the current release runs its desired count (up or down);
 - a superseded release (``previous``: its lane still claims) keeps its machines;
-- a retired release that is draining keeps its recorded count: a machine that
-  died (stopped, failed, or no live worker of it past ``DEAD_AFTER_S``) is
-  replaced from the release's image;
+- a retired release that is draining keeps its recorded count (at least one
+  while its lane is stranded: work only it may run and no live worker): a
+  machine that died (stopped, failed, or no live worker of it for
+  ``DEAD_AFTER_S`` as this scaler watched it) is replaced from the release's image;
 - a retired release that is drained has its machines stopped, then destroyed;
+- a stop is sent once per machine: a stopping machine drains undisturbed (a
+  second stop signal would make its worker exit at once) and is destroyed once it
+  stopped, or when it outlives the backend's ``stop_deadline_s`` (above its
+  worker's longest stop, from the drain window);
 - a live machine of a release that is not drained is never stopped or destroyed,
-  except the current release's surplus when its count goes down;
+  except the current release's surplus when its count goes down, and a machine
+  on an image the release no longer records (it was deployed again with a new
+  one) once the new image has the release's count ready;
 - once the current release has its desired count ready, what it supersedes is
   retired (``retire_superseded``: one transaction, recorded).
 """
@@ -19,6 +30,7 @@ that takes over) converges to the same end. The rules:
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,16 +39,24 @@ import structlog
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
-from worker.ops.report import read_report
-from worker.scaler.backend import Backend, BackendError, Machine
+from worker.ops.report import LaneView, read_report
+from worker.scaler.backend import STOPPING, Backend, BackendError, Machine
 
-# A machine whose worker has not registered live this long after it was created
-# (or has stopped beating since) is dead: a boot takes seconds.
+# A machine whose worker has not been live this long, as this scaler watched it
+# (and at least this long after it was created), is dead: a boot takes seconds.
 DEAD_AFTER_S = 60.0
+# A stop sent while the backend still lists the machine running is not sent again
+# for this long (the backend catches up within a pass or two).
+STOP_RESEND_S = 300.0
 EXIT_CONFIG = 78  # a worker that refused its configuration
 MAX_RESTART_BACKOFF_S = 300.0  # between machines of a release whose machines keep dying
+MAX_BACKEND_BACKOFF_S = 60.0  # between listings of a backend that keeps refusing (a bad token)
 
 log = structlog.get_logger("lane_worker.scaler")
+
+
+async def _unguarded() -> None:
+    return None
 
 
 @dataclass
@@ -44,17 +64,21 @@ class ReleaseSeen:
     """What one pass saw and did for one release (written to ``scaler_state``)."""
 
     desired: int = 0
+    image: str | None = None  # the image the pass reconciled against
     target: int = 0
     running: int = 0
-    ready: int = 0
+    ready: int = 0  # machines on the release's image whose worker is ready
+    outdated: int = 0  # running or stopping machines on an image the release no longer records
+    stopping: int = 0  # machines whose stop was sent, still draining
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     boot_refused: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "desired": self.desired, "target": self.target, "running": self.running,
-            "ready": self.ready, "actions": self.actions, "error": self.error,
+            "desired": self.desired, "image": self.image, "target": self.target,
+            "running": self.running, "ready": self.ready, "outdated": self.outdated,
+            "stopping": self.stopping, "actions": self.actions, "error": self.error,
             "bootRefused": self.boot_refused,
         }  # fmt: skip
 
@@ -64,35 +88,56 @@ class Reconciler:
 
     def __init__(self, db: Database, store: Store, backend: Backend, *, actor: str) -> None:
         self.db, self.store, self.backend, self.actor = db, store, backend, actor
-        # Per release: machines that died young in a row, and when the next may be created.
-        # A release whose workers cannot boot is not recreated every pass (kept in memory:
-        # a restarted scaler starts over, which is safe, only faster).
-        self._died: dict[str, int] = {}
-        self._not_before: dict[str, float] = {}
-        self._why_died: dict[str, str] = {}  # the last one's exit, until one is ready
+        # Awaited before every action: the active scaler checks it still holds its
+        # lock, so a scaler that lost it mid-pass stops acting at once.
+        self.guard: Callable[[], Awaitable[object]] = _unguarded
+        # Per release and image: machines that died young in a row, and when the next
+        # may be created. A release whose workers cannot boot is not recreated every
+        # pass; a new image of it (the fix) starts at once (kept in memory: a
+        # restarted scaler starts over, which is safe, only faster).
+        self._died: dict[tuple[str, str], int] = {}
+        self._not_before: dict[tuple[str, str], float] = {}
+        self._why_died: dict[tuple[str, str], str] = {}  # the last exit, until one is ready
+        self._not_live_since: dict[str, float] = {}  # machine id: first seen without a worker
+        self._stop_sent: dict[str, float] = {}  # machine id: when this scaler stopped it
+        # A backend that refuses to list (401, 404, an outage past its retries) is
+        # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
+        self._backend_failures = 0
+        self._backend_retry_at = 0.0
+        self._backend_error = ""
+
+    def reset(self) -> None:
+        """Forget what was watched: called when this scaler becomes the active one."""
+        self._not_live_since.clear()
+        self._stop_sent.clear()
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
         deployments = await self.db.run(self.store.registry.deployments)
-        views = await self.db.run(lambda c: read_report(c, self.store))
-        drained = {v.queue for v in views if v.status == "drained"}
-        known_lanes = {v.queue for v in views}
+        views = {v.queue: v for v in await self.db.run(lambda c: read_report(c, self.store))}
+        if time.monotonic() < self._backend_retry_at:
+            return self._backend_down(deployments)
         try:
             machines = await self.backend.list()
         except BackendError as exc:
-            log.error("scaler.backend_failed", error=str(exc))
-            return {d.release_id: ReleaseSeen(desired=d.desired, error=str(exc))
-                    for d in deployments}  # fmt: skip
+            self._backend_failures += 1
+            wait_s = min(MAX_BACKEND_BACKOFF_S, 2.0**self._backend_failures)
+            self._backend_retry_at = time.monotonic() + wait_s
+            self._backend_error = str(exc)
+            log.error("scaler.backend_failed", error=str(exc), retry_in_s=wait_s)
+            return self._backend_down(deployments)
+        self._backend_failures, self._backend_retry_at = 0, 0.0
+        listed = {m.machine_id for m in machines}
+        for memory in (self._not_live_since, self._stop_sent):
+            for gone in set(memory) - listed:
+                del memory[gone]
         by_release: dict[str, list[Machine]] = {}
         for m in machines:
             by_release.setdefault(m.release_id, []).append(m)
         seen: dict[str, ReleaseSeen] = {}
         for d in deployments:
-            lane_drained = d.role == "retired" and (
-                d.queue in drained or d.queue not in known_lanes
-            )
-            seen[d.release_id] = await self._release(d, by_release.pop(d.release_id, []),
-                                                     lane_drained)  # fmt: skip
+            view = views.get(d.queue)
+            seen[d.release_id] = await self._release(d, by_release.pop(d.release_id, []), view)
         # Machines carrying the mark of a release the registry does not have: left
         # alone (their lane may still hold work), and shown.
         for release_id, orphans in by_release.items():
@@ -101,82 +146,133 @@ class Reconciler:
         await self._maybe_retire(deployments, seen)
         return seen
 
-    async def _release(self, d: Deployment, mine: list[Machine], drained: bool) -> ReleaseSeen:
-        seen = ReleaseSeen(desired=d.desired, boot_refused=self._why_died.get(d.release_id))
+    def _backend_down(self, deployments: list[Deployment]) -> dict[str, ReleaseSeen]:
+        return {d.release_id: ReleaseSeen(desired=d.desired, image=d.image,
+                                          error=self._backend_error)
+                for d in deployments}  # fmt: skip
+
+    def _stopping(self, m: Machine) -> bool:
+        """Whether ``m``'s stop was sent and it is still draining."""
+        if m.state == STOPPING:
+            return True
+        sent = self._stop_sent.get(m.machine_id)
+        return m.running and sent is not None and time.monotonic() - sent < STOP_RESEND_S
+
+    def _dead(self, m: Machine, live: set[str]) -> bool:
+        """No live worker on ``m`` for ``DEAD_AFTER_S``, as this scaler watched it."""
+        if m.machine_id in live:
+            self._not_live_since.pop(m.machine_id, None)
+            return False
+        since = self._not_live_since.setdefault(m.machine_id, time.monotonic())
+        return m.age_s > DEAD_AFTER_S and time.monotonic() - since > DEAD_AFTER_S
+
+    async def _release(self, d: Deployment, mine: list[Machine], view: LaneView | None
+                       ) -> ReleaseSeen:  # fmt: skip
+        # A retired lane the report no longer shows (pruned) holds nothing either.
+        drained = d.role == "retired" and (view is None or view.status == "drained")
+        seen = ReleaseSeen(desired=d.desired, image=d.image,
+                           boot_refused=self._why_died.get((d.release_id, d.image)))  # fmt: skip
         live = set(d.live_machines)
         ready = set(d.ready_machines)
         release_id = d.release_id
         try:
             alive: list[Machine] = []
             for m in mine:
+                if self._stopping(m):
+                    seen.stopping += 1
+                    seen.outdated += m.image != d.image
+                    deadline_s = self.backend.stop_deadline_s
+                    if m.stopping_s is not None and m.stopping_s > deadline_s:
+                        why = f"still stopping {deadline_s:g} s after its stop"
+                        await self._act(seen, release_id, "destroyed", m, why)
+                    continue
                 if not m.running:
-                    if m.exit_code not in (None, 0):
-                        self._note_death(release_id)
-                    if m.exit_code == EXIT_CONFIG:
-                        seen.boot_refused = (
-                            f"machine {m.machine_id} exited 78 (its worker refused the "
-                            "configuration; see its log)"
+                    # A machine this scaler (or one before it) stopped did not die.
+                    stopped = m.stopping_s is not None or m.machine_id in self._stop_sent
+                    if not stopped and m.exit_code not in (None, 0):
+                        self._note_death((release_id, m.image))
+                        why = ("its worker refused the configuration"
+                               if m.exit_code == EXIT_CONFIG
+                               else "its worker could not start or crashed")  # fmt: skip
+                        self._why_died[release_id, m.image] = (
+                            f"machine {m.machine_id} exited {m.exit_code} ({why}; see "
+                            f"{self.backend.where_logs(m.machine_id)})"
                         )
-                    elif m.exit_code not in (None, 0):
-                        seen.boot_refused = (
-                            f"machine {m.machine_id} exited {m.exit_code} (its worker could not "
-                            "start or crashed; see its log)"
-                        )
-                    if seen.boot_refused:
-                        self._why_died[release_id] = seen.boot_refused
+                        if m.image == d.image:  # an older image's death is not this deploy's
+                            seen.boot_refused = self._why_died[release_id, m.image]
                     await self._act(seen, release_id, "destroyed", m, "it is not running")
                     continue
-                if m.machine_id not in live and m.age_s > DEAD_AFTER_S and not drained:
-                    why = f"no live worker on it {DEAD_AFTER_S:g} s after it started"
+                if not drained and self._dead(m, live):
+                    why = f"no live worker on it for {DEAD_AFTER_S:g} s"
                     await self._act(seen, release_id, "replaced", m, why)
                     continue
                 alive.append(m)
+            # Machines still on an image the release no longer records (it was
+            # deployed again with a new one): replaced, new ones first.
+            fresh = [m for m in alive if m.image == d.image]
+            outdated = [m for m in alive if m.image != d.image]
             seen.running = len(alive)
-            seen.ready = sum(1 for m in alive if m.machine_id in ready)
+            seen.outdated += len(outdated)
+            seen.ready = sum(1 for m in fresh if m.machine_id in ready)
             if seen.ready:
-                self._died.pop(release_id, None)
-                self._not_before.pop(release_id, None)
-                self._why_died.pop(release_id, None)
+                self._died.pop((release_id, d.image), None)
+                self._not_before.pop((release_id, d.image), None)
+                self._why_died.pop((release_id, d.image), None)
                 seen.boot_refused = None
             if drained:
                 seen.target = 0
                 for m in alive:
                     await self._act(seen, release_id, "stopped", m, "its lane is drained")
                 return seen
-            seen.target = d.desired
-            wait_s = self._not_before.get(release_id, 0.0) - time.monotonic()
-            if d.desired > len(alive) and wait_s > 0:
+            # A retired lane with work only its release may run and no live worker
+            # gets one machine even if the release was deployed with none.
+            stranded = d.role == "retired" and view is not None and view.stranded
+            seen.target = max(d.desired, 1) if stranded else d.desired
+            wait_s = self._not_before.get((release_id, d.image), 0.0) - time.monotonic()
+            if seen.target > len(fresh) and wait_s > 0:
                 seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
-                return seen
-            for _ in range(d.desired - len(alive)):
-                made = await self.backend.create(d.release_id, d.image)
-                seen.actions.append(f"created {made.machine_id}")
-                await self._record(d.release_id, "machine_created",
-                                   {"machine": made.machine_id, "image": d.image,
-                                    "reason": f"{len(alive)} of {d.desired} running"})  # fmt: skip
-                log.info("scaler.machine_created", release_id=d.release_id,
-                         machine=made.machine_id, image=d.image)  # fmt: skip
-            if d.role == "current" and len(alive) > d.desired:
+            else:
+                for _ in range(seen.target - len(fresh)):
+                    await self._create(seen, d, f"{len(fresh)} of {seen.target} running "
+                                                f"{d.image}")  # fmt: skip
+            # An outdated machine stops only once the new image has the release's
+            # count ready: a new image that cannot boot leaves the old ones serving.
+            if outdated and seen.ready >= d.desired:
+                for m in outdated:
+                    await self._act(seen, release_id, "stopped", m,
+                                    f"its image {m.image} was replaced by {d.image}")  # fmt: skip
+            if d.role == "current" and len(fresh) > d.desired:
                 # Scaling the current release down: machines without a live worker first.
-                surplus = sorted(alive, key=lambda m: (m.machine_id in live, -m.age_s))
-                for m in surplus[: len(alive) - d.desired]:
+                surplus = sorted(fresh, key=lambda m: (m.machine_id in live, -m.age_s))
+                for m in surplus[: len(fresh) - d.desired]:
                     await self._act(seen, release_id, "stopped", m, "above the desired count")
         except BackendError as exc:
             seen.error = str(exc)
             log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
         return seen
 
-    def _note_death(self, release_id: str) -> None:
-        """A machine of the release exited with an error: back off before the next one."""
-        died = self._died.get(release_id, 0) + 1
-        self._died[release_id] = died
-        self._not_before[release_id] = time.monotonic() + min(MAX_RESTART_BACKOFF_S, 2.0**died)
+    async def _create(self, seen: ReleaseSeen, d: Deployment, reason: str) -> None:
+        await self.guard()
+        made = await self.backend.create(d.release_id, d.image)
+        seen.actions.append(f"created {made.machine_id}")
+        detail = {"machine": made.machine_id, "image": d.image, "reason": reason}
+        await self._record(d.release_id, "machine_created", detail)
+        log.info("scaler.machine_created", release_id=d.release_id, machine=made.machine_id,
+                 image=d.image, reason=reason)  # fmt: skip
+
+    def _note_death(self, key: tuple[str, str]) -> None:
+        """A machine of a release's image exited with an error: back off before the next."""
+        died = self._died.get(key, 0) + 1
+        self._died[key] = died
+        self._not_before[key] = time.monotonic() + min(MAX_RESTART_BACKOFF_S, 2.0**died)
 
     async def _act(
         self, seen: ReleaseSeen, release_id: str, action: str, m: Machine, reason: str
     ) -> None:
         """Stop (and, for a machine that is not running, destroy) ``m``; record why."""
+        await self.guard()
         if m.running:
+            self._stop_sent[m.machine_id] = time.monotonic()
             await self.backend.stop(m)
         if action in ("destroyed", "replaced") or not m.running:
             await self.backend.destroy(m)
@@ -205,8 +301,9 @@ class Reconciler:
         # ones keep claiming (no lane would otherwise take new runs).
         if current.desired == 0 or ready < current.desired:
             return
+        await self.guard()
         retired = await self.db.run(
-            lambda c: self.store.registry.retire_superseded(c, actor=self.actor)
+            lambda c: self.store.registry.retire_superseded(c, actor=self.actor, current=current)
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)

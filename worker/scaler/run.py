@@ -2,7 +2,12 @@
 
 The active scaler holds a session advisory lock on its own connection; a second
 one waits as a standby and takes over when the lock is free (its holder died or
-stopped). Each pass is stateless (``reconcile.py``), writes what it saw to the
+stopped). The lock is a lease: its session has ``idle_session_timeout`` set to
+``LEASE_S`` and the active scaler speaks on it every ``LEASE_S / 6``, so a
+scaler that hangs (stopped, frozen, or cut off from the database) loses the lock
+within ``LEASE_S`` and a standby takes over; the hung one, if it wakes, finds
+its connection closed and acts on nothing (every action checks the lock first).
+Each pass is stateless (``reconcile.py``), writes what it saw to the
 store (``scaler_state``: ``releases`` and ``releases deploy --wait`` read it)
 and is exposed on the health port: ``/healthz``, ``/readyz`` (ready while it is
 the active scaler and its last pass succeeded), ``/metrics``. SIGTERM stops it;
@@ -16,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -32,14 +38,52 @@ from worker.scaler.reconcile import Reconciler
 
 PASS_S = 2.0
 STANDBY_RETRY_S = 2.0
+LEASE_S = 30.0
 
 log = structlog.get_logger("lane_worker.scaler")
+
+
+class LockLost(Exception):
+    """The connection holding the lock failed: this scaler no longer holds it."""
+
+
+# What losing the lock (or not reaching the database) looks like: the scaler
+# stands by and tries again.
+_LOCK_LOST = (LockLost, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
 def lock_key(schema: str) -> int:
     """The advisory lock one active scaler per store holds (a signed 64-bit number)."""
     digest = hashlib.sha256(f"lane_worker.scaler:{schema}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def _lost() -> None:
+    raise LockLost("the scaler does not hold its lock")
+
+
+class _Lease:
+    """The connection that holds the lock, spoken on by one task at a time."""
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self.conn = conn
+        self._turn = anyio.Lock()
+
+    async def check(self) -> object:
+        """Fail unless the lock's connection still answers (the lock is still held)."""
+        async with self._turn:
+            try:
+                return await self.conn.fetchval("select 1", timeout=5)
+            except Exception as exc:
+                # However it fails (the server ended the idle session of a scaler
+                # that hung: asyncpg may say so in several ways), the lock is gone.
+                raise LockLost(f"the lock's connection failed: {type(exc).__name__}") from exc
+
+    async def keep(self) -> None:
+        """Speak on the connection well within its idle timeout, until it fails."""
+        while True:
+            await self.check()
+            await anyio.sleep(LEASE_S / 6)
 
 
 class ScalerMetrics(Metrics):
@@ -76,6 +120,7 @@ class Scaler:
         self.last_pass_ok = False
         self.stop = anyio.Event()
         self.reconciler = Reconciler(client.db, client.store, backend, actor=f"scaler {actor()}")
+        self.reconciler.guard = _lost  # until it holds the lock
 
     async def _readiness(self) -> dict[str, Any]:
         ready = self.active and self.last_pass_ok
@@ -109,7 +154,12 @@ class Scaler:
         while not self.stop.is_set():
             conn: asyncpg.Connection[Any] | None = None
             try:
-                conn = await asyncpg.connect(url, timeout=10)
+                # The server ends the session (and frees the lock) when it is idle
+                # for LEASE_S: the active scaler hung.
+                conn = await asyncpg.connect(url, timeout=10, server_settings={
+                    "idle_session_timeout": str(int(LEASE_S * 1000)),
+                    "application_name": "lane-worker-scaler-lock",
+                })  # fmt: skip
                 if not await conn.fetchval("select pg_try_advisory_lock($1)", key):
                     if not said_standby:
                         log.info("scaler.standby", detail="another scaler is active")
@@ -119,18 +169,46 @@ class Scaler:
                     with anyio.move_on_after(STANDBY_RETRY_S):
                         await self.stop.wait()
                     continue
+                lease = _Lease(conn)
+                # Machines are marked with the store's id: read before any call.
+                self.backend.store_id = await self.client.db.run(
+                    self.client.store.registry.store_id
+                )
                 self.active = True
+                self.reconciler.reset()
                 log.info("scaler.active", holder=self.holder)
-                await self._passes(conn)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                self.reconciler.guard = lease.check
+                await self._while_held(lease)
+            except _LOCK_LOST as exc:
                 # The lock's connection dropped (or never opened): stand by and take it again.
-                log.warning("scaler.database_unavailable", error=type(exc).__name__)
+                if isinstance(exc, LockLost):
+                    log.warning("scaler.lock_lost", error=str(exc))
+                else:
+                    log.warning("scaler.database_unavailable", error=type(exc).__name__)
                 with anyio.move_on_after(STANDBY_RETRY_S):
                     await self.stop.wait()
             finally:
                 self.active = False
+                self.reconciler.guard = _lost
                 if conn is not None and not conn.is_closed():
                     await conn.close(timeout=2)  # releases the lock
+
+    async def _while_held(self, lease: _Lease) -> None:
+        """Pass after pass while the lease is kept; raise what lost it."""
+        lost: list[BaseException] = []
+
+        async def until_lost(job: Callable[[], Awaitable[None]], tg: anyio.abc.TaskGroup) -> None:
+            try:
+                await job()
+            except _LOCK_LOST as exc:
+                lost.append(exc)
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(until_lost, lease.keep, tg)
+            tg.start_soon(until_lost, lambda: self._passes(lease), tg)
+        if lost:
+            raise lost[0]  # out of the task group: the caller stands by
 
     async def _beat(self, said: dict[str, Any]) -> None:
         try:
@@ -142,9 +220,9 @@ class Scaler:
         except Exception as exc:
             log.warning("scaler.beat_failed", error=type(exc).__name__)
 
-    async def _passes(self, lock: asyncpg.Connection[Any]) -> None:
+    async def _passes(self, lease: _Lease) -> None:
         while not self.stop.is_set():
-            await lock.fetchval("select 1")  # still holding it: the connection is alive
+            await lease.check()  # still holding it: the connection is alive
             started = time.monotonic()
             try:
                 seen = await self.reconciler.once()
@@ -159,6 +237,9 @@ class Scaler:
                 self.metrics.machines_running.labels(release_id).set(s.running)
                 for action in s.actions:
                     self.metrics.actions.labels(action.split()[0]).inc()
+            # Only while still holding the lock: a scaler that hung and woke up must
+            # not write over what the active one says.
+            await lease.check()
             await self._beat({k: v.as_json() for k, v in seen.items()})
             with anyio.move_on_after(max(0.1, PASS_S - (time.monotonic() - started))):
                 await self.stop.wait()

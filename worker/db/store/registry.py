@@ -1,4 +1,4 @@
-"""Store queries of the release registry and the scaler (migration 0012)."""
+"""Store queries of the release registry and the scaler (migrations 0012, 0013)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,19 @@ class RegistryQueries(Queries):
         )
         return said
 
-    async def retire_superseded(self, conn: Connection, *, actor: str) -> list[str]:
-        """Retire every release the ready current one supersedes; return them."""
-        return list(await self._value(conn, "retire_superseded", actor) or [])
+    async def retire_superseded(
+        self, conn: Connection, *, actor: str, current: Deployment | None = None
+    ) -> list[str]:
+        """Retire every release the ready current one supersedes; return them.
+
+        With ``current``, only while that release, as deployed then, is still current.
+        """
+        if current is None:
+            return list(await self._value(conn, "retire_superseded", actor) or [])
+        retired = await self._value(
+            conn, "retire_superseded_by", actor, current.release_id, current.deployed_at
+        )
+        return list(retired or [])
 
     async def deployments(self, conn: Connection) -> list[Deployment]:
         return await self._rows(conn, Deployment, "deployments")
@@ -46,6 +56,10 @@ class RegistryQueries(Queries):
         self, conn: Connection, *, holder: str, backend: str, releases: dict[str, Any]
     ) -> None:
         await self._run(conn, "scaler_beat", holder, backend, releases)
+
+    async def store_id(self, conn: Connection) -> str:
+        """This store's identity (migration 0013), which the scaler marks machines with."""
+        return str(await self._value(conn, "store_id"))
 
     async def scaler_state(self, conn: Connection) -> ScalerState | None:
         return await self._row(conn, ScalerState, "scaler_state")

@@ -50,3 +50,11 @@ on conflict (singleton) do update
 -- name: scaler_state
 select holder, backend, beat_at, extract(epoch from now() - beat_at)::float8 as age_s, releases
   from {schema}.scaler_state;
+
+-- name: store_id
+-- The store's identity (migration 0013): the scaler marks its machines with it.
+select {schema}.store_id();
+
+-- name: retire_superseded_by
+-- retire_superseded, only while $2 (deployed at $3) is still the current release.
+select {schema}.retire_superseded_by($1, $2, $3);

@@ -1,0 +1,286 @@
+"""The scaler's reconcile pass (worker/scaler/reconcile.py) on real Postgres.
+
+The registry, the drain report and the workers' heartbeats are real; the backend
+is an in-memory list of machines the test scripts (what Fly or the process
+backend would list), and the clock the pass reads is the test's, so "60 s
+without a live worker" is a step of the test, not a wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from support.daemon import base_env
+from support.runtime import SCHEMA, env_of, eventually, open_client, queue_of
+from worker.client import LaneClient
+from worker.scaler import reconcile
+from worker.scaler.backend import STARTED, STOPPED, STOPPING, BackendError, Machine
+from worker.scaler.process import ProcessBackend
+from worker.scaler.reconcile import DEAD_AFTER_S, Reconciler
+
+
+class ListedMachines:
+    """A backend whose list the test writes; it records every call."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.store_id = "store-under-test"
+        self.stop_deadline_s = 75.0
+        self.machines: dict[str, Machine] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.refusal = ""  # set: list raises it, as a backend with a bad token does
+        self.listed = 0
+
+    def add(self, machine_id: str, release_id: str, *, state: str = STARTED,
+            age_s: float = 1000.0, image: str = "img") -> None:  # fmt: skip
+        self.machines[machine_id] = Machine(machine_id, release_id, image, state, age_s)
+
+    def set(self, machine_id: str, **changes: object) -> None:
+        self.machines[machine_id] = replace(self.machines[machine_id], **changes)
+
+    async def list(self) -> list[Machine]:
+        self.listed += 1
+        if self.refusal:
+            raise BackendError(self.refusal)
+        return list(self.machines.values())
+
+    async def create(self, release_id: str, image: str) -> Machine:
+        machine_id = f"new-{len(self.calls)}"
+        self.calls.append(("create", release_id))
+        self.add(machine_id, release_id, image=image, age_s=0.0)
+        return self.machines[machine_id]
+
+    async def stop(self, machine: Machine) -> None:
+        self.calls.append(("stop", machine.machine_id))
+
+    async def destroy(self, machine: Machine) -> None:
+        self.calls.append(("destroy", machine.machine_id))
+        self.machines.pop(machine.machine_id, None)
+
+    def where_logs(self, machine_id: str) -> str:
+        return f"the test's notes on {machine_id}"
+
+
+class Clock:
+    """``time.monotonic`` as the reconcile pass reads it, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    at = Clock()
+    monkeypatch.setattr(reconcile, "time", SimpleNamespace(monotonic=at.monotonic))
+    return at
+
+
+async def _worker_on(client: LaneClient, release: str, machine_id: str, *, live: bool) -> None:
+    """A worker row of ``release`` on ``machine_id``, beating now or ten minutes ago."""
+    await client.db.execute(
+        f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid, concurrency,"
+        " machine_id, ready_at, heartbeat_at) values ($1, $2, $3, 'test', 1, 8, $4, now(),"
+        " now() - make_interval(mins => $5))"
+        " on conflict (worker_id) do update set heartbeat_at = excluded.heartbeat_at",
+        f"w-{machine_id}", release, queue_of(release), machine_id, 0 if live else 10,
+    )  # fmt: skip
+
+
+async def test_an_outage_that_stopped_every_heartbeat_replaces_no_machine_at_once(
+    database_url: str, clock: Clock
+) -> None:
+    """Machines without a live worker are dead only after DEAD_AFTER_S of this scaler
+    watching them: not the moment a database outage ends, nor the moment a scaler
+    becomes active."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-a")) as client:
+        await client.releases.deploy("rec-a", image="img", machines=1)
+        backend.add("m1", "rec-a")
+        await _worker_on(client, "rec-a", "m1", live=False)  # its heartbeat stopped in the outage
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+
+        await reconciler.once()
+        assert backend.calls == [], "a machine was replaced the moment it was seen without worker"
+
+        clock.now += DEAD_AFTER_S / 2
+        await _worker_on(client, "rec-a", "m1", live=True)  # the worker beats again
+        await reconciler.once()
+        await _worker_on(client, "rec-a", "m1", live=False)
+        clock.now += DEAD_AFTER_S / 2 + 1
+        await reconciler.once()
+        assert backend.calls == [], "the watch did not start over when the worker came back"
+
+        clock.now += DEAD_AFTER_S
+        reconciler.reset()  # this scaler became active again (a standby took over and back)
+        await reconciler.once()
+        assert backend.calls == []
+
+        clock.now += DEAD_AFTER_S + 1
+        seen = await reconciler.once()
+    assert backend.calls[:2] == [("stop", "m1"), ("destroy", "m1")], backend.calls
+    assert ("create", "rec-a") in backend.calls  # and replaced from the release's image
+    assert seen["rec-a"].actions[0] == "replaced m1"
+
+
+async def test_a_stop_is_sent_once_and_the_machine_drains_undisturbed(
+    database_url: str, clock: Clock
+) -> None:
+    """A surplus machine is stopped once: while the backend still lists it running, while it
+    is stopping, and once it stopped (destroyed, and not counted as a death)."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-s")) as client:
+        await client.releases.deploy("rec-s", image="img", machines=1)
+        for m in ("m1", "m2"):
+            backend.add(m, "rec-s")
+            await _worker_on(client, "rec-s", m, live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await client.releases.deploy("rec-s", image="img", machines=0)  # scaled down
+
+        await reconciler.once()
+        stops = [c for c in backend.calls if c[0] == "stop"]
+        assert len(stops) == 2, backend.calls
+        clock.now += 2
+        await reconciler.once()  # the backend lists them running for a moment (Fly)
+        for m in ("m1", "m2"):
+            backend.set(m, state=STOPPING)
+        clock.now += 2
+        seen = await reconciler.once()
+        assert seen["rec-s"].stopping == 2
+        backend.set("m2", stopping_s=backend.stop_deadline_s - 1)  # draining, within its bound
+        await reconciler.once()
+        assert backend.calls == stops, "a stop was sent again, or a draining machine destroyed"
+
+        backend.set("m1", state=STOPPED, exit_code=143)
+        backend.set("m2", state=STOPPING, stopping_s=backend.stop_deadline_s + 1)  # stuck stopping
+        seen = await reconciler.once()
+    assert backend.calls[2:] == [("destroy", "m1"), ("destroy", "m2")], backend.calls
+    assert seen["rec-s"].boot_refused is None  # a machine it stopped did not die
+
+
+async def test_a_stranded_retired_release_deployed_with_no_machines_gets_one(
+    database_url: str, clock: Clock
+) -> None:
+    """Work only a retired release may run and no live worker of it: one machine is started
+    even though the release was deployed with none; none once it has a live worker."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-old")) as client:
+        await client.releases.deploy("rec-old", image="img:old", machines=0)
+        await client.submit("plain", {"n": 1})  # a fresh run: only rec-old may run it
+        await client.releases.deploy("rec-new", image="img:new", machines=1)
+        await client.db.run(lambda c: client.store.registry.retire_superseded(c, actor="t"))
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+
+        seen = await reconciler.once()
+        assert ("create", "rec-old") in backend.calls, backend.calls
+        assert seen["rec-old"].target == 1
+        [made] = [m for m in backend.machines.values() if m.release_id == "rec-old"]
+        assert made.image == "img:old"
+        await _worker_on(client, "rec-old", made.machine_id, live=True)
+        backend.calls.clear()
+        seen = await reconciler.once()
+    assert [c for c in backend.calls if c[1] == "rec-old" or c[1] == made.machine_id] == []
+    assert seen["rec-old"].target == 0
+
+
+async def test_a_process_backend_lists_only_its_own_stores_machines(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two scalers of different databases sharing a folder never see each other's machines;
+    a machine's worker gets neither the scaler's queue suffix nor the scaler's settings."""
+    env = {**base_env(database_url, "unused"), "DEEPLINE_ABSURD_QUEUE_SUFFIX": "my-worktree",
+           "LANE_WORKER_SCALER_STATE_DIR": str(tmp_path)}  # fmt: skip
+    ours, theirs = ProcessBackend(tmp_path, env), ProcessBackend(tmp_path, env)
+    ours.store_id, theirs.store_id = "store-1", "store-2"
+    made = await ours.create("rec-env", "support.apps.basic:app")
+    try:
+        assert [m.machine_id for m in await ours.list()] == [made.machine_id]
+        assert await theirs.list() == []
+
+        async def worker_environ() -> list[bytes] | None:
+            return _worker_environ(tmp_path, made.machine_id)
+
+        environ = await eventually(worker_environ, timeout_s=20, what="the machine's worker")
+        assert b"DEEPLINE_RUNTIME_DEPLOY_VERSION=rec-env" in environ
+        assert not [v for v in environ if v.startswith(b"DEEPLINE_ABSURD_QUEUE_SUFFIX=")]
+        assert not [v for v in environ if v.startswith(b"LANE_WORKER_SCALER_STATE_DIR=")]
+    finally:
+        for m in await ours.list():
+            await ours.destroy(m)
+
+
+async def test_the_store_id_is_made_once_and_kept(database_url: str) -> None:
+    """The id the scaler marks machines with is the store's, the same after a migrate."""
+    async with open_client(database_url, env_of("rec-id")) as client:
+        first = await client.db.run(client.store.registry.store_id)
+        await client.migrate()
+        again = await client.db.run(client.store.registry.store_id)
+    assert first == again
+    assert len(first) == 36  # a uuid
+
+
+def _worker_environ(state_dir: Path, machine_id: str) -> list[bytes] | None:
+    """The environment of a process-backend machine's worker, once it runs."""
+    try:
+        pids = json.loads((state_dir / f"{machine_id}.pids").read_text())
+        return Path(f"/proc/{pids['worker']}/environ").read_bytes().split(b"\0")
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+async def test_a_backend_that_refuses_is_asked_again_slower_not_every_pass(
+    database_url: str, clock: Clock
+) -> None:
+    """A 401 (a bad token) is one error per retry, after 2, 4, 8 ... at most 60 s; the
+    scaler's word on each release carries it meanwhile; a success resets the pace."""
+    backend = ListedMachines()
+    backend.refusal = "Fly Machines API GET /machines: HTTP 401 (unauthorized)"
+    async with open_client(database_url, env_of("rec-401")) as client:
+        await client.releases.deploy("rec-401", image="img", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        listed_at = []
+        for _ in range(100):  # 100 passes of 2 s
+            seen = await reconciler.once()
+            assert seen["rec-401"].error == backend.refusal
+            if backend.listed > len(listed_at):
+                listed_at.append(clock.now)
+            clock.now += 2
+        backend.refusal = ""
+        clock.now += 60
+        await reconciler.once()
+        calls = backend.listed
+        await reconciler.once()
+    gaps = [b - a for a, b in itertools.pairwise(listed_at)]
+    assert gaps[:5] == [2, 4, 8, 16, 32], gaps
+    assert max(gaps) == 60, gaps
+    assert backend.listed == calls + 1  # listed again on the very next pass
+
+
+async def test_a_fixed_image_starts_at_once_after_a_broken_one(
+    database_url: str, clock: Clock
+) -> None:
+    """A broken image's machines back off; deploying the release again with a fixed image
+    starts a machine on the next pass, and the broken image's exit is not this deploy's."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-fix")) as client:
+        await client.releases.deploy("rec-fix", image="img:broken", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [broken] = backend.machines
+        backend.set(broken, state=STOPPED, exit_code=2)  # it dies at boot
+        seen = await reconciler.once()
+        assert seen["rec-fix"].boot_refused is not None
+        assert seen["rec-fix"].actions[-1].startswith("waiting"), seen["rec-fix"].actions
+        await client.releases.deploy("rec-fix", image="img:fixed", machines=1)
+        seen = await reconciler.once()
+    assert seen["rec-fix"].boot_refused is None
+    assert [m.image for m in backend.machines.values()] == ["img:fixed"]

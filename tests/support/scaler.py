@@ -1,0 +1,85 @@
+"""A scaler with the process backend as a subprocess, and what it and its machines say.
+
+``start_scaler`` runs `lane-worker scaler --backend process`; its machines are
+worker processes whose output goes to ``STATE_DIR/<machine>.log``
+(``worker/scaler/machine.py``), where ``machine_health_port`` finds the port
+each worker bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from support import REPO
+from support.daemon import base_env
+from support.db import fetch
+from support.machines import destroy_all
+from support.runtime import SCHEMA
+
+
+def start_scaler(
+    database_url: str, state_dir: Path, log: Path, **env: str
+) -> subprocess.Popen[bytes]:
+    """Start a scaler whose machines serve with a 3 s drain (``env`` adds or overrides)."""
+    values = {**base_env(database_url, "unused"), "LANE_WORKER_DRAIN_SECONDS": "3", **env}
+    values.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", "scaler", "--backend", "process",
+             "--state-dir", str(state_dir), "--health-port", "0"],
+            cwd=REPO, env=values, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def machine_health_port(state_dir: Path, machine_id: str) -> int | None:
+    """The health port a machine's worker logged in ``worker.ready``; None before that."""
+    log = state_dir / f"{machine_id}.log"
+    if not log.exists():
+        return None
+    for record in events(log):
+        if record.get("event") == "worker.ready":
+            return int(record["health_port"])
+    return None
+
+
+def events(log: Path) -> list[dict[str, Any]]:
+    """The JSON log lines of a scaler (or machine) log, in order."""
+    found = []
+    for line in log.read_text().splitlines():
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+@contextlib.asynccontextmanager
+async def scaler_running(
+    database_url: str, state_dir: Path, log: Path, **env: str
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A scaler for the block; then it is stopped and every machine it left is destroyed."""
+    scaler = start_scaler(database_url, state_dir, log, **env)
+    try:
+        yield scaler
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(timeout=30)
+        await destroy_all(state_dir)
+
+
+async def machine_events(database_url: str, release_id: str, action: str) -> list[str]:
+    """The machines the registry records ``action`` (``machine_created``, ...) for, in order."""
+    rows = await fetch(
+        database_url,
+        f"select detail->>'machine' as machine from {SCHEMA}.deployment_events"
+        " where release_id = $1 and action = $2 order by event_id",
+        release_id, action,
+    )  # fmt: skip
+    return [row["machine"] for row in rows]
