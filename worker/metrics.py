@@ -57,6 +57,12 @@ class Metrics:
             ["lane", "release", "status"],
             registry=self.registry,
         )
+        self.lane_draining_seconds = Gauge(
+            "lane_worker_lane_draining_seconds",
+            "Seconds since a lane was retired, while it is draining; 0 in any other status.",
+            ["lane", "release"],
+            registry=self.registry,
+        )
         self.lane_stranded = Gauge(
             "lane_worker_lane_stranded",
             "1 when a lane holds work only its release may run and no live worker of it: "

@@ -299,11 +299,14 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "stranded": True,  # work only its release may run, and no worker of it is live
         "release": {"role": None, "machinesDesired": None, "machinesLive": 0, "scaler": None},
         "asOf": row["asOf"],
+        "drainingSeconds": row["drainingSeconds"],
     }
+    assert row["drainingSeconds"] >= 0  # since the retire a moment ago
     assert "no live worker of" in row["blockedBy"][0]["remedy"]
     activated = ok_json(env, "lanes", "activate", RELEASE)
     assert activated == {"releaseId": RELEASE, "queue": RELEASE_QUEUE, "status": "claiming"}
-    assert lane(env, RELEASE_QUEUE)["status"] == "claiming"
+    claiming = lane(env, RELEASE_QUEUE)
+    assert (claiming["status"], claiming["drainingSeconds"]) == ("claiming", 0)
 
 
 def test_retiring_a_lane_nothing_ever_used_is_refused_unless_forced(env: dict[str, str]) -> None:

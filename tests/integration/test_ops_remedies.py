@@ -26,6 +26,7 @@ from support.plays import SHORT_NAP_S, RemedyPlays, narrow_app, remedies_app, tw
 from support.runtime import (
     SCHEMA,
     claim_one,
+    claim_one_undecided,
     connect,
     eventually,
     hold_in_flight,
@@ -381,7 +382,9 @@ async def test_a_claim_of_the_old_task_executes_nothing_and_b_runs_the_moved_run
     app = remedies_app(plays)
     async with two_lanes(database_url, app) as (client, rt_a, rt_b):
         run = await client.submit("plain")
-        claimed = await claim_one(rt_a, QA)
+        # Claimed without the store facts and the begun attempt: the own loop's
+        # claim begins this run's attempt in its own statement (next test).
+        claimed = await claim_one_undecided(rt_a, QA)
         moves: list[tuple[str, ...]] = []
         if moment == "after the claim":
             moves.append((await client.move_lane(A, B)).moved)
@@ -441,6 +444,32 @@ async def test_a_claim_of_the_old_task_executes_nothing_and_b_runs_the_moved_run
         assert attempts_of(status) == [(A, "own", "lease_lost"), (B, "own", "completed")]
     assert plays.by(A) == []
     assert plays.by(B) == ["play", "s"]  # exactly once
+
+
+async def test_the_own_loops_claim_begins_the_attempt_so_a_move_after_it_finds_it_running(
+    database_url: str, plays: RemedyPlays
+) -> None:
+    """The own loop's claim records the attempt and moves the fence in its own statement.
+
+    No window is left between A's claim and its fence for `lanes move` to slip
+    into: the move finds the run running on A and refuses it, and A runs it once.
+    """
+    app = remedies_app(plays)
+    async with two_lanes(database_url, app) as (client, rt_a, rt_b):
+        run = await client.submit("plain")
+        claimed = await claim_one(rt_a, QA)
+        assert claimed.begun is not None
+        report = await client.move_lane(A, B)
+        handled = await rt_a.handle(claimed)
+        assert await work_once(rt_b) == []
+        status = await client.status(run.run_id)
+    assert report.moved == ()
+    assert [r for r, _ in report.refused] == [run.run_id]
+    assert (handled.disposition, handled.outcome) == ("own", "completed")
+    assert (status.status, status.release_id, status.facts) == ("completed", A, ("run.completed",))
+    assert attempts_of(status) == [(A, "own", "completed")]
+    assert plays.by(A) == ["play", "s"]  # exactly once
+    assert plays.by(B) == []
 
 
 # -- runs fail ------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -56,15 +57,26 @@ def queue_of(release_id: str) -> str:
 
 
 class Daemon:
-    """One `python -m worker run` process and everything it printed."""
+    """One daemon process (`python -m worker run`, or a given command) and all it printed."""
 
-    def __init__(self, name: str, env: Mapping[str, str], app: str = APP_SPEC) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: Mapping[str, str],
+        app: str = APP_SPEC,
+        *,
+        argv: Sequence[str] | None = None,
+        cwd: Path = REPO,
+    ) -> None:
+        """Start the process: ``python -m worker run --app APP``, or exactly ``argv``."""
         self.name = name
         self.env = dict(env)
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run", "--app", app],
-            cwd=REPO,
+            list(argv)
+            if argv is not None
+            else [sys.executable, "-m", "worker", "run", "--app", app],
+            cwd=cwd,
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -299,9 +311,20 @@ class Daemons:
         self.started.append(daemon)
         return daemon
 
-    def start_raw(self, name: str, env: Mapping[str, str], app: str = APP_SPEC) -> Daemon:
-        """Start a daemon with exactly ``env`` (boot-guard tests)."""
-        daemon = Daemon(name, env, app)
+    def start_raw(
+        self,
+        name: str,
+        env: Mapping[str, str],
+        app: str = APP_SPEC,
+        *,
+        argv: Sequence[str] | None = None,
+        cwd: Path = REPO,
+    ) -> Daemon:
+        """Start a daemon with exactly ``env`` (boot-guard tests), or exactly ``argv`` in ``cwd``.
+
+        ``argv`` is looked up on ``env``'s ``PATH``, as a container runs its ``CMD``.
+        """
+        daemon = Daemon(name, env, app, argv=argv, cwd=cwd)
         self.started.append(daemon)
         return daemon
 

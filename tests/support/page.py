@@ -43,7 +43,7 @@ class LaneRows(HTMLParser):
             self.rows[str(a["data-queue"])] = self._row
         elif self._row is not None and tag == "td":
             self._field = a.get("data-count") or a.get("data-field")
-        elif self._row is not None and tag == "span" and a.get("data-field"):
+        elif self._row is not None and tag in ("span", "div") and a.get("data-field"):
             self._field = a["data-field"]
             if self._field == "pruned":
                 self._row["pruned"] = True
@@ -55,7 +55,7 @@ class LaneRows(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "tr":
             self._row = None
-        if tag in ("td", "span"):
+        if tag in ("td", "span", "div"):
             self._field = None
 
     def handle_data(self, data: str) -> None:
@@ -103,3 +103,117 @@ def assert_page_matches(port: int, report: list[dict[str, Any]]) -> LaneRows:
         assert row["reasons"] == [b["reason"] for b in shown]
         assert row["pruned"] == lane["pruned"]
     return page
+
+
+class Fields(HTMLParser):
+    """Every element that carries ``data-field`` (or the page's other ``data-*`` marks).
+
+    ``found`` lists (field, attributes, text) in document order; the text is
+    all the text inside the element. ``tags`` counts every start tag, so a
+    test can tell that a hostile value did not become markup. ``links`` lists
+    every ``href``.
+    """
+
+    MARKS = ("data-field", "data-open-runs", "data-run", "data-error")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict[str, str | None], list[str]]] = []
+        self._open: list[tuple[str, int]] = []  # (tag, index into found)
+        self.tags: dict[str, int] = {}
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        if tag == "a" and a.get("href"):
+            self.links.append(str(a["href"]))
+        mark = next((m for m in self.MARKS if a.get(m) is not None), None)
+        if mark is not None:
+            self.found.append((str(a[mark]) if mark == "data-field" else mark, a, []))
+            self._open.append((tag, len(self.found) - 1))
+
+    def handle_endtag(self, tag: str) -> None:
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i][0] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data: str) -> None:
+        for _, index in self._open:
+            self.found[index][2].append(data)
+
+    def text(self, field: str) -> list[str]:
+        """The text of every element marked ``field``, in order."""
+        return ["".join(t).strip() for f, _, t in self.found if f == field]
+
+    def first(self, field: str) -> str:
+        """The text of the one element marked ``field``; it must be there."""
+        texts = self.text(field)
+        assert texts, f"no {field} on the page"
+        return texts[0]
+
+
+def parse_fields(html: str) -> Fields:
+    """Return the marked elements of a page."""
+    parser = Fields()
+    parser.feed(html)
+    return parser
+
+
+def open_runs(html: str) -> dict[str, dict[str, Any]]:
+    """The lanes page's open-run lists by queue: run ids (in order), plays, buckets, more."""
+    lanes: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for field, attrs, text in parse_fields(html).found:
+        if field == "data-open-runs":
+            current = lanes.setdefault(str(attrs["data-open-runs"]), {
+                "runs": [], "plays": [], "buckets": [], "attempts": [], "more": None})  # fmt: skip
+        elif current is None:
+            continue
+        elif field == "data-run":
+            current["runs"].append(attrs["data-run"])
+        elif field in ("play", "attempts"):
+            current[field + ("s" if field == "play" else "")].append("".join(text).strip())
+        elif field == "bucket":
+            current["buckets"].append(attrs["data-bucket"])
+        elif field == "more":
+            current["more"] = " ".join("".join(text).split())
+    return lanes
+
+
+class _Table(HTMLParser):
+    """The body rows of the table marked ``data-field=<field>``, as lists of cell texts."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__()
+        self.field = field
+        self.rows: list[list[str]] = []
+        self._depth = 0  # tables open inside the wanted one, itself included
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table" and (self._depth or dict(attrs).get("data-field") == self.field):
+            self._depth += 1
+        elif self._depth and tag == "tr":
+            self.rows.append([])
+        elif self._depth and tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table" and self._depth:
+            self._depth -= 1
+        elif tag == "td" and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def table_rows(html: str, field: str) -> list[list[str]]:
+    """The body rows of the page's table marked ``field`` (a run page's attempts, steps)."""
+    parser = _Table(field)
+    parser.feed(html)
+    return [row for row in parser.rows if row]  # the header row has no td

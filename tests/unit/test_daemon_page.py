@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from html import escape
 
-from worker.daemon import page
+from worker.daemon import page, run_page
+from worker.db.store.rows import OpenRun
 from worker.ops.report import Blocker, LaneView
 
 BASE = {"live_workers": 1, "queued": 0, "running": 0, "waiting": 0, "adoptable": 0}
@@ -64,3 +67,60 @@ def test_the_current_release_its_machines_the_scaler_and_a_stranded_lane_are_mar
     assert html.count('class="stranded"') == 1  # a normal drain (live workers) is not stranded
     assert "stranded: no live worker" in html
     assert 'As of <span data-field="asOf">2026-12-04 17:00:05 UTC</span>.' in html
+
+
+def test_open_runs_name_the_command_for_the_rest_quoted_and_escaped() -> None:
+    """A hostile release id stays text, and the command quotes it for a shell."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    run = OpenRun(
+        lane="runs_x", run_id=uuid.UUID(int=1), play="<i>p</i>", status="queued",
+        bucket="fresh", attempts=0, defer_count=2, created_at=now, updated_at=now,
+    )  # fmt: skip
+    view = LaneView(
+        release_id="x'; rm -rf /", queue="runs_x", status="claiming", as_of=now,
+        counts={"fresh": 3}, open_runs=(run,), **BASE,
+    )  # fmt: skip
+    html = page.render([view])
+    assert "<i>" not in html
+    assert f'<a href="/runs/{run.run_id}">' in html
+    assert "deferred 2x" in html
+    command = escape("lane-worker runs --status open --lane 'x'\"'\"'; rm -rf /' --limit 3")
+    assert f"and 2 more: <code>{command}</code>" in html
+
+
+def test_ages_read_in_the_largest_useful_unit() -> None:
+    """Seconds, minutes, hours and minutes, days and hours."""
+    assert [page.age(s) for s in (5, 600, 3 * 3600 + 20 * 60, 2 * 86400 + 4 * 3600)] == [
+        "5 s", "10 min", "3 h 20 min", "2 d 4 h",
+    ]  # fmt: skip
+
+
+def test_the_run_page_says_what_a_wait_waits_for() -> None:
+    """A sleep's end, an event's key with its engine event name, a runner's attempt."""
+    run_id = "r1"
+    assert run_page.waits_for(run_id, {"kind": "sleep", "wakeAtMs": 0}) == (
+        "sleeps until 1970-01-01 00:00:00 UTC"
+    )
+    said = run_page.waits_for(run_id, {"kind": "integration_event", "eventKey": "go",
+                                       "deadlineMs": None, "boundaryId": "gate"})  # fmt: skip
+    assert said == "event 'go' (engine event evt:r1:go), deadline: no deadline (boundary gate)"
+    assert run_page.waits_for(run_id, None) == ""
+    assert "detached runner attempt 2" in run_page.waits_for(
+        run_id, {"kind": "runner", "runnerAttempt": 2, "deadlineMs": 1000}
+    )
+
+
+async def test_the_run_page_answers_404_for_a_bad_id_and_503_while_the_store_is_away() -> None:
+    """A malformed id is 404 without a read; a read that fails is 503 naming its error."""
+    reads: list[uuid.UUID] = []
+
+    async def away(run_id: uuid.UUID) -> None:
+        reads.append(run_id)
+        raise ConnectionRefusedError("no database")
+
+    status, html = await run_page.answer(away, "<b>x</b>", timeout_s=1)
+    assert (status, reads) == (404, [])
+    assert "<b>" not in html
+    status, html = await run_page.answer(away, str(uuid.UUID(int=7)), timeout_s=1)
+    assert status == 503
+    assert 'data-error="ConnectionRefusedError"' in html

@@ -29,7 +29,7 @@ from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunStatus
 from worker.config import settings
 from worker.errors import printable
-from worker.ops.remedies import MAX_LIST, STATUSES
+from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
 from worker.ops.report import aligned
 
 
@@ -226,7 +226,8 @@ def _attempts_line(claims: Sequence[Any]) -> str:
 
 
 @cli.group("runs", invoke_without_command=True)
-@click.option("--status", type=click.Choice(STATUSES), help="Only runs with this status.")
+@click.option("--status", type=click.Choice(STATUS_FILTERS),
+              help="Only runs with this status (open: every run not finished).")  # fmt: skip
 @click.option("--lane", type=RELEASE_ID, metavar="RELEASE",
               help="Only runs of this release's lane (its own and those it adopted).")  # fmt: skip
 @click.option("--play", type=PLAY, help="Only runs of this play.")

@@ -1,4 +1,5 @@
-"""HTTP: /healthz, /readyz, /metrics (Prometheus), /lanes (the drain report), / (its page)."""
+"""HTTP: /healthz, /readyz, /metrics (Prometheus), /lanes (the drain report), / (its page),
+/runs/<runId> (one run's page)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from worker.daemon import page
+from worker.daemon import page, run_page
 from worker.errors import (
     HealthPortError,
 )
@@ -265,15 +266,15 @@ async def _handler_clock(
 def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
     """Set the per-lane gauges from a drain report (a lane gone from it is dropped)."""
     for gauge in (metrics.lane_open_runs, metrics.lane_live_workers, metrics.lane_status,
-                  metrics.lane_stranded):  # fmt: skip
+                  metrics.lane_stranded, metrics.lane_draining_seconds):  # fmt: skip
         gauge.clear()
     for v in views:
         for bucket, n in v.counts.items():
             metrics.lane_open_runs.labels(v.queue, v.release_id, bucket).set(n)
         metrics.lane_live_workers.labels(v.queue, v.release_id).set(v.live_workers)
         metrics.lane_status.labels(v.queue, v.release_id, v.status).set(1)
-        stranded = v.status in ("draining", "unregistered") and v.live_workers == 0
-        metrics.lane_stranded.labels(v.queue, v.release_id).set(1 if stranded else 0)
+        metrics.lane_stranded.labels(v.queue, v.release_id).set(1 if v.stranded else 0)
+        metrics.lane_draining_seconds.labels(v.queue, v.release_id).set(v.draining_s)
 
 
 class HealthServer:
@@ -286,6 +287,7 @@ class HealthServer:
         readiness: ReadinessCheck,
         lanes: LanesReport | None = None,
         *,
+        run: run_page.RunReport | None = None,
         host: str = "0.0.0.0",  # noqa: S104 (a container's health port)
     ) -> None:
         self._host = host
@@ -293,6 +295,7 @@ class HealthServer:
         self._metrics = metrics
         self._readiness = readiness
         self._lanes = lanes
+        self._run = run
         self._runner: web.AppRunner | None = None
         self._bounds = _Bounds(MAX_CONNECTIONS, REQUEST_HEADERS_TIMEOUT_S)
         self.port: int | None = None
@@ -311,6 +314,8 @@ class HealthServer:
         if self._lanes is not None:
             app.router.add_get("/lanes", self._lanes_page)
             app.router.add_get("/", self._html_page)
+        if self._run is not None:
+            app.router.add_get("/runs/{run_id}", self._run_page)
         self._runner = _BoundedRunner(
             app,
             self._bounds,
@@ -366,6 +371,14 @@ class HealthServer:
         if isinstance(views, str):
             return web.Response(text=page.render_error(views), content_type="text/html", status=503)
         return web.Response(text=page.render(views), content_type="text/html")
+
+    async def _run_page(self, request: web.Request) -> web.Response:
+        """One run's page: 404 for a run id that names no run, 503 while it cannot be read."""
+        assert self._run is not None
+        status, text = await run_page.answer(
+            self._run, request.match_info["run_id"], timeout_s=LANES_TIMEOUT_S
+        )
+        return web.Response(text=text, content_type="text/html", status=status)
 
     async def _lanes_page(self, request: web.Request) -> web.Response:
         """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""

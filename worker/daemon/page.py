@@ -1,19 +1,24 @@
 """The lanes page (``/`` on the health port): the drain report as one small HTML page.
 
 For people who would rather look than read JSON: one row per lane with its
-status, counts, verdict and blockers. No build step, no script, no external
-asset; it refreshes itself. Every value is escaped: release ids and remedies
-come from the database and the environment.
+status, counts, verdict and blockers, then each lane's newest open runs, each
+linked to its run page (``worker/daemon/run_page.py``). No build step, no
+script, no external asset; it refreshes itself. Every value is escaped: release
+ids, plays and remedies come from the database and the environment.
 """
 
 from __future__ import annotations
 
+import shlex
+from datetime import datetime
 from html import escape
 
-from worker.ops.report import LaneView
+from worker.db.store.rows import OpenRun
+from worker.ops.remedies import MAX_LIST, OPEN
+from worker.ops.report import BUCKETS, LaneView
 
 REFRESH_S = 5
-_STYLE = """
+STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.2rem;margin:0 0 .2rem}
 p.note{color:#666;margin:0 0 1rem}
@@ -21,6 +26,7 @@ table{border-collapse:collapse;width:100%}
 th,td{border-bottom:1px solid #ddd;padding:.35rem .5rem;text-align:left;vertical-align:top}
 th{background:#f4f4f4;font-weight:600}
 td.n{text-align:right;font-variant-numeric:tabular-nums}
+h2{font-size:1rem;margin:1.2rem 0 .3rem}
 .claiming{color:#0b5394}.draining{color:#b45f06}.drained{color:#38761d}
 .unregistered{color:#990000}
 tr.stranded td{background:#fde8e8}.stranded-note{color:#990000;font-weight:600}
@@ -39,6 +45,7 @@ COUNT_COLUMNS = (
     ("parkedEvent", "parked (event)"),
     ("deferred", "deferred"),
 )
+BUCKET_WORDS = dict(COUNT_COLUMNS)
 
 
 def _row(view: LaneView) -> str:
@@ -48,7 +55,7 @@ def _row(view: LaneView) -> str:
     )
     # A claiming lane is not blocked by anything an operator must act on (as
     # `lane-worker lanes` prints it): its own workers run what it holds.
-    shown = () if view.status == "claiming" else view.blocked_by
+    shown = () if view.status == "claiming" and not view.stranded else view.blocked_by
     blockers = "".join(
         f'<li data-reason="{escape(b.reason)}"><b>{escape(b.reason)}</b> ({b.count}): '
         f"{escape(b.remedy)}{_run_ids(b.run_ids, b.count)}</li>"
@@ -100,6 +107,66 @@ def _run_ids(run_ids: tuple[str, ...], count: int) -> str:
     return f'<details data-field="runIds"><summary>runs{more}</summary>{ids}</details>'
 
 
+def age(seconds: float) -> str:
+    """Say a duration the way the page does: ``42 s``, ``5 min``, ``3 h 20 min``, ``2 d 4 h``."""
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def bucket_html(bucket: str, defer_count: int) -> str:
+    """The bucket in the report's words, and how often the run was deferred if it was."""
+    said = (
+        f'<span data-field="bucket" data-bucket="{escape(bucket)}">'
+        f"{escape(BUCKET_WORDS.get(bucket, bucket))}</span>"
+    )
+    if defer_count:
+        said += f', <span data-field="deferred">deferred {defer_count}x</span>'
+    return said
+
+
+def _open_run(run: OpenRun, now: datetime) -> str:
+    run_id = escape(str(run.run_id))
+    bucket = bucket_html(run.bucket, run.defer_count)
+    return (
+        f'<tr data-run="{run_id}"><td><a href="/runs/{run_id}"><code>{run_id}</code></a></td>'
+        f'<td data-field="play">{escape(run.play)}</td><td>{bucket}</td>'
+        f'<td class="n" data-field="attempts">{run.attempts}</td>'
+        f'<td class="n" data-field="age">{age((now - run.created_at).total_seconds())}</td></tr>'
+    )
+
+
+def _open_runs(view: LaneView) -> str:
+    """The lane's newest open runs, and how to list the rest when the page shows only some."""
+    total = sum(view.counts.get(b, 0) for b in BUCKETS)
+    if not total:
+        return ""
+    now = view.as_of or datetime.now().astimezone()
+    rows = "".join(_open_run(r, now) for r in view.open_runs)
+    more = ""
+    if total > len(view.open_runs):
+        command = (
+            f"lane-worker runs --status {OPEN} --lane {shlex.quote(view.release_id)} "
+            f"--limit {min(total, MAX_LIST)}"
+        )
+        more = (
+            f'<p class="note" data-field="more">and {total - len(view.open_runs)} more: '
+            f"<code>{escape(command)}</code> lists them all.</p>"
+        )
+    return (
+        f'<section data-open-runs="{escape(view.queue)}">'
+        f"<h2>Open runs of {escape(view.release_id)} (<code>{escape(view.queue)}</code>): "
+        f"{total}, newest first</h2>"
+        "<table><thead><tr><th>run</th><th>play</th><th>bucket</th><th>attempts</th>"
+        f"<th>age</th></tr></thead><tbody>{rows}</tbody></table>{more}</section>"
+    )
+
+
 def render(views: list[LaneView]) -> str:
     """Return the whole page for ``views`` (the drain report)."""
     head = "".join(f"<th>{escape(label)}</th>" for _, label in COUNT_COLUMNS)
@@ -116,7 +183,7 @@ def render(views: list[LaneView]) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>lane-worker lanes</title><style>{_STYLE}</style></head><body>"
+        f"<title>lane-worker lanes</title><style>{STYLE}</style></head><body>"
         "<h1>lane-worker lanes</h1>"
         f'<p class="note">The drain report, refreshed every {REFRESH_S} s.{when} A lane is safe '
         "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
@@ -124,7 +191,7 @@ def render(views: list[LaneView]) -> str:
         "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
         "<th>machines</th>"
         f"{head}<th>safe to stop</th><th>blocked by</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></body></html>"
+        f"<tbody>{rows}</tbody></table>{''.join(_open_runs(v) for v in views)}</body></html>"
     )
 
 
@@ -133,7 +200,7 @@ def render_error(reason: str) -> str:
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
-        f"<title>lane-worker lanes</title><style>{_STYLE}</style></head><body>"
+        f"<title>lane-worker lanes</title><style>{STYLE}</style></head><body>"
         "<h1>lane-worker lanes</h1>"
         f'<p class="note" data-error="{escape(reason)}">The report cannot be read right now '
         f"({escape(reason)}); this page tries again every {REFRESH_S} s.</p></body></html>"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -26,6 +27,7 @@ from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import Store
 from worker.errors import ReportClosedError, SharedReadCancelledError
 from worker.ops.report import LaneView, read_report
+from worker.ops.run_view import RunView, read_run
 
 T = TypeVar("T")
 
@@ -37,6 +39,8 @@ REPORT_RETRY_FOR_S = 5.0
 REPORT_STATEMENT_TIMEOUT_S = 10.0
 # Closing the report pool waits this long for its connection, then terminates it.
 REPORT_CLOSE_TIMEOUT_S = 2.0
+# The lanes page lists at most this many open runs of each lane, newest first.
+PAGE_OPEN_RUNS = 50
 APPLICATION_NAME_BYTES = 63  # Postgres cuts application_name to NAMEDATALEN - 1 bytes
 
 
@@ -148,6 +152,19 @@ class ReportReader:
             raise ReportClosedError("the worker is stopping")
         return await self._shared.get()
 
+    async def run(self, run_id: uuid.UUID) -> RunView | None:
+        """Return one run as the run page shows it (None: no such run), on the report's pool.
+
+        Not shared between callers (each asks for its own run), but bounded like
+        the report: one connection, a statement timeout, no parallel workers.
+        """
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        db = await self._pool()
+        return await db.run(
+            lambda conn: self._bounded(conn, lambda: read_run(conn, self._store, run_id))
+        )
+
     async def _read(self) -> list[LaneView]:
         if self._closed:
             raise ReportClosedError("the worker is stopping")
@@ -174,14 +191,23 @@ class ReportReader:
         return self._db
 
     async def _read_bounded(self, conn: Connection) -> list[LaneView]:
-        # read_report's own transaction nests in this one (a savepoint, same snapshot rules);
+        return await self._bounded(
+            conn, lambda: read_report(conn, self._store, open_runs=PAGE_OPEN_RUNS)
+        )
+
+    async def _bounded(self, conn: Connection, read: Callable[[], Awaitable[T]]) -> T:
+        # The read's own transaction nests in this one (a savepoint, same snapshot rules);
         # A local setting (`set local`) ends with it, so nothing stays on the connection
         # (or a PgBouncer's).
         async with conn.transaction(isolation="repeatable_read", readonly=True):
+            # No parallel workers either: a page viewer's read must not take the
+            # server's shared worker slots (nor look like extra connections).
             await conn.execute(
-                "select set_config('statement_timeout', $1, true)", str(self._statement_timeout_ms)
+                "select set_config('statement_timeout', $1, true),"
+                " set_config('max_parallel_workers_per_gather', '0', true)",
+                str(self._statement_timeout_ms),
             )
-            return await read_report(conn, self._store)
+            return await read()
 
     async def close(self) -> None:
         """Stop the read in flight and close the pool (idempotent); later reads are refused."""

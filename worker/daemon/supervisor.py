@@ -21,6 +21,7 @@ import os
 import secrets
 import signal
 import socket
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -48,6 +49,7 @@ from worker.db.store.rows import RegistryLane
 from worker.errors import EXIT_FAILURE, NotBootedError
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
+from worker.ops.run_view import RunView
 from worker.run.attempt import DeferLimits
 from worker.run.claim import Capacity
 from worker.run.execute import Runtime
@@ -162,7 +164,7 @@ class Supervisor:
         """
         health = HealthServer(
             self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view,
-            host=self.settings.tuning.health_host,
+            run=self._run_view, host=self.settings.tuning.health_host,
         )  # fmt: skip
         self.health_port = await health.start()
         try:
@@ -190,6 +192,12 @@ class Supervisor:
         if not self.schemas_ready:
             raise NotBootedError("the worker has not finished booting")
         return await self.report_reader.report()
+
+    async def _run_view(self, run_id: uuid.UUID) -> RunView | None:
+        """The run page's read, on the report's pool: NotBootedError (503) until boot is done."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.run(run_id)
 
     def _runtime(self, db: Database) -> Runtime:
         tuning = self.settings.tuning

@@ -39,6 +39,9 @@ MAX_LIST = 10_000
 # A signal or a retry follows at most this many `runs retry` links (a retry of a retry ...).
 MAX_RETRY_HOPS = 100
 STATUSES = ("queued", "running", "waiting", "retrying", "completed", "failed", "cancelled")
+# A status filter beside the statuses: every run not finished (what the lanes page lists).
+OPEN = "open"
+STATUS_FILTERS = (*STATUSES, OPEN)
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,10 @@ class Remedies:
         limit: int = 50,
     ) -> list[RunSummary]:
         """List runs, newest first, filtered by status, lane (a release id) and play."""
-        if status is not None and status not in STATUSES:
-            raise InvalidRequestError(f"status {status!r} is not one of {', '.join(STATUSES)}.")
+        if status is not None and status not in STATUS_FILTERS:
+            raise InvalidRequestError(
+                f"status {status!r} is not one of {', '.join(STATUS_FILTERS)}."
+            )
         if not 1 <= limit <= MAX_LIST:
             raise InvalidRequestError(f"limit must be between 1 and {MAX_LIST}.")
         queue = lanes.queue_name_for_release(lane) if lane is not None else None

@@ -7,7 +7,7 @@ empty one. Beside the runs it carries what else an operator reads per lane:
 undelivered ledger facts, sandbox cleanups, the release registry's role and
 machines, and the scaler's last word.
 
-(About 460 lines: one view, its JSON, its blockers and their remedies, and the
+(About 490 lines: one view, its JSON, its blockers and their remedies, and the
 one read that fills them; the remedies' sentences are most of it.)
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store import Store
-from worker.db.store.rows import Deployment, ReportRuns, ScalerState
+from worker.db.store.rows import Deployment, OpenRun, ReportRuns, ScalerState
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
@@ -81,11 +81,23 @@ class LaneView:
     machines_live: int = 0
     scaler: str | None = None  # what the active scaler last did or said about it
     as_of: datetime | None = None  # when the report was read (the database's clock)
+    # Seconds since `lanes retire` while the lane is draining; 0 in any other status.
+    draining_s: float = 0.0
+    # Its newest open runs, when the read asked for them (the lanes page does).
+    open_runs: tuple[OpenRun, ...] = ()
 
     @property
     def stranded(self) -> bool:
-        """Work only its release may run, and no live worker of it: nothing finishes it."""
-        return self.status in ("draining", "unregistered") and self.live_workers == 0
+        """Work only its release may run, and no live worker of it: nothing finishes it.
+
+        A claiming lane counts too: its open runs are its own (a release rolled back
+        to, or scaled to 0, whose machines do not run).
+        """
+        if self.live_workers:
+            return False
+        if self.status == "claiming":
+            return any(self.counts.get(key, 0) for key in BUCKETS)
+        return self.status in ("draining", "unregistered")
 
     @property
     def safe_to_stop(self) -> bool:
@@ -123,6 +135,7 @@ class LaneView:
                 "scaler": self.scaler,
             },
             "asOf": self.as_of.isoformat() if self.as_of else None,
+            "drainingSeconds": self.draining_s,
             "sandboxCleanup": {
                 "pending": self.cleanups_pending,
                 "failed": len(self.cleanups_failed),
@@ -301,8 +314,10 @@ def _blockers(
     live = len(workers)
     served = frozenset(p for w in workers for p in w["plays"])
     found = []
-    if status == "claiming":
+    if status == "claiming" and (live or not tally.own):
         # Never "retire it" for the registry's current release: that would stop its lane.
+        # A claiming lane with work and no live worker is stranded instead: its runs'
+        # blockers below say what to do.
         why = "current" if current else "claiming"
         found.append(Blocker("claiming", 0, _remedy(why, release, live, [], tally, names)))
     order = [*BUCKETS, "parkedNotAdoptable"]
@@ -317,11 +332,12 @@ def _blockers(
 
 
 async def read_report(
-    conn: Connection, store: Store, *, include_pruned: bool = False
+    conn: Connection, store: Store, *, include_pruned: bool = False, open_runs: int = 0
 ) -> list[LaneView]:
     """Read every lane's report in one consistent snapshot.
 
     A pruned lane that no open run names is left out unless ``include_pruned``.
+    With ``open_runs``, each lane also carries that many of its newest open runs.
     """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         now: datetime = await conn.fetchval("select now()")
@@ -332,6 +348,7 @@ async def read_report(
         cleanups = {c.queue: c for c in await store.sandboxes.counts(conn)}
         deployed = {d.queue: d for d in await store.registry.deployments(conn)}
         scaler = await store.registry.scaler_state(conn)
+        listed = await _open_runs(conn, store, runs, open_runs)
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted.lane, _Tally()).add(counted)
@@ -340,17 +357,26 @@ async def read_report(
         adopted_by.setdefault(pair.queue, {})[pair.adopted_queue] = pair.runs
     names = {row.queue: (row.release_ids or [row.queue])[0] for row in lanes}
     registered = {row.queue: row for row in lanes if include_pruned or not row.hidden}
+    hidden = {row.queue for row in lanes if row.hidden}
     views = []
-    # Registered lanes in registration order, then lanes only open runs name.
-    for queue in [*registered, *sorted(set(tallies) - set(registered))]:
+    # Registered lanes in registration order, then lanes only open runs name, then
+    # releases the registry deployed (current or superseded) whose lane no worker has
+    # registered yet: they claim as soon as one boots, and an operator must see a
+    # deploy whose machines have not come up (or cannot).
+    unregistered = sorted(set(tallies) - set(registered))
+    awaited = [d.queue for d in deployed.values() if d.role in ("current", "previous")
+               and d.queue not in registered and d.queue not in tallies
+               and (include_pruned or d.queue not in hidden)]  # fmt: skip
+    for queue in [*registered, *unregistered, *awaited]:
         row = registered.get(queue)
         tally = tallies.get(queue, _Tally())
         if row is not None and row.release_ids:
             release = row.release_ids[0]
         else:
-            release = tally.release_id or queue
+            d = deployed.get(queue)
+            release = tally.release_id or (d.release_id if d is not None else queue)
         workers = tuple(row.workers) if row is not None else ()
-        status = _status(row.status if row is not None else None, tally)
+        status = "claiming" if queue in awaited else _status(row.status if row else None, tally)
         c = tally.counts
         views.append(
             LaneView(
@@ -387,9 +413,26 @@ async def read_report(
                 else (),
                 **_registry_fields(deployed.get(queue), scaler),
                 as_of=now,
+                draining_s=_age_s(now, row.retired_at) or 0.0
+                if status == "draining" and row is not None
+                else 0.0,
+                open_runs=tuple(listed.get(queue, ())),
             )
         )
     return views
+
+
+async def _open_runs(
+    conn: Connection, store: Store, runs: Sequence[ReportRuns], limit: int
+) -> dict[str, list[OpenRun]]:
+    """The newest ``limit`` open runs of every lane that has any, by lane (none for 0)."""
+    lanes = sorted({r.lane for r in runs})
+    if limit <= 0 or not lanes:
+        return {}
+    found: dict[str, list[OpenRun]] = {}
+    for run in await store.report.open_runs(conn, lanes=lanes, limit=limit):
+        found.setdefault(run.lane, []).append(run)
+    return found
 
 
 def _yes(value: bool) -> str:
@@ -418,7 +461,7 @@ def lanes_table(views: list[LaneView]) -> list[str]:
         ))  # fmt: skip
     lines = aligned(rows)
     for v in views:
-        if v.status != "claiming":
+        if v.status != "claiming" or v.stranded:
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
     return lines
 

@@ -88,6 +88,19 @@ async def slow(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
     return {"one": first, "two": second}
 
 
+@app.play("gated")
+async def gated(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+    """A step that fails (so the run retries) until the file ``open`` exists in ``dir``."""
+
+    def through() -> str:
+        record(params["dir"], "gated", ctx)
+        if not (Path(params["dir"]) / "open").exists():
+            raise RuntimeError("the gate is closed")
+        return ctx.release_id
+
+    return {"release": await ctx.step("through", through)}
+
+
 @app.play("sandboxed")
 async def sandboxed(ctx: TaskContext, params: dict[str, Any]) -> str:
     """Register sandbox ``params["sandbox"]`` (deleted once the run ends) and end."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-from worker.db.store.rows import AdoptedCount, DeliveryCount, ReportLane, ReportRuns
+from worker.db.store.rows import AdoptedCount, DeliveryCount, OpenRun, ReportLane, ReportRuns
 
 
 class ReportQueries(Queries):
-    """The four reads of one drain report (one repeatable-read snapshot)."""
+    """The reads of one drain report (one repeatable-read snapshot)."""
 
     FILE = "report.sql"
 
@@ -19,6 +19,10 @@ class ReportQueries(Queries):
     async def runs(self, conn: Connection) -> list[ReportRuns]:
         """The open runs, grouped by effective lane, bucket and whether only it may run them."""
         return await self._rows(conn, ReportRuns, "report_runs")
+
+    async def open_runs(self, conn: Connection, *, lanes: list[str], limit: int) -> list[OpenRun]:
+        """The newest ``limit`` open runs of each effective lane in ``lanes``, newest first."""
+        return await self._rows(conn, OpenRun, "report_open_runs", lanes, limit)
 
     async def adopted(self, conn: Connection) -> list[AdoptedCount]:
         """Open runs adopted away from their stamped lane, per (stamped lane, adopter)."""

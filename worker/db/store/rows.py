@@ -210,6 +210,7 @@ class ReportLane:
     pruned_at: datetime | None  # None also while a submit or a boot made its queue again
     hidden: bool  # pruned and no open run names it
     workers: list[dict[str, Any]]  # its live workers: {"workerId", "plays"}
+    retired_at: datetime | None  # when `lanes retire` marked it (None while it claims)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,37 @@ class DeliveryCount:
     queue: str
     pending: int
     failed: int
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """One of a lane's newest open runs (``report_open_runs``), as the lanes page lists it."""
+
+    lane: str  # the effective lane: the adopter's, else the run's queue
+    run_id: uuid.UUID
+    play: str
+    status: str
+    bucket: str  # the drain report's: inFlight, fresh, retrying, handedBack, parked...
+    attempts: int
+    defer_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class RunPageRow:
+    """What the run page shows beside ``run_status`` (``run_page``)."""
+
+    run_id: uuid.UUID
+    current_wait: dict[str, Any] | None
+    attempts: int
+    max_attempts: int
+    defer_count: int
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    as_of: datetime
+    bucket: str | None  # the drain report's bucket while the run is open
 
 
 @dataclass(frozen=True)

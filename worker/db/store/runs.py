@@ -11,6 +11,7 @@ from worker.db.store.rows import (
     AttemptRow,
     FactRow,
     ListedRun,
+    RunPageRow,
     RunRow,
     StepRow,
     row_of,
@@ -124,6 +125,10 @@ class RunQueries(Queries):
             own_attempt_id,
         )  # fmt: skip
         return settled is not None
+
+    async def page(self, conn: Connection, *, run_id: uuid.UUID) -> RunPageRow | None:
+        """What the run page shows beside ``run_status``; None for an unknown run."""
+        return await self._row(conn, RunPageRow, "run_page", run_id)
 
     async def facts(self, conn: Connection, *, run_id: uuid.UUID) -> list[FactRow]:
         """The run's ledger facts, oldest first."""

@@ -45,12 +45,7 @@ with lane as (
          case when r.adopted_queue is not null and r.adopted_queue <> r.queue
                    and r.status = 'waiting' and q.status = 'claiming'
               then r.queue end as claiming_stamp,
-         case when r.status = 'running' then 'inFlight'
-              when r.status = 'retrying' then 'retrying'
-              when r.status = 'queued' and r.current_attempt_id is null then 'fresh'
-              when r.status = 'queued' then 'handedBack'
-              when r.current_wait->>'kind' = 'sleep' then 'parkedSleep'
-              else 'parkedEvent' end as bucket,
+         {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait) as bucket,
          r.status <> 'waiting'
            or not coalesce(r.play = any (e.plays), false)
            or coalesce(q.status, '') <> 'retired' as needs_own
@@ -69,6 +64,21 @@ select lane, bucket, needs_own, count(*) as runs,
        min(stamped) as release_id, claiming_stamp
   from open
  group by lane, bucket, needs_own, claiming_stamp;
+
+-- name: report_open_runs
+-- The newest open runs ($2 at most) of each effective lane in $1, newest first
+-- (runs_effective_lane_open_newest_idx, migration 0014): what the lanes page lists.
+select l.lane, r.run_id, r.play, r.status,
+       {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait) as bucket,
+       r.attempts, r.defer_count, r.created_at, r.updated_at
+  from unnest($1::text[]) as l(lane)
+  cross join lateral (
+    select * from {schema}.runs r
+     where coalesce(r.adopted_queue, r.queue) = l.lane
+       and r.status not in ('completed', 'failed', 'cancelled')
+     order by r.created_at desc, r.run_id
+     limit $2) r
+ order by l.lane, r.created_at desc, r.run_id;
 
 -- name: report_adopted
 -- Open runs adopted away from their stamped lane, per (stamped lane, adopter).

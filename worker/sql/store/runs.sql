@@ -43,11 +43,12 @@ on conflict (run_id) do nothing;
 
 -- name: list_runs
 -- Newest first; each filter applies when given (a lane matches its own runs
--- and the runs it adopted).
+-- and the runs it adopted; status `open` matches every run not finished).
 select run_id, play, status, release_id, queue, adopted_release_id, attempts, created_at,
        retry_of
   from {schema}.runs
- where ($1::text is null or status = $1)
+ where ($1::text is null or status = $1
+        or ($1 = 'open' and status not in ('completed', 'failed', 'cancelled')))
    and ($2::text is null or queue = $2 or adopted_queue = $2)
    and ($3::text is null or play = $3)
  order by created_at desc, run_id
@@ -100,6 +101,17 @@ select {schema}.settle_run($1, $2, $3, $4, $5, $6, $7, $8);
 -- The engine task of run $1 (written in this transaction) on queue $2, and the
 -- NOTIFY that wakes the lane: the store's spawn_run_task (migration 0008).
 select {schema}.spawn_run_task($1, $2, $3);
+
+-- name: run_page
+-- What the run page shows beside run_status: the wait it is parked in, its
+-- bucket while it is open (migration 0014), its clock, and the database's now.
+select r.run_id, r.current_wait, r.attempts, r.max_attempts, r.defer_count,
+       r.created_at, r.updated_at, r.finished_at, now() as as_of,
+       case when r.status not in ('completed', 'failed', 'cancelled')
+            then {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait)
+       end as bucket
+  from {schema}.runs r
+ where r.run_id = $1;
 
 -- name: run_facts
 select type, fact, created_at from {schema}.ledger where run_id = $1 order by fact_id;

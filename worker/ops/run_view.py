@@ -1,0 +1,34 @@
+"""One run as the run page (``/runs/<runId>`` on the health port) shows it.
+
+The store's ``run_status`` (what ``lane-worker status --json`` prints: attempts,
+steps with the release that committed each, ledger facts) plus what only the
+page shows: the wait the run is parked in, its drain-report bucket while it is
+open, and its clock. Both are read in one snapshot.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from worker.db.pool import Connection
+from worker.db.store import Store
+from worker.db.store.rows import RunPageRow
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run's ``run_status`` object and the page's extra row."""
+
+    status: dict[str, Any]
+    row: RunPageRow
+
+
+async def read_run(conn: Connection, store: Store, run_id: uuid.UUID) -> RunView | None:
+    """Read one run in one read-only snapshot; None when the store has no such run."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        row = await store.runs.page(conn, run_id=run_id)
+        if row is None:
+            return None
+        return RunView(status=await store.api.status(conn, run_id=run_id), row=row)
