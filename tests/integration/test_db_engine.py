@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import absurdctl
@@ -42,7 +43,7 @@ async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     await conn.close()
 
 
-async def adopt_claim(conn: Connection, *, qty: int) -> engine.ClaimBatch:
+async def adopt_claim(conn: Connection, *, qty: int, with_lanes: bool = False) -> engine.ClaimBatch:
     """Claim from QUEUE as the continuation loop of a newer, claiming lane whose app has play p."""
     return await engine.claim(
         conn,
@@ -54,12 +55,25 @@ async def adopt_claim(conn: Connection, *, qty: int) -> engine.ClaimBatch:
         store_schema=SCHEMA,
         own_queue=CONT_OWN_QUEUE,
         plays=["p"],
+        with_lanes=with_lanes,
     )
 
 
-async def spawn(conn: Connection, name: str = "play-run") -> engine.Spawned:
-    """Spawn one task on the test queue."""
-    return await engine.spawn(conn, QUEUE, name, {"n": 1}, max_attempts=3, retry_strategy=RETRY)
+@dataclass(frozen=True)
+class Spawned:
+    task_id: uuid.UUID
+    run_id: uuid.UUID
+
+
+async def spawn(conn: Connection, name: str = "play-run") -> Spawned:
+    """Spawn one task on the test queue, straight through the engine (as an app may)."""
+    options = {"max_attempts": 3, "retry_strategy": RETRY}
+    row = await conn.fetchrow(
+        "select task_id, run_id, attempt, created from absurd.spawn_task($1, $2, $3, $4)",
+        QUEUE, name, {"n": 1}, options,
+    )  # fmt: skip
+    assert row is not None
+    return Spawned(row["task_id"], row["run_id"])
 
 
 async def run_state(conn: Connection, run_id: uuid.UUID) -> str:
@@ -189,7 +203,7 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
         eng, QUEUE, waiter.task_id, runs["waiter"].run_id, "wait:approval", "evt:x:approval", None
     )
     assert suspended
-    await engine.emit_event(eng, QUEUE, "evt:x:approval", {"ok": True})
+    await eng.execute("select absurd.emit_event($1, $2, $3)", QUEUE, "evt:x:approval", {"ok": True})
 
     batch = await adopt_claim(eng, qty=10)
     got = {r.task_id: r for r in batch.runs}
@@ -258,10 +272,14 @@ async def test_continuation_claim_refuses_other_worker_ids(
         )
 
 
+@pytest.mark.parametrize("with_lanes", [False, True], ids=["claim_lane", "claim_with_lanes"])
 async def test_continuation_claim_sweeps_expired_leases(
-    eng: asyncpg.Connection[asyncpg.Record],
+    eng: asyncpg.Connection[asyncpg.Record], with_lanes: bool
 ) -> None:
-    """A lease that expired on a queue only continuation loops poll is failed and retried."""
+    """A lease that expired on a queue only continuation loops poll is failed and retried.
+
+    Also through ``claim_with_lanes``: a sweep that hands out nothing still reaches the caller.
+    """
     spawned = await spawn(eng)
     claimed = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs[0]
     await eng.execute(
@@ -269,7 +287,7 @@ async def test_continuation_claim_sweeps_expired_leases(
         "where run_id = $1",
         claimed.run_id,
     )
-    batch = await adopt_claim(eng, qty=5)
+    batch = await adopt_claim(eng, qty=5, with_lanes=with_lanes)
     assert batch.swept == 1
     assert batch.runs == ()  # the retry sleeps for its backoff first
     assert await run_state(eng, claimed.run_id) == "failed"
@@ -281,3 +299,26 @@ async def test_continuation_claim_sweeps_expired_leases(
     assert retry["state"] == "sleeping"
     with pytest.raises(RunNotRunningError):
         await engine.complete(eng, QUEUE, claimed.run_id, {"late": True})
+
+
+async def test_a_claim_with_lanes_hands_out_what_the_plain_claim_does(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """The same runs, in the same states, with no store facts for tasks the store lacks."""
+    spawned = {(await spawn(eng, f"play-{n}")).task_id for n in range(3)}
+    plain = await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=2)
+    with_lanes = await engine.claim(
+        eng, QUEUE, OWN, lease_s=30, qty=5, store_schema=SCHEMA, with_lanes=True
+    )
+    assert len(plain.runs) == 2
+    assert len(with_lanes.runs) == 1
+    assert {r.task_id for r in plain.runs + with_lanes.runs} == spawned
+    [run] = with_lanes.runs
+    assert run.lane is None  # spawned straight through the engine: no store row
+    assert (run.queue, run.attempt, run.max_attempts, run.params) == (QUEUE, 1, 3, {"n": 1})
+    assert run.task_name.startswith("play-")
+    assert run.wake_event is None
+    assert await run_state(eng, run.run_id) == "running"
+    assert with_lanes.swept == 0
+    with pytest.raises(ValueError, match="store's schema"):
+        await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1, with_lanes=True)

@@ -207,3 +207,54 @@ async def test_an_ended_run_closes_a_dead_worker_s_attempt_and_maintenance_the_r
             finally:
                 remedy_plays.gate("alive").set()
             await asyncio.wait_for(held, 20)
+
+
+async def test_a_completion_the_store_fence_refuses_leaves_the_engine_run_uncompleted(
+    database_url: str,
+) -> None:
+    """The one-statement completion: the store's fence says a newer claim owns the run.
+
+    Nothing of it stays (the engine's complete is rolled back with the rest): the
+    run stays running in the engine and unsettled in the store, no fact is written,
+    and the attempt ends as a lost lease, not as completed.
+    """
+    entered, go = asyncio.Event(), asyncio.Event()
+    app = App()
+
+    @app.play("held")
+    async def held(ctx: TaskContext, params: dict[str, Any]) -> dict[str, int]:
+        entered.set()
+        await go.wait()
+        return {"done": 1}
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE, lease_s=30) as rt,
+    ):
+        submitted = await client.submit("held")
+        handling = asyncio.create_task(rt.handle(await claim_when_due(rt)))
+        try:
+            await asyncio.wait_for(entered.wait(), 10)
+            # A newer claim's fence move, as the store records it (its engine side
+            # is not needed to make the fence refuse).
+            await rt.db.execute(
+                f"with newer as (insert into {SCHEMA}.attempts (run_id, engine_run_id, attempt,"
+                " worker_id, release_id, disposition) select run_id, gen_random_uuid(), 2,"
+                f" 'w-newer', release_id, 'own' from {SCHEMA}.runs where run_id = $1::uuid"
+                " returning run_id, attempt_id)"
+                f" update {SCHEMA}.runs r set current_attempt_id = n.attempt_id from newer n"
+                " where r.run_id = n.run_id",
+                submitted.run_id,
+            )
+        finally:
+            go.set()
+        handled = await asyncio.wait_for(handling, 10)
+        engine_state = await rt.db.fetchval(f"select state from absurd.t_{QUEUE}")
+        status = await client.status(submitted.run_id)
+        attempts = await attempt_rows(database_url, submitted.run_id)
+        facts = await terminal_facts(rt, submitted.run_id)
+    assert handled.outcome == "lease_lost"
+    assert engine_state == "running"
+    assert status.status == "running"
+    assert facts == []
+    assert (attempts[0]["worker_id"], attempts[0]["outcome"]) == ("test-rel-a", "lease_lost")

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from support.runtime import connect, eventually, open_client, open_runtime, work_once, work_until
+from support.runtime import (
+    claim_one_undecided,
+    connect,
+    eventually,
+    open_client,
+    open_runtime,
+    register_worker,
+    work_once,
+    work_until,
+)
 from worker import App, TaskContext
 from worker.client import LaneClient
+from worker.db import engine
 
 RELEASE = "rel-a"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
@@ -431,19 +442,108 @@ async def test_reconciler_settles_more_than_one_batch_in_one_pass(database_url: 
 
 
 async def test_a_run_cancelled_between_claim_and_start_is_not_executed(database_url: str) -> None:
-    """Claimed, then cancelled before the attempt took the run: the play never runs."""
+    """Claimed, then cancelled before the attempt took the run: the play never runs.
+
+    A claim that leaves the attempt to ``handle`` (a retired lane's, or a run the
+    own loop's claim does not begin) has that window.
+    """
     calls: Counter[str] = Counter()
     async with (
         open_client(database_url, ENV) as client,
         open_runtime(database_url, flow_app(calls), RELEASE) as rt,
     ):
         submitted = await client.submit("flow", {"x": 1})
-        batch = await rt.claim(QUEUE, 1)
+        claimed = await claim_one_undecided(rt, QUEUE)
         assert await client.cancel(submitted.run_id)
-        handled = await rt.handle(batch.runs[0])
+        handled = await rt.handle(claimed)
         status = await client.status(submitted.run_id)
     assert (handled.disposition, handled.outcome) == ("own", "cancelled")
     assert calls == Counter()
     assert status.status == "cancelled"
     assert status.facts == ("run.cancelled",)
     assert [a.outcome for a in status.attempts] == ["cancelled"]
+
+
+async def test_a_run_cancelled_once_its_claim_began_it_commits_nothing_more(
+    database_url: str,
+) -> None:
+    """The own loop's claim began the attempt; a cancel then is a cancel of a running run.
+
+    The step in flight may run, but nothing of it commits: the run ends cancelled
+    with its one fact, and no step or completion is recorded.
+    """
+    calls: Counter[str] = Counter()
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, flow_app(calls), RELEASE) as rt,
+    ):
+        await register_worker(rt)  # live: the cancel leaves its attempt to it
+        submitted = await client.submit("flow", {"x": 1})
+        [claimed] = (await rt.claim(QUEUE, 1)).runs
+        assert claimed.begun is not None
+        assert await client.cancel(submitted.run_id)
+        handled = await rt.handle(claimed)
+        status = await client.status(submitted.run_id)
+        checkpoints = await rt.db.fetchval(f"select count(*) from absurd.c_{QUEUE}")
+    assert (handled.disposition, handled.outcome) == ("own", "cancelled")
+    assert calls["two"] == 0  # the first step's write failed: nothing after it ran
+    assert checkpoints == 0
+    assert status.status == "cancelled"
+    assert status.facts == ("run.cancelled",)
+    assert [a.outcome for a in status.attempts] == ["cancelled"]
+
+
+async def test_the_own_loop_claim_brings_each_runs_lane_facts(database_url: str) -> None:
+    """The own queue's claim carries what the store says (one round trip fewer per run).
+
+    Equal to the store's ``lane_state`` read; a retired lane's queue is claimed
+    without them (``handle`` reads them late there, as a lane may claim again).
+    """
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, flow_app(Counter()), RELEASE) as rt,
+        open_runtime(database_url, flow_app(Counter()), "rel-b") as newer,
+    ):
+        await client.activate_release(RELEASE, force=True)  # lanes register in release order
+        await client.activate_release("rel-b", force=True)
+        submitted = [await client.submit("flow", {"x": n}) for n in range(2)]
+        batch = await rt.claim(QUEUE, 2)
+        assert {str(r.lane.run_id) for r in batch.runs if r.lane} == {s.run_id for s in submitted}
+        for claimed in batch.runs:
+            read = await rt.db.run(
+                lambda c, t=claimed.task_id: rt.store.attempts.lane_state(c, task_id=t)
+            )
+            # As read before the claim began the attempt (which made it running).
+            assert claimed.lane == dataclasses.replace(read, status="queued")
+            assert claimed.begun is not None
+        await client.retire_release(RELEASE)
+        for claimed in batch.runs:
+            assert (await rt.handle(claimed)).outcome == "parked"
+
+        async def adoptable() -> engine.ClaimBatch | None:
+            claimed = await newer.claim(QUEUE, 2)  # its :continuations loop's claim
+            return claimed if claimed.runs else None
+
+        elsewhere = await eventually(adoptable, timeout_s=15, what="a due sleeper to adopt")
+        assert [r.lane for r in elsewhere.runs] == [None] * len(elsewhere.runs)
+
+
+async def test_the_claim_begins_runs_of_its_lane_under_another_spelling_of_the_release(
+    database_url: str,
+) -> None:
+    """A daemon serves its lane under the sanitized id: runs stamped 'rel-a' are still its own.
+
+    The claim's begin follows the lane guard (one queue, two spellings), not the
+    raw id, or a daemon would never begin anything in its claim.
+    """
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, flow_app(Counter()), "rel_a") as rt,
+    ):
+        assert rt.queue == QUEUE
+        await client.submit("flow", {"x": 1})
+        [claimed] = (await rt.claim(QUEUE, 1)).runs
+        assert claimed.lane is not None
+        assert claimed.lane.release_id == RELEASE
+        assert claimed.begun is not None
+        assert (await rt.handle(claimed)).disposition == "own"

@@ -154,6 +154,24 @@ async def claim_one(rt: Runtime, queue: str) -> engine.ClaimedRun:
     return batch.runs[0]
 
 
+async def claim_one_undecided(rt: Runtime, queue: str) -> engine.ClaimedRun:
+    """Claim exactly one run of ``queue`` without its store facts or a begun attempt.
+
+    ``handle`` then reads the facts and begins the attempt itself, as for a retired
+    lane's queue or a run the own loop's claim does not begin: the path whose
+    races (a move between the claim and the fence) tests still drive.
+    """
+    mode = rt.claim_mode(queue)
+    batch = await rt.db.run(
+        lambda c: engine.claim(
+            c, queue, rt.worker_id_for(queue), lease_s=rt.lease_s, qty=5, mode=mode,
+            store_schema=rt.store.schema, own_queue=rt.queue, plays=rt.plays,
+        )
+    )  # fmt: skip
+    assert len(batch.runs) == 1, batch
+    return batch.runs[0]
+
+
 async def hold_in_flight(rt: Runtime, plays: GatedPlays, name: str) -> asyncio.Task[Any]:
     """Claim run ``name`` (whose gated step holds) and handle it in a task, blocked mid-step."""
     claimed = await claim_one(rt, rt.queue)

@@ -53,3 +53,20 @@ async def test_a_batch_larger_than_the_process_is_capped() -> None:
     """At least 16 of a capacity of 2 means all of it, not a wait that can never end."""
     capacity = Capacity(2)
     assert await capacity.reserve(16, at_least=16, patience_s=60) == 2
+
+
+async def test_a_batch_reserve_stops_waiting_once_the_frees_stop() -> None:
+    """Slots held by long runs: once none has freed for the gap, take the free ones.
+
+    The patience is a minute here; only the gap can end the wait. Slots freed
+    within the gap keep it waiting for the batch.
+    """
+    capacity = Capacity(8)
+    assert await capacity.reserve(8) == 8
+    capacity.release(2)
+    waiting = asyncio.ensure_future(capacity.reserve(8, at_least=6, patience_s=60, gap_s=1.0))
+    await asyncio.sleep(0.05)
+    capacity.release(1)  # within the gap: it waits on
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert await asyncio.wait_for(waiting, 5) == 3  # the other 5 stay held

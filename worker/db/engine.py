@@ -7,21 +7,27 @@ install is ``worker/db/engine_schema.py``.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
 from worker.db.pool import Connection
 from worker.db.sql import engine_query
-from worker.errors import RunCancelledError, RunNotRunningError
+from worker.db.store.rows import Begun, LaneState, row_of
+from worker.errors import LeaseLostError, RunCancelledError, RunNotRunningError
 
+R = TypeVar("R")
 QUEUE_CLEANUP_TTL = "6 hours"
 QUEUE_CLEANUP_LIMIT = 1000
 _CANCELLED = "AB001"
 _ALREADY_FAILED = "AB002"
+_NEWER_CLAIM = "LW001"  # a store function's fence: a newer claim owns the run
 
 
 def datetime_from_ms(epoch_ms: int) -> datetime:
@@ -67,43 +73,6 @@ async def cleanup(conn: Connection, queue: str | None = None) -> list[tuple[str,
 # -- tasks ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Spawned:
-    """The engine task a spawn created, or found under the same idempotency key."""
-
-    task_id: uuid.UUID
-    run_id: uuid.UUID | None
-    attempt: int | None
-    created: bool
-
-
-async def spawn(
-    conn: Connection,
-    queue: str,
-    task_name: str,
-    params: Any,
-    *,
-    max_attempts: int,
-    retry_strategy: dict[str, Any],
-    idempotency_key: str | None = None,
-    headers: dict[str, Any] | None = None,
-) -> Spawned:
-    """Spawn one task on ``queue``."""
-    options: dict[str, Any] = {"max_attempts": max_attempts, "retry_strategy": retry_strategy}
-    if idempotency_key is not None:
-        options["idempotency_key"] = idempotency_key
-    if headers:
-        options["headers"] = headers
-    row = await conn.fetchrow(engine_query("spawn_task"), queue, task_name, params, options)
-    assert row is not None  # spawn_task always returns one row
-    return Spawned(row["task_id"], row["run_id"], row["attempt"], row["created"])
-
-
-async def emit_event(conn: Connection, queue: str, event_name: str, payload: Any) -> None:
-    """Emit an engine event on ``queue`` (first emit wins)."""
-    await conn.execute(engine_query("emit_event"), queue, event_name, payload)
-
-
 async def cancel(conn: Connection, queue: str, task_id: uuid.UUID) -> None:
     """Cancel a task; a terminal task is left as it is."""
     await conn.execute(engine_query("cancel_task"), queue, task_id)
@@ -131,6 +100,31 @@ class ClaimedRun:
     max_attempts: int | None
     wake_event: str | None
     event_payload: Any
+    # The store's facts read with the claim (``claim_with_lanes``); None when the
+    # claim did not read them or the task has no store row.
+    lane: LaneState | None = None
+    # The attempt the claim began as 'own' (``BeginOwn``), and the monotonic time
+    # its statement was sent (the attempt's clock starts from it); None: not begun.
+    begun: Begun | None = None
+    sent_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BeginOwn:
+    """Who a claim begins certain own attempts for: the claimer's release, worker id, step keys."""
+
+    release_id: str
+    worker_id: str
+    step_keys: int
+
+
+def _prefixed(cls: type[R], r: asyncpg.Record, prefix: str, key: str) -> R | None:
+    # claim_with_lanes names each column of a store row <prefix><column>; a null
+    # ``key`` column means no such row.
+    if r[prefix + key] is None:
+        return None
+    n = len(prefix)
+    return row_of(cls, {k[n:]: v for k, v in r.items() if k[:n] == prefix})
 
 
 @dataclass(frozen=True)
@@ -159,15 +153,30 @@ async def claim(
     store_schema: str | None = None,
     own_queue: str | None = None,
     plays: list[str] | None = None,
+    with_lanes: bool = False,
+    begin: BeginOwn | None = None,
 ) -> ClaimBatch:
     """Claim up to ``qty`` runs from ``queue``.
 
     Without ``mode``, the engine's own claim (a claiming release on its own
     queue). With a mode (``CLAIM_OWN``, ``CLAIM_ADOPT``, ``CLAIM_MINE``,
     ``CLAIM_DRAIN``), ``lane_worker.claim_lane``, which needs the run-state
-    store's schema, the claimer's own lane queue and its app's plays.
+    store's schema, the claimer's own lane queue and its app's plays. With
+    ``with_lanes`` (and the store's schema), each run comes with its store facts
+    (``ClaimedRun.lane``), read in the same round trip; with ``begin`` too, the
+    attempts of the runs its own loop will certainly own are begun as well
+    (``ClaimedRun.begun``).
     """
-    if mode is not None:
+    if (with_lanes or mode is not None) and store_schema is None:
+        raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
+    sent_s = time.monotonic()
+    if with_lanes:
+        rows = await conn.fetch(
+            engine_query("claim_with_lanes"),
+            queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
+            *((begin.release_id, begin.worker_id, begin.step_keys) if begin else (None,) * 3),
+        )  # fmt: skip
+    elif mode is not None:
         rows = await conn.fetch(
             engine_query("claim_lane"),
             queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
@@ -185,6 +194,9 @@ async def claim(
             max_attempts=r["max_attempts"],
             wake_event=r["wake_event"],
             event_payload=r["event_payload"],
+            lane=_prefixed(LaneState, r, "lane_", "run_id") if with_lanes else None,
+            begun=_prefixed(Begun, r, "begun_", "attempt_id") if with_lanes else None,
+            sent_s=sent_s,
         )
         for r in rows
         if r["run_id"] is not None
@@ -274,17 +286,31 @@ def _engine_error(exc: asyncpg.PostgresError, run_id: uuid.UUID) -> Exception:
     )
 
 
-async def _lease_call(conn: Connection, name: str, run_id: uuid.UUID, *args: Any) -> None:
-    # These engine calls raise when the run is not ours any more (lease lost,
-    # cancelled, already failed); translate that into errors the runtime acts on.
+@contextlib.contextmanager
+def fenced(run_id: uuid.UUID) -> Iterator[None]:
+    """Translate what a fenced write raises when the run is not ours any more.
+
+    The engine's refusals (lease lost, cancelled, already failed) become
+    ``RunNotRunningError`` or ``RunCancelledError``; a store function's LW001
+    (its fence shows a newer claim) becomes ``LeaseLostError``.
+    """
     try:
-        await conn.execute(engine_query(name), *args)
+        yield
     except asyncpg.RaiseError as exc:
         raise _engine_error(exc, run_id) from exc
     except asyncpg.PostgresError as exc:
+        if exc.sqlstate == _NEWER_CLAIM:
+            raise LeaseLostError(str(exc), engine_run_id=run_id) from exc
         if exc.sqlstate in (_CANCELLED, _ALREADY_FAILED):
             raise _engine_error(exc, run_id) from exc
         raise
+
+
+async def _lease_call(conn: Connection, name: str, run_id: uuid.UUID, *args: Any) -> None:
+    # These engine calls raise when the run is not ours any more (lease lost,
+    # cancelled, already failed); translate that into errors the runtime acts on.
+    with fenced(run_id):
+        await conn.execute(engine_query(name), *args)
 
 
 async def complete(conn: Connection, queue: str, run_id: uuid.UUID, result: Any) -> None:
@@ -317,14 +343,6 @@ async def schedule_in(conn: Connection, queue: str, run_id: uuid.UUID, delay_s: 
 async def extend_claim(conn: Connection, queue: str, run_id: uuid.UUID, by_s: int) -> None:
     """Extend a run's lease by ``by_s`` seconds from now."""
     await _lease_call(conn, "extend_claim", run_id, queue, run_id, by_s)
-
-
-async def get_checkpoints(
-    conn: Connection, queue: str, task_id: uuid.UUID, run_id: uuid.UUID
-) -> dict[str, Any]:
-    """Return the committed checkpoints this run may see, by name."""
-    rows = await conn.fetch(engine_query("checkpoint_states"), queue, task_id, run_id)
-    return {r["checkpoint_name"]: r["state"] for r in rows}
 
 
 async def set_checkpoint(

@@ -107,10 +107,20 @@ class Attempts:
                 adopted_queue=seat.own_queue if adopt else None,
                 step_keys=STEP_KEYS_CURRENT,
                 task_id=claimed.task_id,
+                queue=claimed.queue,
             )
             return row, sent_s
 
-        row, sent_s = await self.db.run(begin)
+        if claimed.begun is not None:
+            # The claim began it already as 'own' (its store row alone decided
+            # that); the pure decision must agree, or the rules have drifted apart.
+            if disposition != Disposition.OWN:
+                raise RuntimeError(
+                    f"the claim began run {run_id} as own, but it was decided {disposition}"
+                )
+            row, sent_s = claimed.begun, claimed.sent_s
+        else:
+            row, sent_s = await self.db.run(begin)
         handle = RunHandle(
             run_id=run_id,
             queue=claimed.queue,
@@ -122,7 +132,8 @@ class Attempts:
             clock=DbClock(row.db_now_ms, sent_s),
             step_keys=row.step_keys,
         )
-        return Attempt(self, claimed, handle, disposition, row.checkpoint, row.current_wait, log)
+        return Attempt(self, claimed, handle, disposition, row.checkpoint, row.current_wait,
+                       row.engine_checkpoints, log)  # fmt: skip
 
 
 class Attempt:
@@ -136,6 +147,7 @@ class Attempt:
         disposition: Disposition,
         envelope: dict[str, Any] | None,
         current_wait: dict[str, Any] | None,
+        checkpoints: dict[str, Any] | None,
         log: Log,
     ) -> None:
         self._owner = owner
@@ -148,6 +160,8 @@ class Attempt:
         # not taken over (settled or moved meanwhile). Defer/refuse: None.
         self.envelope = envelope
         self.current_wait = current_wait
+        # The engine checkpoints it resumes from, read with the fence move.
+        self.checkpoints = checkpoints
         self.log = log
         self.ended = False
 
@@ -245,14 +259,23 @@ class Attempt:
     async def complete(self, output: Any) -> Outcome:
         """Complete the run with ``output``; a newer claim that owns it wins (lease lost)."""
         h = self.handle
-        fact = facts.completed(h.run_id, output)
+        fact = facts.completed(h.run_id, output).as_json()
 
         async def complete(conn: Connection) -> None:
-            await engine.complete(conn, h.queue, h.engine_run_id, output)
-            if not await self._settle(conn, fact, output=output):
-                raise LeaseLostError("run settled by a newer claim", engine_run_id=h.engine_run_id)
+            # One statement (the engine's complete, the settle, this attempt's
+            # end): the hot path's single round trip to end a run.
+            with engine.fenced(h.engine_run_id):
+                await self.store.attempts.complete(
+                    conn, queue=h.queue, engine_run_id=h.engine_run_id, output=output,
+                    run_id=h.run_id, attempt_id=self.attempt_id, fact=fact,
+                )  # fmt: skip
 
-        return await self._unless_lost(Outcome.COMPLETED, None, complete)
+        try:
+            await self.db.run(complete)
+        except LeaseLostError as lost:
+            return await self.lose(lost)
+        self.ended = True
+        return Outcome.COMPLETED
 
     async def fail(self, exc: BaseException, max_attempts: int | None) -> Outcome:
         """Fail this attempt: the engine retries the run, or it was the last and fails."""

@@ -8,7 +8,6 @@ queue, the next due sleeper, the poll interval, or stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +30,15 @@ TERMINAL_OUTCOMES = frozenset({Outcome.COMPLETED, Outcome.FAILED, Outcome.CANCEL
 log = structlog.get_logger("lane_worker.poller")
 
 CLAIM_BATCH = 16
-# Under a backlog (the last claim came back full), wait this long for a quarter
-# of a batch to free up before claiming: every claim sorts the queue's pending
-# set, so one claim per finished run costs more than a few idle milliseconds.
-BACKLOG_BATCH = CLAIM_BATCH // 4
+# Under a backlog (the last claim came back full), wait up to this long for a
+# batch (half the slots, at most a whole claim) to free up before claiming:
+# every claim sorts the queue's pending set (about 2 ms of the server's time at
+# 3,000 pending, 29 ms at 30,000), so claims of 4 cost three times what claims
+# of 16 do, per run. The wait ends sooner once no slot has freed for the gap:
+# slots held by long runs must not idle the free ones for the whole patience.
+BACKLOG_BATCH = CLAIM_BATCH
 BACKLOG_PATIENCE_S = 0.025
+BACKLOG_GAP_S = 0.005
 _BACKOFF_MAX_S = 15.0
 
 
@@ -52,12 +55,16 @@ class Capacity:
         """Return how many slots are taken."""
         return self.total - self.free
 
-    async def reserve(self, most: int, *, at_least: int = 1, patience_s: float = 0.0) -> int:
+    async def reserve(
+        self, most: int, *, at_least: int = 1, patience_s: float = 0.0, gap_s: float | None = None
+    ) -> int:
         """Wait for a free slot and take up to ``most``; return how many.
 
         With ``at_least`` > 1, wait up to ``patience_s`` (from the first free slot)
         for that many to be free, so a loop under a backlog claims a batch
-        instead of one run per finished run.
+        instead of one run per finished run; with ``gap_s``, stop waiting sooner
+        once no slot has been freed for that long (the rest are held by longer
+        runs, and waiting for them would only idle the free ones).
         """
         want = max(1, min(at_least, most, self.total))
         deadline: float | None = None
@@ -68,11 +75,13 @@ class Capacity:
                 deadline = now + patience_s if deadline is None else deadline
                 if now >= deadline:
                     break
-                timeout = deadline - now
+                timeout = deadline - now if gap_s is None else min(deadline - now, gap_s)
             # No await between clear() and wait(): a release cannot slip in.
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # patience ran out: take what is free
+            try:
                 await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:  # patience ran out, or the frees stopped: take what is free
+                break
         taken = min(self.free, most)
         self.free -= taken
         return taken
@@ -183,9 +192,11 @@ class Poller:
 
     async def _reserve(self, backlog: bool) -> int:
         # Waiting for a slot must not outlive a stop request.
-        batch = (BACKLOG_BATCH, BACKLOG_PATIENCE_S) if backlog else (1, 0.0)
+        at_least = min(BACKLOG_BATCH, max(1, self.capacity.total // 2)) if backlog else 1
         reserve = asyncio.ensure_future(
-            self.capacity.reserve(CLAIM_BATCH, at_least=batch[0], patience_s=batch[1])
+            self.capacity.reserve(
+                CLAIM_BATCH, at_least=at_least, patience_s=BACKLOG_PATIENCE_S, gap_s=BACKLOG_GAP_S
+            )
         )
         stop = asyncio.ensure_future(self.stopped.wait())
         await asyncio.wait({reserve, stop}, return_when=asyncio.FIRST_COMPLETED)

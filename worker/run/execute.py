@@ -39,7 +39,7 @@ from worker.run.attempt import Attempt, Attempts, DeferLimits
 from worker.run.context import Suspended, TaskContext
 from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
 from worker.run.handback import Claim, give_back_after, give_back_leftovers, really_cancelled
-from worker.run.handle import WorkerSeat
+from worker.run.handle import STEP_KEYS_CURRENT, WorkerSeat
 from worker.run.lease import with_lease
 from worker.run.reconcile import reconcile_queue
 from worker.run.sandbox import SANDBOX_CLEANUP_TASK, SandboxCleanups, SandboxDeleter
@@ -127,6 +127,7 @@ class Runtime:
         """Claim up to ``qty`` runs from ``queue``; settle what an expired-lease sweep ended."""
         worker_id = self.worker_id_for(queue)
         mode = self.claim_mode(queue)
+        own = lanes.loop_kind(queue, self.queue) == "own"
         batch = await self.db.run(
             lambda conn: engine.claim(
                 conn,
@@ -138,6 +139,14 @@ class Runtime:
                 store_schema=self.store.schema,
                 own_queue=self.queue,
                 plays=self.plays,
+                # On its own queue a run's facts hold while the claim is held (no
+                # other lane can adopt it meanwhile); elsewhere they may not (a lane
+                # claims again), so `handle` reads them as late as it can. There
+                # too, the attempts it will certainly own begin in the same trip.
+                with_lanes=own,
+                begin=engine.BeginOwn(self.release_id, worker_id, STEP_KEYS_CURRENT)
+                if own
+                else None,
             )
         )
         if batch.swept:
@@ -185,9 +194,13 @@ class Runtime:
             outcome = await self.cleanups.handle(claimed)
             claim.ended = True
             return Handled(Disposition.OWN, outcome)
-        row = await self.db.run(
-            lambda c: self.store.attempts.lane_state(c, task_id=claimed.task_id)
-        )
+        row = claimed.lane
+        if row is None:
+            # Not read with the claim (a retired lane's queue, or no store row then):
+            # read now, so a lane that claims again or a store row written since counts.
+            row = await self.db.run(
+                lambda c: self.store.attempts.lane_state(c, task_id=claimed.task_id)
+            )
         bound = log.bind(
             queue=claimed.queue, release_id=self.release_id, task_id=str(claimed.task_id)
         )
@@ -348,10 +361,9 @@ class Runtime:
                 f"run {attempt.handle.run_id} is parked in a {wait_kind!r} wait, which release "
                 f"{self.release_id} cannot resume."
             )
-        h = attempt.handle
-        checkpoints = await self.db.run(
-            lambda c: engine.get_checkpoints(c, h.queue, h.task_id, h.engine_run_id)
-        )
+        checkpoints = attempt.checkpoints
+        if checkpoints is None:  # read with the fence move, by every attempt that took over
+            raise RuntimeError("an attempt that did not take its run over cannot execute it")
         return TaskContext(attempt, release_id=self.release_id, checkpoints=checkpoints), play
 
     async def _end_after(

@@ -33,14 +33,36 @@ class AttemptQueries(Queries):
         adopted_queue: str | None,
         step_keys: int,
         task_id: uuid.UUID,
+        queue: str,
     ) -> Begun:
         """Record a claim; own and adopt also move the run's fence to it (see begin_attempt)."""
         begun = await self._row(
             conn, Begun, "begin_attempt", run_id, engine_run_id, attempt, worker_id, release_id,
-            disposition, adopted_release_id, adopted_queue, step_keys, task_id,
+            disposition, adopted_release_id, adopted_queue, step_keys, task_id, queue,
         )  # fmt: skip
         assert begun is not None  # the insert always returns its row
         return begun
+
+    async def complete(
+        self,
+        conn: Connection,
+        *,
+        queue: str,
+        engine_run_id: uuid.UUID,
+        output: Any,
+        run_id: uuid.UUID,
+        attempt_id: int,
+        fact: dict[str, Any],
+    ) -> None:
+        """Complete the run with ``output`` and end the attempt, in one statement.
+
+        Nothing is written when the fence or the engine refuses: SQLSTATE LW001
+        (a newer claim owns the run) or the engine's own error, which
+        ``engine.fenced`` translates.
+        """
+        await self._run(
+            conn, "complete_attempt", queue, engine_run_id, output, run_id, attempt_id, fact
+        )
 
     async def finish(
         self, conn: Connection, *, attempt_id: int, outcome: str, error: Any = None

@@ -112,6 +112,7 @@ class Begun:
     checkpoint: dict[str, Any] | None  # None: not taken over (defer, refuse, or too late)
     step_keys: int | None
     current_wait: dict[str, Any] | None
+    engine_checkpoints: dict[str, Any] | None  # by name; None when not taken over
     db_now_ms: int
 
 

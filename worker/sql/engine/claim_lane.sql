@@ -331,3 +331,154 @@ begin
   end if;
 end;
 $$;
+
+-- One round trip for a loop's claim: the runs (the engine's claim_task when
+-- p_mode is null, else claim_lane in that mode) and, for each, the store facts
+-- its disposition is decided from (the lane_state query of the store's
+-- attempts.sql, each of its columns prefixed lane_; null when the task has no
+-- store row). The facts are read by a statement of their own, after the
+-- claim: a run submitted while the claim ran is seen with its store row (one
+-- statement's snapshot would be taken before the claim's own and could miss it).
+--
+-- With p_begin_release, the claimer's own loop also begins the attempts it
+-- will certainly own (the store's begin_attempt, disposition 'own', as worker
+-- p_begin_worker with step-key mapping p_step_keys): runs stamped with a
+-- release of its lane (p_own_queue), adopted by no other lane, whose play its
+-- app registers (p_plays).
+-- That is the own loop's Own rule (worker/run/decide.py) narrowed to what the
+-- store row alone decides; every other run is begun by the worker after it
+-- decides. The begun_ columns are begin_attempt's row, null when not begun.
+create or replace function lane_worker.claim_with_lanes (
+  p_queue_name text,
+  p_worker_id text,
+  p_claim_timeout integer,
+  p_qty integer,
+  p_store_schema text,
+  p_own_queue text,
+  p_mode text,
+  p_plays text[],
+  p_begin_release text,
+  p_begin_worker text,
+  p_step_keys smallint
+)
+  returns table (
+    run_id uuid,
+    task_id uuid,
+    attempt integer,
+    task_name text,
+    params jsonb,
+    max_attempts integer,
+    wake_event text,
+    event_payload jsonb,
+    swept integer,
+    lane_run_id uuid,
+    lane_release_id text,
+    lane_adopted_release_id text,
+    lane_adopted_queue text,
+    lane_status text,
+    lane_current_wait jsonb,
+    lane_play text,
+    lane_input jsonb,
+    lane_lane_claiming boolean,
+    lane_adopter_claiming boolean,
+    begun_attempt_id bigint,
+    begun_checkpoint jsonb,
+    begun_step_keys smallint,
+    begun_current_wait jsonb,
+    begun_engine_checkpoints jsonb,
+    begun_db_now_ms bigint
+  )
+  language plpgsql
+as $$
+declare
+  v_runs uuid[];
+  v_tasks uuid[];
+  v_attempts integer[];
+  v_names text[];
+  v_params jsonb[];
+  v_max integer[];
+  v_events text[];
+  v_payloads jsonb[];
+  v_swept integer := 0;
+  v_on_own_lane boolean;
+begin
+  if p_mode is null then
+    select array_agg(c.run_id order by c.run_id), array_agg(c.task_id order by c.run_id),
+           array_agg(c.attempt order by c.run_id), array_agg(c.task_name order by c.run_id),
+           array_agg(c.params order by c.run_id), array_agg(c.max_attempts order by c.run_id),
+           array_agg(c.wake_event order by c.run_id),
+           array_agg(c.event_payload order by c.run_id)
+      into v_runs, v_tasks, v_attempts, v_names, v_params, v_max, v_events, v_payloads
+      from absurd.claim_task(p_queue_name, p_worker_id, p_claim_timeout, p_qty) c;
+  else
+    select array_agg(c.run_id order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.task_id order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.attempt order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.task_name order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.params order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.max_attempts order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.wake_event order by c.run_id) filter (where c.run_id is not null),
+           array_agg(c.event_payload order by c.run_id) filter (where c.run_id is not null),
+           coalesce(max(c.swept), 0)
+      into v_runs, v_tasks, v_attempts, v_names, v_params, v_max, v_events, v_payloads, v_swept
+      from lane_worker.claim_lane(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+                                  p_store_schema, p_own_queue, p_mode, p_plays) c;
+  end if;
+
+  if v_runs is null then
+    -- Nothing handed out; a sweep still reaches the caller, whose reconciler
+    -- settles what it may have failed for good.
+    if v_swept > 0 then
+      swept := v_swept;
+      return next;
+    end if;
+    return;
+  end if;
+
+  swept := v_swept;
+  -- Into the result's own columns; the begun_ ones start null on every row.
+  for run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
+      lane_run_id, lane_release_id, lane_adopted_release_id, lane_adopted_queue, lane_status,
+      lane_current_wait, lane_play, lane_input, lane_lane_claiming, lane_adopter_claiming,
+      v_on_own_lane, begun_attempt_id, begun_checkpoint, begun_step_keys, begun_current_wait,
+      begun_engine_checkpoints, begun_db_now_ms in execute format(
+    'select c.run_id, c.task_id, c.attempt, c.task_name, c.params, c.max_attempts,
+            c.wake_event, c.event_payload,
+            r.run_id, r.release_id, r.adopted_release_id, r.adopted_queue,
+            r.status, r.current_wait, r.play, r.input,
+            coalesce(l.status = ''claiming'', false),
+            coalesce(al.status = ''claiming'', false),
+            -- The lane guard: the run''s release and the claimer''s share a lane
+            -- (two spellings of one id name one queue).
+            -- (A task without a store row, a sandbox cleanup, has no release.)
+            case when coalesce(r.release_id, '''') = '''' then false
+                 when r.release_id = $10 then true
+                 else %1$I.queue_for_release(r.release_id) = $9 end,
+            null::bigint, null::jsonb, null::smallint, null::jsonb, null::jsonb, null::bigint
+       from unnest($1, $2, $3, $4, $5, $6, $7, $8)
+            as c(run_id, task_id, attempt, task_name, params, max_attempts, wake_event,
+                 event_payload)
+       left join %1$I.runs r on r.task_id = c.task_id
+       left join %1$I.releases l on l.queue = r.queue
+       left join %1$I.releases al on al.queue = r.adopted_queue
+      order by c.run_id',
+    p_store_schema)
+  using v_runs, v_tasks, v_attempts, v_names, v_params, v_max, v_events, v_payloads,
+        p_own_queue, p_begin_release
+  loop
+    if p_begin_release is not null
+       and lane_run_id is not null
+       and v_on_own_lane
+       and (lane_adopted_release_id is null or lane_adopted_queue = p_own_queue)
+       and lane_play = any(p_plays) then
+      execute format('select * from %I.begin_attempt($1, $2, $3, $4, $5, ''own'', null, null,
+                                                     $6, $7, $8)', p_store_schema)
+        into begun_attempt_id, begun_checkpoint, begun_step_keys, begun_current_wait,
+             begun_engine_checkpoints, begun_db_now_ms
+        using lane_run_id, run_id, attempt, p_begin_worker, p_begin_release,
+              p_step_keys, task_id, p_queue_name;
+    end if;
+    return next;
+  end loop;
+end;
+$$;

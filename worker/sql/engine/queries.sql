@@ -17,8 +17,10 @@ select to_regprocedure('absurd.get_schema_version()') is not null;
 select absurd.get_schema_version();
 
 -- name: claim_functions_present
--- The continuation claim functions come with the engine install (claim_lane.sql).
-select to_regnamespace('lane_worker') is not null;
+-- The continuation claim functions come with the engine install (claim_lane.sql);
+-- the newest of them stands for all.
+select to_regprocedure('lane_worker.claim_with_lanes(text, text, integer, integer, text, '
+                       'text, text, text[], text, text, smallint)') is not null;
 
 -- name: create_queue
 select absurd.create_queue($1);
@@ -39,9 +41,6 @@ select absurd.drop_queue($1);
 -- One bounded cleanup batch by each queue's policy ($1: one queue, or null: all).
 select queue_name, tasks_deleted, events_deleted from absurd.cleanup_all_queues($1);
 
--- name: spawn_task
-select task_id, run_id, attempt, created from absurd.spawn_task($1, $2, $3, $4);
-
 -- name: claim_task
 -- The engine's own claim, in claim_lane's row shape (it sweeps nothing it reports).
 select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
@@ -52,6 +51,11 @@ select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, ev
 select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
        swept
   from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8);
+
+-- name: claim_with_lanes
+-- A claim (the engine's when $7 is null) and each run's store facts, one round trip;
+-- with $9, the attempts its own loop will certainly own begun too.
+select * from lane_worker.claim_with_lanes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: next_due_in
 -- The same filter as claim_lane: only runs that loop would be handed.
@@ -74,17 +78,11 @@ select absurd.schedule_run($1, $2,
 -- name: extend_claim
 select absurd.extend_claim($1, $2, $3);
 
--- name: checkpoint_states
-select checkpoint_name, state from absurd.get_task_checkpoint_states($1, $2, $3);
-
 -- name: set_checkpoint_state
 select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
 
 -- name: await_event
 select should_suspend, payload from absurd.await_event($1, $2, $3, $4, $5, $6);
-
--- name: emit_event
-select absurd.emit_event($1, $2, $3);
 
 -- name: cancel_task
 select absurd.cancel_task($1, $2);

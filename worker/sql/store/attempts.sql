@@ -44,59 +44,19 @@ returning a.attempt_id;
 -- attempt, the wait it was parked in is over); defer and refuse only record
 -- that the claim happened. Returns the envelope and the wait as of the fence
 -- move (an older attempt may still write them until then, never after), the
--- run's step-key mapping (stamped by its first execution: $9), and the
--- database's clock, which every duration of the attempt is measured on.
-with prev as (
-  -- The statement's snapshot: only a park or a settle changes the wait, and
-  -- neither can commit for a run whose engine run this claim now holds.
-  select r.current_wait from {schema}.runs r where r.run_id = $1
-), attempt as (
-  insert into {schema}.attempts (run_id, engine_run_id, attempt, worker_id, release_id, disposition)
-  values ($1, $2, $3, $4, $5, $6)
-  returning attempt_id
-), taken as (
-  update {schema}.runs r
-     set status = 'running',
-         current_attempt_id = (select attempt_id from attempt),
-         current_wait = null,
-         attempts = greatest(r.attempts, $3),
-         adopted_release_id = case when $6 = 'adopt' then $7 else r.adopted_release_id end,
-         adopted_queue = case when $6 = 'adopt' then $8 else r.adopted_queue end,
-         step_keys = case when r.current_attempt_id is null then $9::smallint else r.step_keys end,
-         -- Taken over: whatever deferral streak it had is over.
-         defer_count = 0, first_deferred_at = null, defer_alerted_at = null,
-         updated_at = now()
-   where r.run_id = $1
-     and $6 in ('own', 'adopt')
-     and r.status not in ('completed', 'failed', 'cancelled')
-     -- `lanes move` gave the run a new engine task: a claim of the old one is stale.
-     and r.task_id = $10
-  returning r.checkpoint, r.step_keys
-), superseded as (
-  -- Taken over: every older claim of the run that recorded no end (its worker
-  -- was killed, or lost its lease) has lost it, in this same statement.
-  update {schema}.attempts o
-     set outcome = 'lease_lost', finished_at = now(),
-         error = coalesce(o.error, jsonb_build_object(
-           'reason', 'a newer attempt took the run over'))
-    from taken t
-   where o.run_id = $1 and o.outcome is null
-), started as (
-  -- A run whose ledger goes to a runtime API records that it started, once:
-  -- when an attempt first takes it over (the relay delivers it, migration 0009).
-  insert into {schema}.ledger (run_id, type, fact)
-  select $1, 'run.started',
-         jsonb_build_object('type', 'run.started', 'runId', $1::text,
-                            'occurredAt', (extract(epoch from now()) * 1000)::bigint,
-                            'source', 'worker', 'releaseId', $5::text, 'attempt', $3::integer)
-    from taken
-   where exists (select 1 from {schema}.run_runtime_api x where x.run_id = $1)
-  on conflict (run_id) where type = 'run.started' do nothing
-)
-select a.attempt_id, t.checkpoint, t.step_keys,
-       case when t.checkpoint is not null then (select current_wait from prev) end as current_wait,
-       (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
-  from attempt a left join taken t on true;
+-- run's step-key mapping (stamped by its first execution: $9), the engine
+-- checkpoints the attempt resumes from (queue $11, task $10, engine run $2:
+-- read here, not in a second round trip; only when taken over, and not on a
+-- run's first execution, which has none), and the
+-- database's clock, which every duration of the attempt is measured on. The
+-- statement is the store's begin_attempt (migration 0017), which the own loop's
+-- claim also calls.
+select * from {schema}.begin_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: complete_attempt
+-- The engine's complete, the settle and the attempt's end in one statement
+-- (migration 0016); LW001 when a newer claim owns the run.
+select {schema}.complete_attempt($1, $2, $3, $4, $5, $6);
 
 -- name: finish_attempt
 update {schema}.attempts
