@@ -190,8 +190,14 @@ async def test_the_page_through_a_rolling_deploy(database_url: str, tmp_path: Pa
                 return (await roles(c)).get(A, ("",))[0] == "retired" and await ready(B)
 
             await eventually(a_retired, timeout_s=90, what="B ready and A retired")
+            # Read between two of the gated run's attempts: while one is in flight the
+            # page rightly files that run under inFlight.
             rows, listed, dom = await roll.page(
-                B, lambda p: p.rows[queue_of(A)]["status"] == "draining"
+                B,
+                lambda p: (
+                    p.rows[queue_of(A)]["status"] == "draining"
+                    and p.rows[queue_of(A)]["reasons"] == ["retrying"]
+                ),
             )
             a, b = rows.rows[queue_of(A)], rows.rows[queue_of(B)]
             assert b["text"]["role"] == "current"
