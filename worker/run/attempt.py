@@ -37,6 +37,7 @@ from worker.errors import LeaseLostError
 from worker.metrics import Metrics
 from worker.run import facts
 from worker.run.deferral import Streak, count_deferral, report_streak
+from worker.run.group_commit import GroupCommit
 from worker.run.handback import give_back
 from worker.run.handle import STEP_KEYS_CURRENT, DbClock, RunHandle, WorkerSeat
 from worker.states import TERMINAL_STATUSES, Disposition, Outcome, RunStatus
@@ -70,6 +71,8 @@ class Attempts:
         self.seat = seat
         self.defer = defer
         self.metrics = metrics
+        # The step checkpoints and completions of this worker's runs in flight.
+        self.group_commit = GroupCommit(db, store)
         # A play's error text may quote the database URL (a driver message):
         # stored errors are shown by `status`, so mask its passwords first.
         self.secrets = url_secrets(db.options.url)
@@ -211,6 +214,21 @@ class Attempt:
 
     # -- writes while the play runs ------------------------------------------
 
+    async def write_step(self, key: str, result: Any) -> None:
+        """Commit step ``key``'s result as an engine checkpoint, extending the lease."""
+        h = self.handle
+
+        async def alone(conn: Connection) -> None:
+            await engine.set_checkpoint(
+                conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
+            )
+
+        entry = {"k": "checkpoint", "q": h.queue, "t": str(h.task_id), "n": key,
+                 "r": str(h.engine_run_id), "x": h.lease_s}  # fmt: skip
+        if result is not None:
+            entry["s"] = result
+        await self._owner.group_commit.write(entry, alone)
+
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
         """Write the run's envelope, fenced: a newer claim makes it raise ``LeaseLostError``."""
         h = self.handle
@@ -270,8 +288,12 @@ class Attempt:
                     run_id=h.run_id, attempt_id=self.attempt_id, fact=fact,
                 )  # fmt: skip
 
+        entry = {"k": "complete", "q": h.queue, "r": str(h.engine_run_id), "u": str(h.run_id),
+                 "a": self.attempt_id, "f": fact}  # fmt: skip
+        if output is not None:
+            entry["o"] = output
         try:
-            await self.db.run(complete)
+            await self._owner.group_commit.write(entry, complete)
         except LeaseLostError as lost:
             return await self.lose(lost)
         self.ended = True

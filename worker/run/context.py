@@ -102,12 +102,7 @@ class TaskContext:
             if inspect.isawaitable(result):  # a lambda returning a coroutine
                 result = await result
         require_json(result, f"the result of step {name!r}")
-        h = self._h
-        await self._db.run(
-            lambda conn: engine.set_checkpoint(
-                conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
-            )
-        )
+        await self._attempt.write_step(key, result)
         self._checkpoints[key] = result
         return result
 

@@ -64,6 +64,15 @@ class AttemptQueries(Queries):
             conn, "complete_attempt", queue, engine_run_id, output, run_id, attempt_id, fact
         )
 
+    async def write_batch(self, conn: Connection, writes: list[dict[str, Any]]) -> dict[int, str]:
+        """Apply several runs' fenced writes in one statement (``write_batch``).
+
+        Return the SQLSTATE of each write that failed, by its position; a failed
+        write is undone on its own, the others commit.
+        """
+        rows = await self._records(conn, "write_batch", writes)
+        return {r["write_at"]: r["error_code"] for r in rows}
+
     async def finish(
         self, conn: Connection, *, attempt_id: int, outcome: str, error: Any = None
     ) -> None:

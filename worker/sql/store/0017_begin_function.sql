@@ -4,14 +4,19 @@
 -- worker's begin_attempt query calls it too: one definition. Parameters, in
 -- order: run, engine run, engine attempt, worker id, release, disposition,
 -- adopted release and queue (adopt only), step-key mapping, engine task, queue.
+-- PL/pgSQL, not SQL: before PostgreSQL 18 a SQL function plans its statement on
+-- every call (0.4 of its 0.5 ms in the bench); PL/pgSQL keeps the plan.
 create or replace function {schema}.begin_attempt(
   p_run uuid, p_engine_run uuid, p_attempt integer, p_worker text, p_release text,
   p_disposition text, p_adopted_release text, p_adopted_queue text, p_step_keys smallint,
   p_task uuid, p_queue text)
   returns table (attempt_id bigint, checkpoint jsonb, step_keys smallint, current_wait jsonb,
                  engine_checkpoints jsonb, db_now_ms bigint)
-  language sql
+  language plpgsql
 as $$
+#variable_conflict use_column
+begin
+return query
 with prev as (
   -- The statement's snapshot: only a park or a settle changes the wait, and
   -- neither can commit for a run whose engine run this claim now holds.
@@ -70,4 +75,5 @@ select a.attempt_id, t.checkpoint, t.step_keys,
        end as engine_checkpoints,
        (extract(epoch from absurd.current_time()) * 1000)::bigint as db_now_ms
   from attempt a left join taken t on true;
+end;
 $$;

@@ -58,6 +58,11 @@ select * from {schema}.begin_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1
 -- (migration 0016); LW001 when a newer claim owns the run.
 select {schema}.complete_attempt($1, $2, $3, $4, $5, $6);
 
+-- name: write_batch
+-- Several runs' fenced writes in one statement (migration 0018): the positions
+-- of those that failed, each undone alone.
+select write_at, error_code from {schema}.write_batch($1);
+
 -- name: finish_attempt
 update {schema}.attempts
    set outcome = $2, error = $3, finished_at = now()
