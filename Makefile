@@ -5,7 +5,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
 
-.PHONY: test lint typecheck unit install chromium dev clean
+.PHONY: test lint typecheck unit install chromium dev clean bench
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -47,6 +47,11 @@ test: lint typecheck chromium
 # a worker with the demo app, and the demo runs. DEV_ARGS=--exit-after-demo to stop after them.
 dev: install
 	$(VENV)/bin/lane-worker dev $(DEV_ARGS)
+
+# Every speed target in one run against absurd-sdk and the raw loop (about 10 minutes; the
+# SDK goes in a throwaway venv under /tmp). BENCH_ARGS=--url ... for another server.
+bench: install
+	$(VENV)/bin/python bench/all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

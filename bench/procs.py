@@ -108,6 +108,7 @@ class Child:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.err_path = log_dir / f"{name}.err"
+        self.spawned_at = time.time()  # for boot to ready: what a user waits after exec
         with self.log_path.open("wb") as out, self.err_path.open("wb") as err:
             # Its own session: a terminal's Ctrl-C reaches only the benchmark, which stops it.
             self.proc = subprocess.Popen(  # noqa: S603 (fixed argv built here)
@@ -147,10 +148,12 @@ class Child:
         if self.proc.poll() is not None:
             raise BenchError(f"{self.name} exited with {self.proc.returncode}\n{self.tail()}")
 
-    async def wait_event(self, event: str, *, timeout_s: float, **filters: Any) -> dict[str, Any]:
-        """Return the first record of ``event`` matching ``filters``, reading as it comes."""
+    async def wait_event(
+        self, event: str, *, timeout_s: float, after: int = 0, **filters: Any
+    ) -> dict[str, Any]:
+        """Return the first record of ``event`` matching ``filters`` (from record ``after`` on)."""
         deadline = time.monotonic() + timeout_s
-        seen = 0
+        seen = after
         while True:
             self.read_records()
             for record in self.records[seen:]:

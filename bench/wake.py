@@ -13,6 +13,10 @@ Latencies, all wall clock on this machine:
 - ``spawn -> claim``: the engine row's ``created_at`` to ``started_at``.
 - ``call -> run.started`` (lane-worker): to the daemon's JSON log line, after
   its per-run store reads; what a user waits before the play runs.
+- ``signal -> resumed run.started`` (lane-worker): a run parked on an event,
+  from just before the signal call to the resumed attempt's log line.
+
+Boot to ready (lane-worker): from the exec of the daemon to its ``worker.ready``.
 
 Usage: .venv/bin/python bench/wake.py [--runs 30] [--idle-window 20] [--only lane-worker]
 """
@@ -52,6 +56,7 @@ from worker.client import LaneClient
 from worker.lanes import RELEASE_ID_ENV, queue_name_for_release
 
 CASES = ("lane-worker", "absurd-sdk")
+WAITER_PLAY = "waiter"  # bench_app's: parks until signalled
 SETTLE_S = 4.0  # boot work done, and its transaction counts flushed
 BUCKET_S = 2.0
 
@@ -65,6 +70,7 @@ class Wake:
     idle_mean_xacts_per_s: float = float("nan")
     rss_idle_mb: float = float("nan")
     rss_after_mb: float = float("nan")
+    boot_s: float = float("nan")  # exec to worker.ready (lane-worker)
     latencies: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -80,7 +86,9 @@ async def idle_figures(bench: Session, child: Child, wake: Wake) -> None:
     visit to the scratch database (its transactions count too) is not charged
     to the worker. Backends flush their counters about once a second.
     """
-    await child.wait_event("worker.ready", timeout_s=60)
+    ready = await child.wait_event("worker.ready", timeout_s=60)
+    if "timestamp" in ready:
+        wake.boot_s = timestamp_s(ready) - child.spawned_at
     await asyncio.sleep(SETTLE_S)
     counts = [await transactions(bench.admin, bench.database)]
     for _ in range(max(1, round(bench.args.idle_window / BUCKET_S))):
@@ -143,6 +151,7 @@ async def case_lane(bench: Session) -> Wake:
                     add(wake, "spawn -> claim", (claimed - created).total_seconds())
                     add(wake, "call -> run.started", timestamp_s(started) - called)
             await child.wait_event("run.completed", timeout_s=30, run_id=run.run_id)
+            await signal_rounds(bench, client, child, wake)
         finally:
             await probe.close()
             await client.close()
@@ -150,6 +159,22 @@ async def case_lane(bench: Session) -> Wake:
     finally:
         await child.stop()
     return wake
+
+
+async def signal_rounds(bench: Session, client: LaneClient, child: Child, wake: Wake) -> None:
+    """K runs parked on an event, each signalled: signal call to its resumed ``run.started``."""
+    for i in range(-1, bench.args.runs):
+        run = await client.submit(WAITER_PLAY, {})
+        await child.wait_event("run.parked", timeout_s=30, run_id=run.run_id)
+        await asyncio.sleep(spacing_s(i))
+        after = len(child.records)
+        called = time.time()
+        await client.signal(run.run_id, "go", {"i": i})
+        resumed = await child.wait_event(
+            "run.started", timeout_s=30, after=after, run_id=run.run_id
+        )
+        if i >= 0:
+            add(wake, "signal -> resumed run.started", timestamp_s(resumed) - called)
 
 
 async def case_sdk(bench: Session, python: str) -> Wake:
@@ -194,10 +219,11 @@ def report(results: list[Wake], args: argparse.Namespace) -> None:
     print_table(["worker", "metric", "n", "p50", "p95", "max"], rows)
     print(f"\nidle worker ({args.idle_window:g} s window, {BUCKET_S:g} s buckets):")
     print_table(
-        ["worker", "xacts/s median", "xacts/s mean", "RSS idle MiB", "RSS after runs MiB"],
+        ["worker", "xacts/s median", "xacts/s mean", "RSS idle MiB", "RSS after runs MiB",
+         "boot to ready s"],
         [
             [w.case, f"{w.idle_xacts_per_s:.2f}", f"{w.idle_mean_xacts_per_s:.2f}",
-             f"{w.rss_idle_mb:.0f}", f"{w.rss_after_mb:.0f}"]
+             f"{w.rss_idle_mb:.0f}", f"{w.rss_after_mb:.0f}", f"{w.boot_s:.2f}"]
             for w in results
         ],
     )  # fmt: skip
