@@ -110,6 +110,7 @@ class Diagnosis:
             "concurrency": self.tuning.concurrency,
             "claimTimeoutSeconds": self.tuning.claim_timeout_s,
             "pollIntervalSeconds": self.tuning.poll_interval_s,
+            "listenPollIntervalSeconds": self.tuning.listen_poll_interval_s,
             "drainSeconds": self.tuning.drain_s,
             "healthPort": self.tuning.health_port,
             "healthHost": self.tuning.health_host,

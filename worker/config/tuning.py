@@ -23,6 +23,7 @@ from worker.config.env import (
     LEDGER_PER_ENDPOINT_ENV,
     LEDGER_RETRY_FOR_ENV,
     LEDGER_TIMEOUT_ENV,
+    LISTEN_POLL_INTERVAL_ENV,
     LOG_FORMAT_ENV,
     MAX_ATTEMPTS_ENV,
     PGBOUNCER_ENV,
@@ -46,6 +47,9 @@ class Tuning:
     concurrency: int = 8
     claim_timeout_s: int = 60
     poll_interval_s: float = 1.0
+    # While LISTEN is connected every way a run becomes claimable sends a NOTIFY
+    # or has a known due time: the poll is only a safety net (never below the above).
+    listen_poll_interval_s: float = 30.0
     drain_s: float = 25.0
     health_port: int = 8080
     health_host: str = "0.0.0.0"  # noqa: S104 (a container's health port: all interfaces)
@@ -74,6 +78,7 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
     ("concurrency", CONCURRENCY_ENV, whole_number, 1, 1000, _RUNS),
     ("claim_timeout_s", CLAIM_TIMEOUT_ENV, whole_number, 5, 86_400, _WHOLE_S),
     ("poll_interval_s", POLL_INTERVAL_ENV, decimal_number, 0.01, 3600.0, _SECS),
+    ("listen_poll_interval_s", LISTEN_POLL_INTERVAL_ENV, decimal_number, 0.01, 3600.0, _SECS),
     ("drain_s", DRAIN_SECONDS_ENV, decimal_number, 0.0, 3600.0, _SECS),
     ("health_port", HEALTH_PORT_ENV, whole_number, 0, 65_535, "a TCP port (0: any free)"),
     ("max_attempts", MAX_ATTEMPTS_ENV, whole_number, 1, 1000, "a whole number of attempts"),

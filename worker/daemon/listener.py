@@ -21,6 +21,7 @@ from worker.db.tasks import LANES_CHANNEL, LEDGER_CHANNEL, notify_channel
 log = structlog.get_logger("lane_worker.listener")
 
 _RECONNECT_MAX_S = 30.0
+KEEPALIVE_S = 15.0
 
 
 class Wakeups:
@@ -99,10 +100,11 @@ class Listener:
                         await conn.remove_listener(channel, self._on_notify)
                     listening = wanted
                     self._changed.clear()
-                    # Wake on a queue-set change, or every few seconds to notice a
-                    # connection the server has dropped.
+                    # Wake on a queue-set change, or now and then to notice a
+                    # connection the server has dropped (the loops poll rarely
+                    # only while this connection holds).
                     try:
-                        await asyncio.wait_for(self._changed.wait(), timeout=5)
+                        await asyncio.wait_for(self._changed.wait(), timeout=KEEPALIVE_S)
                     except TimeoutError:
                         await conn.fetchval("select 1")
                 raise ConnectionResetError("LISTEN connection closed")

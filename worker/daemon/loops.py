@@ -64,6 +64,7 @@ class LoopRegistry:
         capacity: Capacity,
         wakeups: Wakeups,
         poll_interval_s: float,
+        listen_poll_interval_s: float,
         metrics: Metrics,
         on_guard_failure: Callable[[str], None],
         log: structlog.typing.FilteringBoundLogger,
@@ -73,6 +74,7 @@ class LoopRegistry:
         self.capacity = capacity
         self.wakeups = wakeups
         self.poll_interval_s = poll_interval_s
+        self.listen_poll_interval_s = listen_poll_interval_s
         self.metrics = metrics
         self.on_guard_failure = on_guard_failure
         self.pollers: dict[str, Poller] = {}
@@ -82,6 +84,15 @@ class LoopRegistry:
     def queues(self) -> set[str]:
         """Return the queues whose loops still claim (what LISTEN follows)."""
         return {q for q, p in self.pollers.items() if not p.stopped.is_set()}
+
+    def listening(self) -> bool:
+        """Tell whether LISTEN is connected (the loops' long poll holds only then)."""
+        return self.listener is not None and self.listener.connected
+
+    def poke_all(self) -> None:
+        """Wake every loop to claim again (what it may claim changed)."""
+        for queue in self.pollers:
+            self.wakeups.poke(queue)
 
     def continuations(self) -> list[str]:
         """Return the queues with a continuation loop."""
@@ -95,8 +106,9 @@ class LoopRegistry:
     def attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> Poller:
         """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""
         shared = LoopShared(
-            self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure
-        )
+            self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure,
+            listen_poll_interval_s=self.listen_poll_interval_s, listening=self.listening,
+        )  # fmt: skip
         poller = Poller(runtime, queue, self.wakeups.for_queue(queue), shared)
         self.pollers[queue] = poller
         self.polled_queues.add(queue)
@@ -136,6 +148,7 @@ class LoopRegistry:
         for queue in sorted(wanted - set(self.continuations())):
             if not stopping:
                 await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
+                await db.run(lambda c, q=queue: engine.watch_queue(c, q))  # type: ignore[misc]
                 self.attach(runtime, queue, runs, side)
         for queue in self.continuations():
             if queue not in wanted:

@@ -25,6 +25,7 @@ import json
 import re
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -154,9 +155,12 @@ class Relay:
         config: RelayConfig,
         metrics: Metrics,
         wakeup: asyncio.Event,
+        idle_poll_s: Callable[[], float] = lambda: IDLE_POLL_S,
     ) -> None:
         self.db, self.store, self.worker_id = db, store, worker_id
         self.config, self.metrics, self.wakeup = config, metrics, wakeup
+        # The safety net's period now: longer while LISTEN carries the ledger's NOTIFY.
+        self.idle_poll_s = idle_poll_s
         self.log = structlog.get_logger("lane_worker.relay")
         self._in_flight: dict[int, str] = {}  # fact id -> its endpoint
         self._unsent: list[int] = []  # facts whose delivery was cancelled (a stop)
@@ -237,7 +241,7 @@ class Relay:
         self._next_due_s = backlog.next_due_s
 
     async def _wait(self) -> None:
-        timeout = IDLE_POLL_S
+        timeout = self.idle_poll_s()
         # A fact already due that this pass did not take waits for its endpoint (a
         # slot to free, a backoff to end, both woken below) or for another worker:
         # polling for it every few milliseconds would only load the database.

@@ -36,7 +36,7 @@ from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
 from worker.daemon.maintenance import maintain
-from worker.daemon.relay import Relay, RelayConfig
+from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import (
     REPORT_RETRY_FOR_S,
     ReportReader,
@@ -149,6 +149,7 @@ class Supervisor:
             capacity=self.capacity,
             wakeups=self.wakeups,
             poll_interval_s=settings.tuning.poll_interval_s,
+            listen_poll_interval_s=settings.tuning.listen_poll_interval_s,
             metrics=self.metrics,
             on_guard_failure=self._guard_failed,
             log=self.log,
@@ -340,14 +341,30 @@ class Supervisor:
         Runs on every lane-registry NOTIFY and every 5 s. ``_refresh_lanes`` says
         which loops are wanted; a loop no longer wanted detaches.
         """
+        notified = False
+        listen_refresh_s = self._idle_poll(ADOPTION_REFRESH_S)
+
+        def refresh_s() -> float:
+            # Draining ends with no NOTIFY (its last run finishes): watch for it.
+            draining = self.lane_state == LaneState.DRAINING
+            return ADOPTION_REFRESH_S if draining else listen_refresh_s()
+
         while True:
             self.wakeups.lanes_changed.clear()
+            before = _claim_view(runtime)
             if not await self._side_pass(
                 "lane_refresh", lambda: self._refresh_lanes(db, runtime, runs, side)
             ):
                 return
-            with anyio.move_on_after(ADOPTION_REFRESH_S):
+            if notified or _claim_view(runtime) != before:
+                # What a loop may claim changed (a lane retired or activated, a
+                # machine of this lane came or went): claim again now, not at the
+                # next poll, which is rare while LISTEN is connected.
+                self.loops.poke_all()
+            notified = False
+            with anyio.move_on_after(refresh_s()):
                 await self.wakeups.lanes_changed.wait()
+                notified = True
 
     async def _refresh_lanes(
         self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
@@ -417,6 +434,15 @@ class Supervisor:
             )
         )
 
+    def _idle_poll(self, polling_s: float) -> Callable[[], float]:
+        """A side loop's period: ``polling_s``, or the long one while LISTEN is connected.
+
+        With LISTEN up, its NOTIFY (registry changes, ledger facts) wakes the side
+        loop and the period is only a safety net (``LANE_WORKER_LISTEN_POLL_INTERVAL``).
+        """
+        listen_s = max(polling_s, self.settings.tuning.listen_poll_interval_s)
+        return lambda: listen_s if self.loops.listening() else polling_s
+
     async def _heartbeats(self, db: Database) -> None:
         while True:
             await anyio.sleep(HEARTBEAT_S)
@@ -438,7 +464,7 @@ class Supervisor:
         t = self.settings.tuning
         relay = Relay(
             db, self.store, worker_id=self.worker_id, metrics=self.metrics,
-            wakeup=self.wakeups.ledger,
+            wakeup=self.wakeups.ledger, idle_poll_s=self._idle_poll(IDLE_POLL_S),
             config=RelayConfig(t.ledger_path, t.ledger_concurrency, t.ledger_per_endpoint,
                                t.ledger_timeout_s, t.ledger_retry_for_s),
         )  # fmt: skip
@@ -505,3 +531,9 @@ def _by_label(counter: Any) -> dict[str, int]:
         for sample in metric.samples
         if sample.name.endswith("_total")
     }
+
+
+def _claim_view(runtime: Runtime) -> tuple[object, ...]:
+    """What the claim loops' filters read from the registry (``Runtime.claim_mode``)."""
+    return (runtime.draining, runtime.claiming_queues, runtime.foreign_adoptees,
+            runtime.lane_plays_differ)  # fmt: skip

@@ -48,6 +48,19 @@ async def ensure_queue(conn: Connection, queue: str) -> None:
     )
 
 
+async def watch_queue(conn: Connection, queue: str) -> bool:
+    """Have every run of ``queue`` that becomes pending or sleeping NOTIFY its workers.
+
+    A trigger on the queue's engine run table (``lane_worker.watch_queue``),
+    installed once: runs written straight through the engine (an app that
+    spawns without the store, a retry, a sleep, an event) wake the claim loops
+    as a submit does, so the loops may poll rarely while LISTEN is connected.
+    Return whether this call installed it.
+    """
+    installed: bool = await conn.fetchval(engine_query("watch_queue"), queue)
+    return installed
+
+
 async def queue_exists(conn: Connection, queue: str) -> bool:
     """Tell whether the engine has queue ``queue`` (``lanes prune`` drops a drained one)."""
     found: bool = await conn.fetchval(engine_query("queue_exists"), queue)

@@ -108,6 +108,12 @@ class LoopShared:
     metrics: Metrics
     runs: TaskGroup  # where claimed runs are handled
     on_guard_failure: Callable[[str], None]  # the own loop met another lane's run
+    # While ``listening`` says LISTEN is connected, an idle loop polls only every
+    # ``listen_poll_interval_s`` (at least ``poll_interval_s``): every way a run
+    # becomes claimable then sends a NOTIFY (a submit, a signal, the engine-table
+    # trigger) or has a due time the loop waits for (a sleep, a retry, a lease).
+    listen_poll_interval_s: float = 0.0
+    listening: Callable[[], bool] = lambda: False
 
 
 class Poller:
@@ -122,6 +128,8 @@ class Poller:
         self.capacity = shared.capacity
         self.wakeup = wakeup
         self.poll_interval_s = shared.poll_interval_s
+        self.listen_poll_interval_s = max(shared.listen_poll_interval_s, shared.poll_interval_s)
+        self.listening = shared.listening
         self.metrics = shared.metrics
         self.runs = shared.runs
         self.on_guard_failure = shared.on_guard_failure
@@ -176,7 +184,9 @@ class Poller:
                 for claimed in batch.runs:
                     self.runs.start_soon(self._handle, claimed)
                 if len(batch.runs) < slots:
-                    await self._idle(self.poll_interval_s, precise=True, empty_claims=empty)
+                    listening = self.listening()
+                    poll_s = self.listen_poll_interval_s if listening else self.poll_interval_s
+                    await self._idle(poll_s, precise=True, empty_claims=empty)
         finally:
             self.finished.set()
 

@@ -170,12 +170,16 @@ declare
   v_due double precision;
 begin
   -- Seconds until the next run lane_worker.claim_lane would hand out (negative:
-  -- already due), or null when there is none.
+  -- already due), or null when there is none. A running run's lease end counts
+  -- too: the claim then sweeps it (nothing notifies when its worker died).
   execute format(
-      'select extract(epoch from min(r.available_at) - absurd.current_time())::float8
-         from absurd.%I r where ',
-      'r_' || p_queue_name)
-    || lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1', '$2')
+      'select extract(epoch from min(d.due) - absurd.current_time())::float8
+         from (select min(r.available_at) as due from absurd.%1$I r where %2$s
+               union all
+               select min(claim_expires_at) from absurd.%1$I
+                where state = ''running'' and claim_expires_at is not null) d',
+      'r_' || p_queue_name,
+      lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1', '$2'))
     into v_due
     using p_own_queue, p_plays;
   return v_due;
@@ -480,5 +484,56 @@ begin
     end if;
     return next;
   end loop;
+end;
+$$;
+
+-- A claim loop waits for a NOTIFY while LISTEN is connected and polls only
+-- rarely, so every run that becomes claimable must notify: the store's submit,
+-- signal and hand-back do; this trigger covers what is written straight
+-- through the engine (an app that spawns without the store, a retry, a sleep
+-- or a put-back, an event that wakes a run). It fires for rows that are
+-- pending or sleeping after the write, not for claims or completions, and
+-- pg_notify folds one transaction's notifications into one. A channel name
+-- over 63 bytes cannot be notified: skipped, not an error (it must never fail
+-- the engine's write); those workers poll.
+create or replace function lane_worker.notify_runnable()
+  returns trigger
+  language plpgsql
+as $$
+declare
+  v_channel text := 'lane_worker_' || tg_argv[0];
+begin
+  if octet_length(v_channel) <= 63 then
+    perform pg_notify(v_channel, '');
+  end if;
+  return null;
+end;
+$$;
+
+-- Install that trigger on queue p_queue's engine run table once; true when this
+-- call installed it.
+create or replace function lane_worker.watch_queue(p_queue text)
+  returns boolean
+  language plpgsql
+as $$
+declare
+  v_table regclass := to_regclass(format('absurd.%I', 'r_' || p_queue));
+begin
+  if v_table is null then
+    raise exception 'lane_worker.watch_queue: queue "%" has no engine run table', p_queue
+      using errcode = '42P01';
+  end if;
+  if exists (select 1 from pg_trigger
+              where tgrelid = v_table and tgname = 'lane_worker_runnable') then
+    return false;
+  end if;
+  execute format(
+    'create trigger lane_worker_runnable after insert or update on %s
+       for each row when (new.state in (''pending'', ''sleeping''))
+       execute function lane_worker.notify_runnable(%L)',
+    v_table, p_queue);
+  return true;
+exception when duplicate_object then
+  return false;  -- another worker installed it meanwhile
 end;
 $$;

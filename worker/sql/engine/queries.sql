@@ -19,11 +19,14 @@ select absurd.get_schema_version();
 -- name: claim_functions_present
 -- The continuation claim functions come with the engine install (claim_lane.sql);
 -- the newest of them stands for all.
-select to_regprocedure('lane_worker.claim_with_lanes(text, text, integer, integer, text, '
-                       'text, text, text[], text, text, smallint)') is not null;
+select to_regprocedure('lane_worker.watch_queue(text)') is not null;
 
 -- name: create_queue
 select absurd.create_queue($1);
+
+-- name: watch_queue
+-- The NOTIFY trigger on the queue's engine runs (claim_lane.sql); true: installed now.
+select lane_worker.watch_queue($1);
 
 -- name: set_queue_policy
 select absurd.set_queue_policy($1, $2::jsonb);
@@ -104,9 +107,13 @@ select run_id, task_id, attempt from {runs}
 -- name: next_due
 -- Seconds until the next run of this queue is claimable by the engine's own
 -- claim (negative: due already), on the database's clock; null when none is.
-select extract(epoch from min(available_at) - absurd.current_time())::float8
-  from {runs}
- where state in ('pending', 'sleeping');
+-- A running run's lease end counts: the claim then fails it and its retry is
+-- claimable (no NOTIFY says so when a worker died).
+select extract(epoch from min(due) - absurd.current_time())::float8
+  from (select min(available_at) as due from {runs} where state in ('pending', 'sleeping')
+        union all
+        select min(claim_expires_at) from {runs}
+         where state = 'running' and claim_expires_at is not null) d;
 
 -- name: reconcile_batch
 -- Up to $2 open store runs of queue $1 whose engine task ended by itself (an
