@@ -30,6 +30,7 @@ RELEASE = "rel-gc"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 QUEUE = "runs_rel_gc"
 N = 6
+HOLD_S = 60.0  # a group wait that outlasts the test: queued writes wait for the first
 
 
 def holds(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
@@ -100,6 +101,7 @@ async def queued_behind_first(
 ) -> list[Any]:
     """Handle ``runs``: the first one's step write held, the others' queued behind it."""
     gc = rt.attempts.group_commit
+    gc.group_wait_s = HOLD_S  # the others wait for the held write, however long it takes
     async with engine_row_locked(url, runs[0]):
         first = asyncio.create_task(rt.handle(runs[0]))
         await eventually(
@@ -156,66 +158,81 @@ async def test_a_cancelled_run_in_a_batch_fails_no_other(database_url: str) -> N
             assert (await client.status(run_id)).status == want
 
 
+def checkpoint_write(
+    gc: GroupCommit, run: ClaimedRun, name: str, sent: list[str] | None = None
+) -> Any:
+    """``gc.write`` of checkpoint ``name`` for ``run`` (its alone path noted in ``sent``)."""
+
+    async def alone(conn: Connection) -> None:
+        if sent is not None:
+            sent.append(name)
+        await conn.execute(
+            "select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, 30)",
+            QUEUE, run.task_id, name, {"by": "test"}, run.run_id,
+        )  # fmt: skip
+
+    entry = {"k": "checkpoint", "q": QUEUE, "t": str(run.task_id), "n": name,
+             "r": str(run.run_id), "s": {"by": "test"}, "x": 30}  # fmt: skip
+    return gc.write(entry, alone)
+
+
+async def checkpoint_names(url: str, runs: list[ClaimedRun]) -> list[str]:
+    """The checkpoints of ``runs`` (on a connection of its own: the pool's may be held)."""
+    conn = await connect(url)
+    try:
+        rows = await conn.fetch(
+            f'select checkpoint_name from absurd."c_{QUEUE}" where task_id = any($1::uuid[])',
+            [r.task_id for r in runs],
+        )
+    finally:
+        await conn.close()
+    return sorted(r["checkpoint_name"] for r in rows)
+
+
+async def batch_waits_for_a_lock(url: str) -> bool:
+    """Tell whether a write_batch statement waits for a lock now."""
+    conn = await connect(url)
+    try:
+        return bool(
+            await conn.fetchval(
+                "select count(*) from pg_stat_activity where datname = current_database()"
+                " and wait_event_type = 'Lock' and query like '%write_batch%'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
 async def test_a_batch_refused_whole_falls_back_to_one_statement_each(
     database_url: str,
 ) -> None:
     """A value the server refuses fails the whole statement: each write then goes alone."""
     async with claimed_runs(database_url, 2) as (_, rt, _, runs):
-        gc = GroupCommit(rt.db, rt.store)
-
-        def checkpoint(run: ClaimedRun, name: str) -> tuple[dict[str, Any], Any]:
-            entry = {"k": "checkpoint", "q": QUEUE, "t": str(run.task_id), "n": name,
-                     "r": str(run.run_id), "s": {"by": "test"}, "x": 30}  # fmt: skip
-
-            async def alone(conn: Connection) -> None:
-                await conn.execute(
-                    "select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, 30)",
-                    QUEUE, run.task_id, name, {"by": "test"}, run.run_id,
-                )  # fmt: skip
-
-            return entry, alone
-
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=HOLD_S)
         async with engine_row_locked(database_url, runs[0]):
-            held = asyncio.create_task(gc.write(*checkpoint(runs[0], "first")))
+            held = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
             await first_sent(gc)
-            good = asyncio.create_task(gc.write(*checkpoint(runs[1], "good")))
+            good = asyncio.create_task(checkpoint_write(gc, runs[1], "good"))
             # jsonb refuses \u0000: the batch's one parameter, and so all of it (its own
             # statement, a text parameter, is refused as a NUL byte).
-            bad = asyncio.create_task(gc.write(*checkpoint(runs[1], "bad\x00name")))
+            bad = asyncio.create_task(checkpoint_write(gc, runs[1], "bad\x00name"))
             await eventually(holds(lambda: gc.waiting == 2), timeout_s=10, what="two writes queued")
         await held
         await good
         with pytest.raises(asyncpg.CharacterNotInRepertoireError):
             await bad
-        names = await rt.db.fetch(
-            f'select checkpoint_name from absurd."c_{QUEUE}" where task_id = any($1::uuid[])',
-            [r.task_id for r in runs],
-        )
-        assert sorted(r["checkpoint_name"] for r in names) == ["first", "good"]
+        assert await checkpoint_names(database_url, runs) == ["first", "good"]
 
 
 async def test_a_write_whose_caller_was_cancelled_is_not_sent(database_url: str) -> None:
     """A caller cancelled while its write waited: nothing of it reaches the database."""
     async with claimed_runs(database_url, 2) as (_, rt, _, runs):
-        gc = GroupCommit(rt.db, rt.store)
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=HOLD_S)
         sent: list[str] = []
-
-        def write(run: ClaimedRun, name: str) -> Any:
-            async def alone(conn: Connection) -> None:
-                sent.append(name)
-                await conn.execute(
-                    "select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, 30)",
-                    QUEUE, run.task_id, name, {"by": "test"}, run.run_id,
-                )  # fmt: skip
-
-            entry = {"k": "checkpoint", "q": QUEUE, "t": str(run.task_id), "n": name,
-                     "r": str(run.run_id), "s": {"by": "test"}, "x": 30}  # fmt: skip
-            return gc.write(entry, alone)
-
         async with engine_row_locked(database_url, runs[0]):
-            held = asyncio.create_task(write(runs[0], "first"))
+            held = asyncio.create_task(checkpoint_write(gc, runs[0], "first", sent))
             await first_sent(gc)
-            dropped = asyncio.create_task(write(runs[1], "dropped"))
+            dropped = asyncio.create_task(checkpoint_write(gc, runs[1], "dropped", sent))
             await eventually(holds(lambda: gc.waiting == 1), timeout_s=10, what="queued")
             dropped.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -223,7 +240,58 @@ async def test_a_write_whose_caller_was_cancelled_is_not_sent(database_url: str)
         await held
         await eventually(holds(lambda: not gc.busy), timeout_s=10, what="the flusher idle")
         assert sent == ["first"]
-        count = await rt.db.fetchval(
-            f'select count(*) from absurd."c_{QUEUE}" where checkpoint_name = $1', "dropped"
-        )
-        assert count == 0
+        assert await checkpoint_names(database_url, runs) == ["first"]
+
+
+async def test_a_blocked_write_holds_up_no_other_run(database_url: str) -> None:
+    """One write waits for a lock alone, another in a batch: a third run's write still commits.
+
+    The queued writes go after the group wait, not when the blocked one returns, and
+    in the batch the blocked write gives up its lock wait and goes again alone.
+    """
+    async with claimed_runs(database_url, 3) as (_, rt, _, runs):
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=0.05)
+        async with (
+            engine_row_locked(database_url, runs[0]),
+            engine_row_locked(database_url, runs[1]),
+        ):
+            first = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
+            await first_sent(gc)
+            second = asyncio.create_task(checkpoint_write(gc, runs[1], "second"))
+            # Committed while both locks are still held: held up by neither.
+            await asyncio.wait_for(checkpoint_write(gc, runs[2], "third"), 10)
+            assert gc.largest == 2  # "second" and "third" went as one batch
+            assert await checkpoint_names(database_url, runs) == ["third"]
+            # Each of the others waits for its lock, alone.
+            assert not first.done()
+            assert not second.done()
+        await first
+        await second
+        assert await checkpoint_names(database_url, runs) == ["first", "second", "third"]
+
+
+async def test_a_caller_cancelled_mid_batch_returns_only_once_the_batch_ended(
+    database_url: str,
+) -> None:
+    """Its write cannot commit after its caller (and the claim's hand-back) went on."""
+    async with claimed_runs(database_url, 3) as (_, rt, _, runs):
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=0.05, lock_wait_ms=30_000)
+        async with engine_row_locked(database_url, runs[0]):
+            first = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
+            await first_sent(gc)
+            async with engine_row_locked(database_url, runs[1]):
+                second = asyncio.create_task(checkpoint_write(gc, runs[1], "second"))
+                third = asyncio.create_task(checkpoint_write(gc, runs[2], "third"))
+                await eventually(
+                    lambda: batch_waits_for_a_lock(database_url), timeout_s=10,
+                    what="the batch of second and third waiting for second's lock",
+                )  # fmt: skip
+                third.cancel()
+                done, _ = await asyncio.wait({third}, timeout=0.5)
+                assert not done  # it waits for its batch, which waits for the lock
+            # The lock is gone: the batch commits both, then the cancel completes.
+            with pytest.raises(asyncio.CancelledError):
+                await third
+            assert await checkpoint_names(database_url, runs) == ["second", "third"]
+            await second
+        await first

@@ -3,30 +3,37 @@
 A step's engine checkpoint and a completion are the two writes every run sends.
 With many runs in flight they queued on the pool's few connections, one
 statement and one commit each. ``GroupCommit`` sends a write at once, as its
-own statement in its caller's task, when nothing else is being written: then
-it is exactly the write without this class (a cancel of the caller reaches its
-statement). Writes that arrive while a statement is in flight wait for it and
-go together as soon as it returns: two or more as one ``write_batch`` statement
-(one transaction, one commit), where each write is undone alone if it fails.
-A caller returns only once its write is committed, so a step is still durable
-before the next one starts.
+own statement in its caller's task, when no other write is in flight: then it
+is exactly the write without this class (a cancel of the caller reaches its
+statement). Writes that arrive while one is in flight queue, and go together
+as one ``write_batch`` statement (one transaction, one commit) when it returns,
+or after ``group_wait_s`` at most: a write that is slow to return (it waits for
+a lock, say) holds up no other run. A caller returns only once its write is
+committed, so a step is still durable before the next one starts.
 
-A write the batch reports failed is sent again alone, by its caller, through
-the same code a write without batching takes: that statement raises the error
-the caller acts on (a lost lease, a cancel), and a run's failure never fails
-another's write. A batch is shared: a caller cancelled once its write was sent
-in one does not stop it, so that write may commit (as a write whose reply a
-cancel overtook always could); one cancelled before its batch was sent is
-dropped.
+What keeps one run's trouble its own:
+- in a batch, each write runs in a subtransaction: a write that fails (a lost
+  lease, a cancel) is undone alone, and a write that waits over
+  ``lock_wait_ms`` for a lock fails the same way. Its caller then sends it
+  again alone, through the code a write without batching takes, which raises
+  the error the caller acts on (or waits for the lock as it always did);
+- a write whose JSON is over ``ALONE_BYTES`` is never batched;
+- a caller cancelled while its write is in a batch in flight returns only once
+  that statement has ended (bounded by ``CANCEL_WAIT_S``): its write commits
+  before the caller's claim is handed back, or not at all. A caller cancelled
+  before its batch was sent sends nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import structlog
 
 from worker.db.pool import Connection, Database, is_transient
@@ -37,75 +44,108 @@ log = structlog.get_logger("lane_worker.runtime")
 # Writes per batch at most: each runs in a subtransaction, and a transaction
 # with more than 64 of them makes every snapshot on the server slower.
 MAX_BATCH = 32
+# How long queued writes wait for the write in flight before they go anyway.
+GROUP_WAIT_S = 0.01
+# A write in a batch waits this long for a lock at most, then goes again alone.
+LOCK_WAIT_MS = 50
+# A write this large (its JSON, bytes) is sent alone: a batch must stay quick.
+ALONE_BYTES = 64 * 1024
+# How long a cancelled caller waits for the batch its write is in to end.
+CANCEL_WAIT_S = 10.0
 
 Write = Callable[[Connection], Awaitable[None]]
 
 
 @dataclass(eq=False)
 class _Pending:
-    entry: dict[str, Any]  # its write_batch entry
-    alone: Write  # the same write as its own statement
+    encoded: str  # its write_batch entry, as JSON
+    queued_at: float
     # True: committed in a batch; False: its caller sends it alone.
     done: asyncio.Future[bool] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    sent: asyncio.Future[Any] | None = None  # the batch statement it went in
 
 
 class GroupCommit:
     """Coalesces the fenced writes of one worker's runs in flight."""
 
-    def __init__(self, db: Database, store: Store, *, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: Store,
+        *,
+        max_batch: int = MAX_BATCH,
+        group_wait_s: float = GROUP_WAIT_S,
+        lock_wait_ms: int = LOCK_WAIT_MS,
+    ) -> None:
         self.db = db
         self.store = store
         self.max_batch = max_batch
+        self.group_wait_s = group_wait_s
+        self.lock_wait_ms = lock_wait_ms
         self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._in_flight = 0  # statements being written: writes alone, and the flusher
+        self._alone = 0  # writes in flight as their own statements
+        self._returned = asyncio.Event()  # one of those returned
+        self._returned_at = 0.0  # when one last did (monotonic)
         # What it did, for tests and the bench: statements sent, the most writes in one.
         self.flushes = 0
         self.largest = 0
 
     @property
     def waiting(self) -> int:
-        """Return how many writes wait for a statement in flight to return."""
+        """Return how many writes are queued for the next batch."""
         return len(self._pending)
 
     @property
     def busy(self) -> bool:
-        """Tell whether a write is in flight (a new one then waits to be grouped)."""
-        return self._in_flight > 0
+        """Tell whether a write is in flight (a new one then queues for a batch)."""
+        return self._alone > 0 or self._flusher is not None
 
     async def write(self, entry: dict[str, Any], alone: Write) -> None:
         """Commit one write, grouped with others when some are in flight; raise as ``alone``."""
-        if not self._in_flight:
-            await self._alone(alone)
+        if not self.busy:
+            await self._send_alone(alone)
             return
-        pending = _Pending(entry, alone)
+        encoded = json.dumps(entry)  # encoded once, here, for the batch's parameter
+        if len(encoded) > ALONE_BYTES:
+            await self._send_alone(alone)
+            return
+        pending = _Pending(encoded, time.monotonic())
         self._pending.append(pending)
-        if not await pending.done:
-            # Alone after all (the only one of its flush), or failed in a batch
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_all(), name="lane-worker group commit")
+        try:
+            committed = await pending.done
+        except asyncio.CancelledError:
+            sent = pending.sent
+            if sent is not None and not sent.done():
+                # Its write is in a statement in flight: let that end first, so it
+                # cannot commit after this caller's claim was handed back.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT_S):
+                    await asyncio.wait({sent})
+            raise
+        if not committed:
+            # Alone after all (the only one of its batch), or failed in a batch
             # and undone: its own statement commits it or says why not.
-            await self._alone(alone)
+            await self._send_alone(alone)
 
-    async def _alone(self, alone: Write) -> None:
-        self._in_flight += 1
+    async def _send_alone(self, alone: Write) -> None:
+        self._alone += 1
         self.flushes += 1
         self.largest = max(self.largest, 1)
         try:
             await self.db.run(alone)
         finally:
-            self._in_flight -= 1
-            self._kick()
-
-    def _kick(self) -> None:
-        # Writes that waited for the statement that just returned go now.
-        if self._pending and self._flusher is None:
-            self._in_flight += 1
-            self._flusher = asyncio.create_task(self._flush_all(), name="lane-worker group commit")
+            self._alone -= 1
+            self._returned_at = time.monotonic()
+            self._returned.set()
 
     async def _flush_all(self) -> None:
         try:
             while self._pending:
+                await self._wait_for_alone()
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
                 # A caller cancelled before its write was sent: send nothing for it.
@@ -116,20 +156,49 @@ class GroupCommit:
                     await self._flush(batch)
         finally:
             self._flusher = None
-            self._in_flight -= 1
             # Only a cancelled flusher (the loop shutting down) leaves writes
             # behind: their callers must not wait for ever.
             for left in self._pending:
                 left.done.cancel()
             self._pending.clear()
 
+    async def _wait_for_alone(self) -> None:
+        """Wait until a write in flight alone returns (after the oldest queued), or the group wait.
+
+        The group goes as soon as one statement returns, as a batch would; a
+        write that is slow to return holds the group up for the group wait only.
+        """
+        while self._pending and self._alone and self._returned_at < self._pending[0].queued_at:
+            left_s = self._pending[0].queued_at + self.group_wait_s - time.monotonic()
+            if left_s <= 0:
+                return
+            self._returned.clear()
+            try:
+                await asyncio.wait_for(self._returned.wait(), left_s)
+            except TimeoutError:
+                return
+
     async def _flush(self, batch: list[_Pending]) -> None:
         self.flushes += 1
         self.largest = max(self.largest, len(batch))
-        entries = [p.entry for p in batch]
+        encoded = "[" + ",".join(p.encoded for p in batch) + "]"
+        sent = asyncio.ensure_future(
+            self.db.run(
+                lambda c: self.store.attempts.write_batch(
+                    c, encoded, lock_wait_ms=self.lock_wait_ms
+                )
+            )
+        )
+        for p in batch:
+            p.sent = sent
         failed: dict[int, str] | None
         try:
-            failed = await self.db.run(lambda c: self.store.attempts.write_batch(c, entries))
+            failed = await asyncio.shield(sent)
+        except asyncio.CancelledError:
+            sent.cancel()
+            for p in batch:
+                p.done.cancel()
+            raise
         except Exception as exc:
             if is_transient(exc):
                 for p in batch:
@@ -140,10 +209,6 @@ class GroupCommit:
             # value fails the whole statement). Each write goes again alone.
             log.warning("group_commit.batch_failed", error=type(exc).__name__, writes=len(batch))
             failed = None
-        except BaseException:
-            for p in batch:
-                p.done.cancel()
-            raise
         for at, p in enumerate(batch):
             if not p.done.done():
                 p.done.set_result(failed is not None and at not in failed)

@@ -64,13 +64,16 @@ class AttemptQueries(Queries):
             conn, "complete_attempt", queue, engine_run_id, output, run_id, attempt_id, fact
         )
 
-    async def write_batch(self, conn: Connection, writes: list[dict[str, Any]]) -> dict[int, str]:
+    async def write_batch(
+        self, conn: Connection, writes: str, *, lock_wait_ms: int
+    ) -> dict[int, str]:
         """Apply several runs' fenced writes in one statement (``write_batch``).
 
-        Return the SQLSTATE of each write that failed, by its position; a failed
-        write is undone on its own, the others commit.
+        ``writes`` is their JSON array, encoded. Return the SQLSTATE of each write
+        that failed, by its position; a failed write is undone on its own, the
+        others commit. A write that waits over ``lock_wait_ms`` for a lock fails.
         """
-        rows = await self._records(conn, "write_batch", writes)
+        rows = await self._records(conn, "write_batch", writes, lock_wait_ms)
         return {r["write_at"]: r["error_code"] for r in rows}
 
     async def finish(

@@ -7,11 +7,15 @@
 -- error mapping of its own. Keep batches well under 64 writes: a transaction
 -- with more subtransactions than that slows every snapshot on the server.
 --
+-- A write that would wait for a lock longer than p_lock_wait_ms fails
+-- (lock_not_available) and goes again alone: one run's blocked write must not
+-- hold the others of its batch, nor the worker's connection, for long.
+--
 -- Each entry of p_writes is an object. k = 'checkpoint': q queue, t engine task,
 -- n checkpoint name, s state (absent for SQL null), r engine run, x seconds to
 -- extend the lease by (absent: none). k = 'complete': q queue, r engine run,
 -- o output (absent for SQL null), u store run, a attempt, f the terminal fact.
-create or replace function {schema}.write_batch(p_writes jsonb)
+create or replace function {schema}.write_batch(p_writes jsonb, p_lock_wait_ms integer)
   returns table (write_at integer, error_code text)
   language plpgsql
 as $$
@@ -19,6 +23,8 @@ declare
   v_write jsonb;
   v_at integer := 0;
 begin
+  -- For this statement's transaction only (is_local).
+  perform set_config('lock_timeout', p_lock_wait_ms || 'ms', true);
   for v_write in select w from jsonb_array_elements(p_writes) as e(w) loop
     begin
       if v_write->>'k' = 'checkpoint' then

@@ -61,7 +61,8 @@ select {schema}.complete_attempt($1, $2, $3, $4, $5, $6);
 -- name: write_batch
 -- Several runs' fenced writes in one statement (migration 0018): the positions
 -- of those that failed, each undone alone.
-select write_at, error_code from {schema}.write_batch($1);
+-- $1 is the writes' JSON array as text (each write encoded once, by its caller).
+select write_at, error_code from {schema}.write_batch($1::text::jsonb, $2);
 
 -- name: finish_attempt
 update {schema}.attempts
