@@ -1,0 +1,236 @@
+"""claim_lane's 'all' mode (the own loop's claim) against the engine's absurd.claim_task.
+
+The same history is written to two queues on the engine's fake clock
+(``absurd.fake_now``): fresh runs, retries, due and future sleeps, an event
+wake-up, a timed-out event wait, expired and live leases, due cancellation
+policies and finished tasks. One queue is then drained by claim_task, the other
+by claim_lane in mode 'all', batch by batch at the same instants, and every
+batch and the final state of every task, run and wait must match.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from support.runtime import connect
+from worker.db import engine, engine_schema
+from worker.db.store import Store
+
+SCHEMA = "runtime_scheduler"
+BY_ENGINE = "claim_all_engine"
+BY_LANE = "claim_all_lane"
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+CLAIM_AT = T0 + timedelta(seconds=100)
+RETRY = {"kind": "fixed", "base_seconds": 5}
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
+    c = await connect(database_url)
+    await engine_schema.ensure_engine_schema(c)
+    await Store(SCHEMA).migrate(c)
+    for queue in (BY_ENGINE, BY_LANE):
+        await engine.ensure_queue(c, queue)
+    yield c
+    await c.close()
+
+
+async def at(c: asyncpg.Connection[asyncpg.Record], when: datetime) -> None:
+    """Set the engine's clock for this session."""
+    await c.execute("select set_config('absurd.fake_now', $1, false)", when.isoformat())
+
+
+async def spawn(
+    c: asyncpg.Connection[asyncpg.Record], queue: str, name: str, **options: Any
+) -> tuple[uuid.UUID, uuid.UUID]:
+    row = await c.fetchrow(
+        "select task_id, run_id from absurd.spawn_task($1, $2, '{}'::jsonb, $3::jsonb)",
+        queue, name, {"max_attempts": 3, "retry_strategy": RETRY, **options},
+    )  # fmt: skip
+    assert row is not None
+    return row["task_id"], row["run_id"]
+
+
+async def take(
+    c: asyncpg.Connection[asyncpg.Record], queue: str, run_id: uuid.UUID, lease: int
+) -> None:
+    """Claim exactly ``run_id`` (the staging worker), however the queue is ordered."""
+    await c.execute(
+        f"update absurd.r_{queue} set available_at = $2 where run_id = $1",
+        run_id, datetime(1999, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    got = await c.fetch("select run_id from absurd.claim_task($1, 'stager', $2, 1)", queue, lease)
+    assert [r["run_id"] for r in got] == [run_id]
+
+
+async def stage(c: asyncpg.Connection[asyncpg.Record], queue: str) -> None:
+    """Write the same history of fourteen tasks to ``queue``."""
+
+    def t(s: float) -> datetime:
+        return T0 + timedelta(seconds=s)
+
+    # Two tasks whose cancellation policy is due by the claim, first in line: a
+    # batch of one cancels only one of them in its upkeep, and must not hand out
+    # the other.
+    await at(c, t(0.5))
+    await spawn(c, queue, "delay-cancelled", cancellation={"max_delay": 30})
+    await at(c, t(0.6))
+    await spawn(c, queue, "delay-cancelled-2", cancellation={"max_delay": 30})
+    await at(c, t(1))
+    await spawn(c, queue, "fresh-early")
+    await at(c, t(3))
+    _, sleeper = await spawn(c, queue, "sleep-due")
+    _, later = await spawn(c, queue, "sleep-later")
+    _, waiter = await spawn(c, queue, "wait-timed-out")
+    waiter_task = await c.fetchval(
+        f"select task_id from absurd.r_{queue} where run_id = $1", waiter
+    )
+    _, woken = await spawn(c, queue, "event-woken")
+    woken_task = await c.fetchval(f"select task_id from absurd.r_{queue} where run_id = $1", woken)
+    _, expired = await spawn(c, queue, "lease-expired")
+    _, live = await spawn(c, queue, "lease-live")
+    _, failing = await spawn(c, queue, "retry-due")
+    _, done = await spawn(c, queue, "completed")
+    _, dur = await spawn(c, queue, "duration-cancelled", cancellation={"max_duration": 20})
+    await at(c, t(4))
+    await spawn(c, queue, "fresh-mid")
+    await at(c, t(5))
+    await spawn(c, queue, "delay-not-yet", cancellation={"max_delay": 3600})
+
+    await at(c, t(10))
+    await take(c, queue, sleeper, 60)
+    await c.execute("select absurd.schedule_run($1, $2, $3)", queue, sleeper, t(50))
+    await take(c, queue, later, 60)
+    await c.execute("select absurd.schedule_run($1, $2, $3)", queue, later, t(500))
+    await take(c, queue, waiter, 60)
+    suspended = await c.fetchval(
+        "select should_suspend from absurd.await_event($1, $2, $3, 'wait', 'never-sent', 41)",
+        queue, waiter_task, waiter,
+    )  # fmt: skip
+    assert suspended
+    await take(c, queue, woken, 60)
+    await c.fetchval(
+        "select should_suspend from absurd.await_event($1, $2, $3, 'wait', $4, 3600)",
+        queue, woken_task, woken, "hello",
+    )  # fmt: skip
+    await take(c, queue, done, 60)
+    await c.execute("select absurd.complete_run($1, $2, '{\"ok\": true}'::jsonb)", queue, done)
+    await take(c, queue, dur, 60)
+    await c.execute("select absurd.schedule_run($1, $2, $3)", queue, dur, t(40))
+    await at(c, t(20))
+    await take(c, queue, failing, 60)
+    await c.execute(
+        'select absurd.fail_run($1, $2, \'{"name": "Boom"}\'::jsonb, null)', queue, failing
+    )
+    await take(c, queue, expired, 30)  # lease ends at t(50)
+    await take(c, queue, live, 300)  # lease ends at t(320)
+    await at(c, t(60))
+    await c.execute("select absurd.emit_event($1, 'hello', '{\"v\": 1}'::jsonb)", queue)
+
+
+async def claim_batch(
+    c: asyncpg.Connection[asyncpg.Record], queue: str, qty: int
+) -> list[tuple[Any, ...]]:
+    if queue == BY_ENGINE:
+        rows = await c.fetch("select * from absurd.claim_task($1, 'claimer', 60, $2)", queue, qty)
+    else:
+        rows = await c.fetch(
+            "select * from lane_worker.claim_lane($1, 'claimer', 60, $2, $3, $1, 'all', '{}')",
+            queue, qty, SCHEMA,
+        )  # fmt: skip
+    names = {
+        r["task_id"]: r["task_name"]
+        for r in await c.fetch(f"select task_id, task_name from absurd.t_{queue}")
+    }
+    return sorted(
+        (names[r["task_id"]], r["attempt"], r["wake_event"], r["event_payload"] is not None)
+        for r in rows
+        if r["run_id"] is not None
+    )
+
+
+async def snapshot(c: asyncpg.Connection[asyncpg.Record], queue: str) -> dict[str, Any]:
+    """Every task, run and wait of ``queue``, keyed by task name (ids differ between queues)."""
+    tasks = {
+        r["task_name"]: dict(r)
+        for r in await c.fetch(
+            f"select task_name, state, attempts, first_started_at, cancelled_at, enqueue_at"
+            f"  from absurd.t_{queue}"
+        )
+    }
+    runs = sorted(
+        tuple(r.values())
+        for r in await c.fetch(
+            f"select t.task_name, r.attempt, r.state, r.claimed_by, r.claim_expires_at,"
+            f"       r.available_at, r.started_at, r.failed_at, r.failure_reason->>'name',"
+            f"       r.wake_event, r.event_payload"
+            f"  from absurd.r_{queue} r join absurd.t_{queue} t using (task_id)"
+        )
+    )
+    waits = sorted(
+        tuple(r.values())
+        for r in await c.fetch(
+            f"select t.task_name, w.step_name, w.timeout_at"
+            f"  from absurd.w_{queue} w join absurd.t_{queue} t using (task_id)"
+        )
+    )
+    return {"tasks": tasks, "runs": runs, "waits": waits}
+
+
+@pytest.mark.parametrize("qty", [1, 2, 16])
+async def test_claim_all_hands_out_what_claim_task_does(
+    conn: asyncpg.Connection[asyncpg.Record], qty: int
+) -> None:
+    """Batch by batch the same runs, and in the end the same states, as the engine's claim."""
+    for queue in (BY_ENGINE, BY_LANE):
+        await stage(conn, queue)
+    assert await snapshot(conn, BY_ENGINE) == await snapshot(conn, BY_LANE)
+
+    await at(conn, CLAIM_AT)
+    batches: dict[str, list[list[tuple[Any, ...]]]] = {BY_ENGINE: [], BY_LANE: []}
+    for queue in (BY_ENGINE, BY_LANE):
+        while batch := await claim_batch(conn, queue, qty):
+            batches[queue].append(batch)
+        # One more claim with nothing due: bounded upkeep catches up.
+        assert await claim_batch(conn, queue, qty) == []
+    assert batches[BY_LANE] == batches[BY_ENGINE]
+    # The staged history is what this test means it to be.
+    assert sorted(x for b in batches[BY_ENGINE] for x in b) == [
+        ("delay-not-yet", 1, None, False),
+        ("event-woken", 1, None, True),  # the emit clears wake_event
+        ("fresh-early", 1, None, False),
+        ("fresh-mid", 1, None, False),
+        ("retry-due", 2, None, False),
+        ("sleep-due", 1, None, False),
+        ("wait-timed-out", 1, "never-sent", False),
+    ]
+    engine_state = await snapshot(conn, BY_ENGINE)
+    lane_state = await snapshot(conn, BY_LANE)
+    assert lane_state["tasks"] == engine_state["tasks"]
+    assert lane_state["waits"] == engine_state["waits"]
+    assert lane_state["runs"] == engine_state["runs"]
+    states = {k: v["state"] for k, v in engine_state["tasks"].items()}
+    assert states["delay-cancelled"] == states["delay-cancelled-2"] == "cancelled"
+    assert states["duration-cancelled"] == "cancelled"
+    assert states["lease-expired"] == "sleeping"  # swept; its retry waits out its delay
+    assert states["lease-live"] == "running"
+    assert states["sleep-later"] == "sleeping"
+    assert states["delay-not-yet"] == "running"
+
+
+async def test_claim_all_serves_only_the_claimers_own_queue(
+    conn: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """Mode 'all' filters nothing, so it is refused on another lane's queue."""
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="mode all does not serve"):
+        await conn.fetch(
+            "select * from lane_worker.claim_lane($1, 'w:x:continuations', 60, 1, $2, $3,"
+            " 'all', '{}')",
+            BY_ENGINE, SCHEMA, BY_LANE,
+        )  # fmt: skip
