@@ -295,3 +295,39 @@ async def test_a_caller_cancelled_mid_batch_returns_only_once_the_batch_ended(
             assert await checkpoint_names(database_url, runs) == ["second", "third"]
             await second
         await first
+
+
+async def test_writes_waiting_for_locks_leave_the_pool_to_the_others(database_url: str) -> None:
+    """Three runs' rows stay locked: their writes wait without taking the pool's two connections.
+
+    One waits in its own statement (it went with nothing else in flight); the
+    two that failed their lock wait in a batch go again in later batches after a
+    backoff, each holding a connection for the lock wait only. A fourth run's
+    write and any other statement still get a connection meanwhile.
+    """
+    async with claimed_runs(database_url, 4) as (_, rt, _, runs):
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=0.05)
+        async with (
+            engine_row_locked(database_url, runs[0]),
+            engine_row_locked(database_url, runs[1]),
+            engine_row_locked(database_url, runs[2]),
+        ):
+            first = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
+            await first_sent(gc)
+            blocked = [
+                asyncio.create_task(checkpoint_write(gc, runs[1], "second")),
+                asyncio.create_task(checkpoint_write(gc, runs[2], "third")),
+            ]
+            # Both have failed a lock wait at least once and wait to go again.
+            await eventually(
+                holds(lambda: gc.flushes >= 3), timeout_s=10, what="the blocked writes retried"
+            )
+            for _ in range(5):
+                await asyncio.wait_for(rt.db.fetchval("select 1"), 5)
+                await asyncio.wait_for(checkpoint_write(gc, runs[3], "fourth"), 5)
+            assert await checkpoint_names(database_url, runs) == ["fourth"]
+            assert not first.done()
+            assert not any(b.done() for b in blocked)
+        await asyncio.wait_for(first, 10)
+        await asyncio.wait_for(asyncio.gather(*blocked), 10)
+        assert await checkpoint_names(database_url, runs) == ["first", "fourth", "second", "third"]

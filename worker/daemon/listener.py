@@ -22,6 +22,9 @@ log = structlog.get_logger("lane_worker.listener")
 
 _RECONNECT_MAX_S = 30.0
 KEEPALIVE_S = 15.0
+# The keepalive query's bound: a connection whose peer vanished without a reset
+# (a network cut) would otherwise hang until TCP gives up, minutes later.
+KEEPALIVE_TIMEOUT_S = 5.0
 
 
 class Wakeups:
@@ -55,6 +58,21 @@ class Listener:
         """Tell the listener to re-read its queue set."""
         self._changed.set()
 
+    def _on_lost(
+        self, _conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
+    ) -> None:
+        # The server ended the connection (a terminated backend, a restart): the
+        # loops must not keep their long poll on a LISTEN that is gone.
+        self.connected = False
+        self._changed.set()
+
+    def _wake_everyone(self) -> None:
+        # Whatever was notified while LISTEN was not up is found by a claim now.
+        for queue in self._queues():
+            self._wakeups.poke(queue)
+        self._wakeups.lanes_changed.set()
+        self._wakeups.ledger.set()
+
     def _on_notify(
         self,
         _conn: asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any],
@@ -87,11 +105,10 @@ class Listener:
                     statement_cache_size=0,
                     server_settings={"application_name": "lane-worker-listen"},
                 )
+                conn.add_termination_listener(self._on_lost)
                 listening: set[str] = set()
                 await conn.add_listener(LANES_CHANNEL, self._on_notify)
                 await conn.add_listener(LEDGER_CHANNEL, self._on_notify)
-                self.connected = True
-                failures = 0
                 while not conn.is_closed():
                     wanted = {notify_channel(q) for q in self._queues()}
                     for channel in sorted(wanted - listening):
@@ -100,13 +117,19 @@ class Listener:
                         await conn.remove_listener(channel, self._on_notify)
                     listening = wanted
                     self._changed.clear()
-                    # Wake on a queue-set change, or now and then to notice a
-                    # connection the server has dropped (the loops poll rarely
-                    # only while this connection holds).
+                    if not self.connected and not conn.is_closed():
+                        # Up only once every channel is listened to; then one
+                        # claim each finds what was notified before that.
+                        self.connected = True
+                        failures = 0
+                        self._wake_everyone()
+                    # Wake on a queue-set change, a lost connection, or now and
+                    # then to notice one the peer dropped without a word (the
+                    # loops poll rarely only while this connection holds).
                     try:
                         await asyncio.wait_for(self._changed.wait(), timeout=KEEPALIVE_S)
                     except TimeoutError:
-                        await conn.fetchval("select 1")
+                        await conn.fetchval("select 1", timeout=KEEPALIVE_TIMEOUT_S)
                 raise ConnectionResetError("LISTEN connection closed")
             except Exception as exc:
                 if not is_transient(exc):
@@ -114,11 +137,8 @@ class Listener:
                     raise
                 self.connected = False
                 failures += 1
-                # Whatever was notified while we were away is found by polling now.
-                for queue in self._queues():
-                    self._wakeups.poke(queue)
-                self._wakeups.lanes_changed.set()
-                self._wakeups.ledger.set()
+                # The loops poll at their short interval from now on.
+                self._wake_everyone()
                 delay = min(_RECONNECT_MAX_S, 0.5 * 2 ** min(failures, 6))
                 log.warning("listener.reconnecting", error=repr(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)

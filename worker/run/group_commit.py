@@ -14,9 +14,13 @@ committed, so a step is still durable before the next one starts.
 What keeps one run's trouble its own:
 - in a batch, each write runs in a subtransaction: a write that fails (a lost
   lease, a cancel) is undone alone, and a write that waits over
-  ``lock_wait_ms`` for a lock fails the same way. Its caller then sends it
-  again alone, through the code a write without batching takes, which raises
-  the error the caller acts on (or waits for the lock as it always did);
+  ``lock_wait_ms`` for a lock fails the same way. A write that failed for a
+  lock goes again in a later batch, after a backoff (``LOCK_RETRY_S`` doubling
+  to ``LOCK_RETRY_MAX_S``), holding no connection meanwhile: a row an operator's
+  open transaction keeps locked must not take the pool's few connections from
+  every other run. A write that failed otherwise is sent again alone by its
+  caller, through the code a write without batching takes, which raises the
+  error the caller acts on;
 - a write whose JSON is over ``ALONE_BYTES`` is never batched;
 - a caller cancelled while its write is in a batch in flight returns only once
   that statement has ended (bounded by ``CANCEL_WAIT_S``): its write commits
@@ -48,6 +52,13 @@ MAX_BATCH = 32
 GROUP_WAIT_S = 0.01
 # A write in a batch waits this long for a lock at most, then goes again alone.
 LOCK_WAIT_MS = 50
+# A write that found its rows locked goes again after this, doubling up to the max.
+LOCK_RETRY_S = 0.05
+LOCK_RETRY_MAX_S = 1.0
+# After waiting this long for a lock, a write says so in the log (once).
+LOCK_WAIT_WARN_S = 10.0
+# SQLSTATE lock_not_available: what lock_timeout raises.
+_LOCK_NOT_AVAILABLE = "55P03"
 # A write this large (its JSON, bytes) is sent alone: a batch must stay quick.
 ALONE_BYTES = 64 * 1024
 # How long a cancelled caller waits for the batch its write is in to end.
@@ -65,6 +76,9 @@ class _Pending:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     sent: asyncio.Future[Any] | None = None  # the batch statement it went in
+    lock_waits: int = 0  # batches it failed in for a lock so far
+    first_sent_at: float = 0.0
+    warned: bool = False
 
 
 class GroupCommit:
@@ -113,12 +127,11 @@ class GroupCommit:
             await self._send_alone(alone)
             return
         pending = _Pending(encoded, time.monotonic())
-        self._pending.append(pending)
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush_all(), name="lane-worker group commit")
+        self._enqueue(pending)
         try:
             committed = await pending.done
         except asyncio.CancelledError:
+            pending.done.cancel()  # never sent again (it may wait to retry a lock)
             sent = pending.sent
             if sent is not None and not sent.done():
                 # Its write is in a statement in flight: let that end first, so it
@@ -130,6 +143,25 @@ class GroupCommit:
             # Alone after all (the only one of its batch), or failed in a batch
             # and undone: its own statement commits it or says why not.
             await self._send_alone(alone)
+
+    def _enqueue(self, pending: _Pending) -> None:
+        if pending.done.done():
+            return  # its caller was cancelled while it waited for a lock
+        pending.sent = None
+        pending.queued_at = time.monotonic()
+        self._pending.append(pending)
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_all(), name="lane-worker group commit")
+
+    def _retry_for_lock(self, pending: _Pending) -> None:
+        """Send ``pending`` again in a later batch, after a backoff that holds no connection."""
+        pending.lock_waits += 1
+        waited_s = time.monotonic() - pending.first_sent_at
+        if waited_s >= LOCK_WAIT_WARN_S and not pending.warned:
+            pending.warned = True
+            log.warning("group_commit.lock_wait", waited_s=round(waited_s, 1))
+        delay = min(LOCK_RETRY_MAX_S, LOCK_RETRY_S * 2 ** (pending.lock_waits - 1))
+        asyncio.get_running_loop().call_later(delay, self._enqueue, pending)
 
     async def _send_alone(self, alone: Write) -> None:
         self._alone += 1
@@ -150,7 +182,7 @@ class GroupCommit:
                 del self._pending[: self.max_batch]
                 # A caller cancelled before its write was sent: send nothing for it.
                 batch = [p for p in batch if not p.done.done()]
-                if len(batch) == 1:
+                if len(batch) == 1 and not batch[0].lock_waits:
                     batch[0].done.set_result(False)  # its caller's own statement
                 elif batch:
                     await self._flush(batch)
@@ -191,6 +223,7 @@ class GroupCommit:
         )
         for p in batch:
             p.sent = sent
+            p.first_sent_at = p.first_sent_at or time.monotonic()
         failed: dict[int, str] | None
         try:
             failed = await asyncio.shield(sent)
@@ -210,5 +243,9 @@ class GroupCommit:
             log.warning("group_commit.batch_failed", error=type(exc).__name__, writes=len(batch))
             failed = None
         for at, p in enumerate(batch):
-            if not p.done.done():
+            if p.done.done():
+                continue
+            if failed is not None and failed.get(at) == _LOCK_NOT_AVAILABLE:
+                self._retry_for_lock(p)
+            else:
                 p.done.set_result(failed is not None and at not in failed)
