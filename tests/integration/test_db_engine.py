@@ -212,6 +212,33 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
     assert got[sleeper.task_id].attempt == 1
 
 
+async def test_a_queue_holding_only_an_open_event_wait_has_no_due_time(
+    eng: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """A wait without a timeout is due at 'infinity': no due time, and no error.
+
+    PostgreSQL before 17 cannot subtract an infinite timestamp: the next-due read
+    of every loop failed, and logged a warning each poll, on a queue whose only
+    open run waited for a webhook.
+    """
+    waiter = await spawn(eng, "waiter")
+    await store_row(eng, waiter.task_id, "waiting")
+    (run,) = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
+    suspended, _ = await engine.await_event(
+        eng, QUEUE, waiter.task_id, run.run_id, "wait:hook", "evt:x:hook", None
+    )
+    assert suspended
+    assert await eng.fetchval(
+        f"select available_at = 'infinity' from absurd.r_{QUEUE} where run_id = $1", run.run_id
+    )
+    assert await engine.next_due_in_s(eng, QUEUE) is None
+    for mode, own_queue in (("all", QUEUE), ("own", QUEUE), ("adopt", CONT_OWN_QUEUE)):
+        due = await engine.next_due_in_s(
+            eng, QUEUE, mode=mode, store_schema=SCHEMA, own_queue=own_queue, plays=["waiter"]
+        )
+        assert due is None, mode
+
+
 async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
     eng: asyncpg.Connection[asyncpg.Record],
 ) -> None:

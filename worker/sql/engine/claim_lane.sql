@@ -180,10 +180,12 @@ declare
 begin
   -- Seconds until the next run lane_worker.claim_lane would hand out (negative:
   -- already due), or null when there is none. A running run's lease end counts
-  -- too: the claim then sweeps it (nothing notifies when its worker died).
+  -- too: the claim then sweeps it (nothing notifies when its worker died). An
+  -- event wait without a timeout is due at 'infinity': no due time.
   execute format(
       'select extract(epoch from min(d.due) - absurd.current_time())::float8
-         from (select min(r.available_at) as due from absurd.%1$I r where %2$s
+         from (select min(r.available_at) as due from absurd.%1$I r
+                where r.available_at < ''infinity'' and %2$s
                union all
                select min(claim_expires_at) from absurd.%1$I
                 where state = ''running'' and claim_expires_at is not null) d',

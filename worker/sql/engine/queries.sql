@@ -108,9 +108,12 @@ select run_id, task_id, attempt from {runs}
 -- Seconds until the next run of this queue is claimable by the engine's own
 -- claim (negative: due already), on the database's clock; null when none is.
 -- A running run's lease end counts: the claim then fails it and its retry is
--- claimable (no NOTIFY says so when a worker died).
+-- claimable (no NOTIFY says so when a worker died). A run waiting for an event
+-- with no timeout is due at 'infinity', which is no due time (and which
+-- PostgreSQL before 17 cannot subtract from).
 select extract(epoch from min(due) - absurd.current_time())::float8
-  from (select min(available_at) as due from {runs} where state in ('pending', 'sleeping')
+  from (select min(available_at) as due from {runs}
+         where state in ('pending', 'sleeping') and available_at < 'infinity'
         union all
         select min(claim_expires_at) from {runs}
          where state = 'running' and claim_expires_at is not null) d;
