@@ -70,6 +70,9 @@ async def measure(args: argparse.Namespace) -> tuple[list[drain.Result], list[wa
         if "lane-worker" in args.only:
             print("wake, lane-worker:", flush=True)
             wakes.append(await wake.case_lane(bench))
+            if args.attached_window > 0:
+                print("idle, lane-worker with two continuation loops attached:", flush=True)
+                wakes.append(await wake.case_lane_attached(bench))
         if "absurd-sdk" in args.only and bench.sdk is not None:
             print("wake, absurd-sdk (sync worker, 250 ms poll):", flush=True)
             wakes.append(await wake.case_sdk(bench, bench.sdk))
@@ -94,6 +97,8 @@ def targets(
     lane_big = median_rate(drains, "lane-worker", args.big) if args.big else None
     raw_big = median_rate(drains, "raw", args.big) if args.big else None
     w = next((x for x in wakes if x.case == "lane-worker"), None)
+    attached = next((x for x in wakes if x.case.startswith("lane-worker +")), None)
+    idle = attached.idle_mean_xacts_per_s if attached else None
 
     def latency(metric: str, q: float) -> float | None:
         values = w.latencies.get(metric) if w else None
@@ -119,8 +124,8 @@ def targets(
                "< 10", lambda v: v < 10),
         Target("engine-direct submit to start p95 (ms)", "-", "", "", None, "< 50",
                lambda v: v < 50),
-        Target("idle transactions/s (own loop only)", fmt(w.idle_xacts_per_s if w else None,
-               ".2f"), "", "", w.idle_xacts_per_s if w else None, "<= 0.5", lambda v: v <= 0.5),
+        Target("idle transactions/s (own + 2 continuation loops)", fmt(idle, ".2f"), "", "",
+               idle, "<= 0.5", lambda v: v <= 0.5),
         Target("RSS idle (MiB)", fmt(w.rss_idle_mb if w else None), "", "",
                w.rss_idle_mb if w else None, "< 60", lambda v: v < 60),
         Target("boot to ready (s)", fmt(w.boot_s if w else None, ".2f"), "", "",
@@ -151,6 +156,7 @@ async def main() -> int:
     parser.add_argument("--runs", type=int, default=30, help="wake: runs one at a time (30)")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="wake: daemon's poll")
     parser.add_argument("--idle-window", type=float, default=20.0, help="wake: idle seconds")
+    wake.add_attached_window(parser)
     args = parse_args(parser, CASES)
     args.profile = None
     drains, wakes = await measure(args)

@@ -18,6 +18,13 @@ Latencies, all wall clock on this machine:
 
 Boot to ready (lane-worker): from the exec of the daemon to its ``worker.ready``.
 
+Idle with continuation loops (lane-worker, the idle target's setup): two older
+releases each park a run on an event and are retired, then a newer release's
+daemon (default tuning, LISTEN up) attaches a continuation loop to each; its
+transactions are counted over ``--attached-window`` seconds (120), with
+autovacuum kept off the scratch tables, and reported as a mean, since its polls
+are 30 s apart.
+
 Usage: .venv/bin/python bench/wake.py [--runs 30] [--idle-window 20] [--only lane-worker]
 """
 
@@ -161,6 +168,71 @@ async def case_lane(bench: Session) -> Wake:
     return wake
 
 
+STATS_FLUSH_S = 15.0
+OLD_RELEASES = ("bench-idle-old-a", "bench-idle-old-b")
+ATTACHED_RELEASE = "bench-idle-new"
+
+
+async def without_autovacuum(url: str) -> None:
+    """Keep autovacuum off the scratch database's tables for the window.
+
+    Its visits to the freshly filled tables count as the database's transactions
+    (about 0.3/s here), which a mean over the window would charge to the worker.
+    """
+    conn = await asyncpg.connect(url)
+    try:
+        tables = await conn.fetch(
+            "select format('%I.%I', schemaname, tablename) as name from pg_tables"
+            " where schemaname not in ('pg_catalog', 'information_schema')"
+        )
+        for t in tables:
+            await conn.execute(f"alter table {t['name']} set (autovacuum_enabled = false)")
+    finally:
+        await conn.close()
+
+
+async def case_lane_attached(bench: Session) -> Wake:
+    """Idle with its own loop and two continuation loops attached: the mean rate over the window."""
+    wake = Wake("lane-worker +2 continuation loops")
+    for release in OLD_RELEASES:
+        env = daemon_env(bench.url, release)
+        old = Child(f"lane-worker-{release}", daemon_argv(), env, bench.log_dir)
+        try:
+            await old.wait_event("worker.ready", timeout_s=60)
+            async with await LaneClient.connect(bench.url, env={RELEASE_ID_ENV: release}) as client:
+                run = await client.submit(WAITER_PLAY, {})
+                await old.wait_event("run.parked", timeout_s=30, run_id=run.run_id)
+        finally:
+            await old.stop()
+    async with await LaneClient.connect(bench.url, env={RELEASE_ID_ENV: ATTACHED_RELEASE}) as c:
+        for release in OLD_RELEASES:
+            await c.retire_release(release)
+    env = daemon_env(bench.url, ATTACHED_RELEASE)
+    child = Child("lane-worker-attached", daemon_argv(), env, bench.log_dir)
+    try:
+        await child.wait_event("worker.ready", timeout_s=60)
+        for release in OLD_RELEASES:
+            queue = queue_name_for_release(release)
+            await child.wait_event("loop.attached", timeout_s=60, queue=queue)
+        await without_autovacuum(bench.url)
+        # A backend that goes idle reports its transactions up to 10 s later
+        # (PostgreSQL 15+): the boot's must land before the window opens.
+        await asyncio.sleep(STATS_FLUSH_S)
+        first = await transactions(bench.admin, bench.database)
+        await asyncio.sleep(bench.args.attached_window)
+        last = await transactions(bench.admin, bench.database)
+        child.check_alive()
+        wake.idle_mean_xacts_per_s = (last - first) / bench.args.attached_window
+        wake.rss_idle_mb = child.rss_mb()
+        print(
+            f"  idle: {wake.idle_mean_xacts_per_s:.2f} transactions/s over "
+            f"{bench.args.attached_window:g} s, RSS {wake.rss_idle_mb:.0f} MiB"
+        )
+    finally:
+        await child.stop()
+    return wake
+
+
 async def signal_rounds(bench: Session, client: LaneClient, child: Child, wake: Wake) -> None:
     """K runs parked on an event, each signalled: signal call to its resumed ``run.started``."""
     for i in range(-1, bench.args.runs):
@@ -229,18 +301,30 @@ def report(results: list[Wake], args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def add_attached_window(parser: argparse.ArgumentParser) -> None:
+    """The option of the idle case with continuation loops attached."""
+    parser.add_argument(
+        "--attached-window", type=float, default=120.0,
+        help="idle seconds with two continuation loops attached (120; 0 skips it)",
+    )  # fmt: skip
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, CASES)
     parser.add_argument("--runs", type=int, default=30, help="runs submitted one at a time (30)")
     parser.add_argument("--poll-interval", type=float, default=1.0, help="daemon's poll (1 s)")
     parser.add_argument("--idle-window", type=float, default=20.0, help="idle sample seconds")
+    add_attached_window(parser)
     args = parse_args(parser, CASES)
     results: list[Wake] = []
     async with session(args) as bench:
         if "lane-worker" in args.only:
             print("lane-worker:", flush=True)
             results.append(await case_lane(bench))
+            if args.attached_window > 0:
+                print("lane-worker with two continuation loops attached:", flush=True)
+                results.append(await case_lane_attached(bench))
         if "absurd-sdk" in args.only:
             print("absurd-sdk (sync worker, 250 ms poll):", flush=True)
             if bench.sdk is None:

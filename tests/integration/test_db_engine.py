@@ -349,3 +349,53 @@ async def test_a_claim_with_lanes_hands_out_what_the_plain_claim_does(
     assert with_lanes.swept == 0
     with pytest.raises(ValueError, match="store's schema"):
         await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1, with_lanes=True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "own_queue", "store_status"),
+    [(None, QUEUE, "queued"), (engine.CLAIM_ADOPT, CONT_OWN_QUEUE, "waiting")],
+    ids=["own loop", "continuation loop"],
+)
+async def test_a_claim_that_falls_short_reads_the_next_due_time_in_its_round_trip(
+    eng: asyncpg.Connection[asyncpg.Record], mode: str | None, own_queue: str, store_status: str
+) -> None:
+    """Its loop then waits without a next-due read of its own (one statement per poll).
+
+    A full batch reads none: the loop claims again at once anyway.
+    """
+    worker = OWN if mode is None else CONT
+    sleeper = await spawn(eng, "sleeper")
+    await store_row(eng, sleeper.task_id, store_status)
+    (run,) = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
+    await engine.schedule(eng, QUEUE, run.run_id, datetime.now(UTC) + timedelta(seconds=100))
+
+    async def claim(qty: int) -> engine.ClaimBatch:
+        return await engine.claim(
+            eng, QUEUE, worker, lease_s=30, qty=qty, mode=mode, store_schema=SCHEMA,
+            own_queue=own_queue, plays=["p"], with_lanes=mode is None,
+        )  # fmt: skip
+
+    batch = await claim(4)
+    assert batch.runs == ()
+    assert batch.due_known
+    assert batch.due_in_s is not None
+    assert 90 < batch.due_in_s <= 100
+    separately = await engine.next_due_in_s(
+        eng, QUEUE, mode=mode, store_schema=SCHEMA, own_queue=own_queue, plays=["p"]
+    )
+    assert separately is not None
+    assert abs(separately - batch.due_in_s) < 5
+
+    due_now = f"update absurd.r_{QUEUE} set available_at = now() where run_id = $1"
+    await eng.execute(due_now, run.run_id)
+    assert (await claim(1)).due_known is False  # a full batch of one
+    # Claimed and running: what is due next is the end of its 30 s lease.
+    await eng.execute(
+        f"update absurd.r_{QUEUE} set state = 'sleeping', available_at = now()"
+        " where run_id = $1", run.run_id,
+    )  # fmt: skip
+    batch = await claim(4)
+    assert len(batch.runs) == 1
+    assert batch.due_known
+    assert batch.due_in_s is not None
+    assert 25 < batch.due_in_s <= 30

@@ -146,6 +146,11 @@ class ClaimBatch:
 
     runs: tuple[ClaimedRun, ...]
     swept: int
+    # When the claim fell short of its quantity it also read the next due time
+    # (``due_known``): seconds until the next run this claim could hand out
+    # (negative: already due; None: none), as ``next_due_in_s`` would return.
+    due_known: bool = False
+    due_in_s: float | None = None
 
 
 # lane_worker.claim_lane's modes (sql/engine/claim_lane.sql says what each hands out).
@@ -183,19 +188,16 @@ async def claim(
     if (with_lanes or mode is not None) and store_schema is None:
         raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
     sent_s = time.monotonic()
-    if with_lanes:
+    if with_lanes or mode is not None:
         rows = await conn.fetch(
-            engine_query("claim_with_lanes"),
+            engine_query("claim_next"),
             queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
+            with_lanes,
             *((begin.release_id, begin.worker_id, begin.step_keys) if begin else (None,) * 3),
-        )  # fmt: skip
-    elif mode is not None:
-        rows = await conn.fetch(
-            engine_query("claim_lane"),
-            queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
         )  # fmt: skip
     else:
         rows = await conn.fetch(engine_query("claim_task"), queue, worker_id, lease_s, qty)
+    due = next((r for r in rows if r["run_id"] is None and r.get("due_known")), None)
     runs = tuple(
         ClaimedRun(
             queue=queue,
@@ -214,7 +216,12 @@ async def claim(
         for r in rows
         if r["run_id"] is not None
     )
-    return ClaimBatch(runs=runs, swept=max((r["swept"] for r in rows), default=0))
+    return ClaimBatch(
+        runs=runs,
+        swept=max((r["swept"] for r in rows), default=0),
+        due_known=due is not None,
+        due_in_s=due["due_in_s"] if due is not None else None,
+    )
 
 
 async def next_due_in_s(
@@ -232,7 +239,7 @@ async def next_due_in_s(
     engine wakes runs by.
     """
     if mode is None:
-        due: float | None = await conn.fetchval(engine_query("next_due", queue=queue))
+        due: float | None = await conn.fetchval(engine_query("next_due"), queue)
     else:
         due = await conn.fetchval(
             engine_query("next_due_in"), queue, store_schema, own_queue, mode, plays or []

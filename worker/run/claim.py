@@ -175,7 +175,7 @@ class Poller:
                     self.metrics.loop_errors.labels(self.kind).inc()
                     delay = min(_BACKOFF_MAX_S, 0.5 * 2 ** min(failures, 6))
                     self.log.warning("loop.claim_failed", error=repr(exc), retry_in_s=delay)
-                    await self._idle(delay, precise=False)
+                    await self._idle(delay, due_in=None)
                     continue
                 failures = 0
                 empty = 0 if batch.runs else empty + 1
@@ -186,7 +186,9 @@ class Poller:
                 if len(batch.runs) < slots:
                     listening = self.listening()
                     poll_s = self.listen_poll_interval_s if listening else self.poll_interval_s
-                    await self._idle(poll_s, precise=True, empty_claims=empty)
+                    # The claim read the next due time itself, unless it could not tell.
+                    due = batch.due_in_s if batch.due_known else await self._next_due_in_s()
+                    await self._idle(poll_s, due_in=due, empty_claims=empty)
         finally:
             self.finished.set()
 
@@ -225,16 +227,14 @@ class Poller:
         self.capacity.release(slots)
         return 0
 
-    async def _idle(self, cap_s: float, *, precise: bool, empty_claims: int = 0) -> None:
-        """Wait for a NOTIFY, the next due run (when ``precise``), ``cap_s``, or stop."""
+    async def _idle(self, cap_s: float, *, due_in: float | None, empty_claims: int = 0) -> None:
+        """Wait for a NOTIFY, the next due run (``due_in`` seconds), ``cap_s``, or stop."""
         wait_s = cap_s
-        if precise:
-            due_in = await self._next_due_in_s()
-            if due_in is not None:
-                # A run already due that claims keep not returning (another worker
-                # holds its row lock, say) must not turn into a busy loop.
-                floor_s = 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5)
-                wait_s = min(wait_s, max(due_in, floor_s))
+        if due_in is not None:
+            # A run already due that claims keep not returning (another worker
+            # holds its row lock, say) must not turn into a busy loop.
+            floor_s = 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5)
+            wait_s = min(wait_s, max(due_in, floor_s))
         with anyio.move_on_after(wait_s):
             wake = asyncio.ensure_future(self.wakeup.wait())
             stop = asyncio.ensure_future(self.stopped.wait())

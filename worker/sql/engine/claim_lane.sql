@@ -526,6 +526,126 @@ begin
 end;
 $$;
 
+-- Seconds until a run of queue p_queue_name is claimable by a claim that
+-- filters nothing (the engine's, or claim_lane's mode 'all'), on the database's
+-- clock (negative: due already); null when none is. A running run's lease end
+-- counts: the claim then sweeps it and its retry is claimable (no NOTIFY says
+-- so when a worker died). An event wait without a timeout is due at
+-- 'infinity', which is no due time (and which PostgreSQL before 17 cannot
+-- subtract from).
+create or replace function lane_worker.next_due_any(p_queue_name text)
+  returns double precision
+  language plpgsql
+  stable
+as $$
+declare
+  v_due double precision;
+begin
+  execute format(
+      'select extract(epoch from min(d.due) - absurd.current_time())::float8
+         from (select min(available_at) as due from absurd.%1$I
+                where state in (''pending'', ''sleeping'') and available_at < ''infinity''
+               union all
+               select min(claim_expires_at) from absurd.%1$I
+                where state = ''running'' and claim_expires_at is not null) d',
+      'r_' || p_queue_name)
+    into v_due;
+  return v_due;
+end;
+$$;
+
+-- A loop's whole poll in one round trip: its claim (claim_with_lanes with
+-- p_with_lanes, else claim_lane in mode p_mode) and, when that handed out
+-- fewer runs than p_qty, one more row (run_id null, due_known true) carrying
+-- due_in_s: the seconds until the next run this loop could claim (next_due_any
+-- or next_due_in for its mode; null: none). It is read after the claim, so the
+-- runs just claimed count by their lease end, not as due.
+-- A new name rather than new columns on claim_with_lanes: an older build's
+-- install re-creates that function with its own result type, and must still
+-- succeed (a rollback boots one); this function only calls the older ones the
+-- way every build does.
+create or replace function lane_worker.claim_next (
+  p_queue_name text,
+  p_worker_id text,
+  p_claim_timeout integer,
+  p_qty integer,
+  p_store_schema text,
+  p_own_queue text,
+  p_mode text,
+  p_plays text[],
+  p_with_lanes boolean,
+  p_begin_release text,
+  p_begin_worker text,
+  p_step_keys smallint
+)
+  returns table (
+    run_id uuid,
+    task_id uuid,
+    attempt integer,
+    task_name text,
+    params jsonb,
+    max_attempts integer,
+    wake_event text,
+    event_payload jsonb,
+    swept integer,
+    lane_run_id uuid,
+    lane_release_id text,
+    lane_adopted_release_id text,
+    lane_adopted_queue text,
+    lane_status text,
+    lane_current_wait jsonb,
+    lane_play text,
+    lane_input jsonb,
+    lane_lane_claiming boolean,
+    lane_adopter_claiming boolean,
+    begun_attempt_id bigint,
+    begun_checkpoint jsonb,
+    begun_step_keys smallint,
+    begun_current_wait jsonb,
+    begun_engine_checkpoints jsonb,
+    begun_db_now_ms bigint,
+    due_known boolean,
+    due_in_s double precision
+  )
+  language plpgsql
+as $$
+declare
+  v_rows integer;
+begin
+  if p_with_lanes then
+    return query
+      select c.*, false, null::float8
+        from lane_worker.claim_with_lanes(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+                                          p_store_schema, p_own_queue, p_mode, p_plays,
+                                          p_begin_release, p_begin_worker, p_step_keys) c;
+  else
+    return query
+      select c.run_id, c.task_id, c.attempt, c.task_name, c.params, c.max_attempts,
+             c.wake_event, c.event_payload, c.swept,
+             null::uuid, null::text, null::text, null::text, null::text, null::jsonb,
+             null::text, null::jsonb, null::boolean, null::boolean,
+             null::bigint, null::jsonb, null::smallint, null::jsonb, null::jsonb, null::bigint,
+             false, null::float8
+        from lane_worker.claim_lane(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+                                    p_store_schema, p_own_queue, p_mode, p_plays) c;
+  end if;
+  -- Rows, not runs: a sweep's row of nulls counts, so a batch of one that only
+  -- swept reports no due time (the caller then asks for it).
+  get diagnostics v_rows = row_count;
+  if v_rows < greatest(coalesce(p_qty, 1), 1) then
+    swept := 0;
+    due_known := true;
+    if p_mode is null then
+      due_in_s := lane_worker.next_due_any(p_queue_name);
+    else
+      due_in_s := lane_worker.next_due_in(p_queue_name, p_store_schema, p_own_queue, p_mode,
+                                          p_plays);
+    end if;
+    return next;
+  end if;
+end;
+$$;
+
 -- A claim loop waits for a NOTIFY while LISTEN is connected and polls only
 -- rarely, so every run that becomes claimable must notify: the store's submit,
 -- signal and hand-back do; this trigger covers what is written straight

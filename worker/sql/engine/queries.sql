@@ -19,7 +19,8 @@ select absurd.get_schema_version();
 -- name: claim_functions_present
 -- The continuation claim functions come with the engine install (claim_lane.sql);
 -- the newest of them stands for all.
-select to_regprocedure('lane_worker.watch_queue(text)') is not null;
+select to_regprocedure('lane_worker.claim_next(text, text, integer, integer, text, text,'
+                       ' text, text[], boolean, text, text, smallint)') is not null;
 
 -- name: create_queue
 select absurd.create_queue($1);
@@ -49,16 +50,6 @@ select queue_name, tasks_deleted, events_deleted from absurd.cleanup_all_queues(
 select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
        0 as swept
   from absurd.claim_task($1, $2, $3, $4);
-
--- name: claim_lane
-select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
-       swept
-  from lane_worker.claim_lane($1, $2, $3, $4, $5, $6, $7, $8);
-
--- name: claim_with_lanes
--- A claim (the engine's when $7 is null) and each run's store facts, one round trip;
--- with $9, the attempts its own loop will certainly own begun too.
-select * from lane_worker.claim_with_lanes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
 -- name: next_due_in
 -- The same filter as claim_lane: only runs that loop would be handed.
@@ -106,17 +97,13 @@ select run_id, task_id, attempt from {runs}
 
 -- name: next_due
 -- Seconds until the next run of this queue is claimable by the engine's own
--- claim (negative: due already), on the database's clock; null when none is.
--- A running run's lease end counts: the claim then fails it and its retry is
--- claimable (no NOTIFY says so when a worker died). A run waiting for an event
--- with no timeout is due at 'infinity', which is no due time (and which
--- PostgreSQL before 17 cannot subtract from).
-select extract(epoch from min(due) - absurd.current_time())::float8
-  from (select min(available_at) as due from {runs}
-         where state in ('pending', 'sleeping') and available_at < 'infinity'
-        union all
-        select min(claim_expires_at) from {runs}
-         where state = 'running' and claim_expires_at is not null) d;
+-- claim (claim_lane.sql says how; negative: due already), or null.
+select lane_worker.next_due_any($1);
+
+-- name: claim_next
+-- A loop's claim and, when it fell short, the next due time, one round trip
+-- (claim_lane.sql); with $9, the store's facts too; with $10, begun attempts.
+select * from lane_worker.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
 -- name: reconcile_batch
 -- Up to $2 open store runs of queue $1 whose engine task ended by itself (an
