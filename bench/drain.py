@@ -12,6 +12,8 @@ worker's ready line to the last engine completion. Cases, per backlog size:
 - ``lane-worker``: the real daemon (`python -m worker run`), concurrency 16,
   JSON logs to a file; the backlog submitted with LaneClient.submit.
 - ``lane-worker-nolog``: the same with its two per-run info lines dropped.
+- ``lane-worker-2p``: ``LANE_WORKER_PROCESSES=2``, each process with half the
+  concurrency (8), so 16 runs in flight in all, as in the other cases.
 
 Usage: .venv/bin/python bench/drain.py [--sizes 3000,30000] [--only raw,lane-worker]
 Exits 1 when a drain did not finish within --timeout (the table is printed first).
@@ -54,7 +56,14 @@ from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
 from worker.lanes import PROD_DEFAULT_SCHEMA, RELEASE_ID_ENV, queue_name_for_release
 
-CASES = ("raw", "absurd-sdk", "absurd-sdk-async", "lane-worker", "lane-worker-nolog")
+CASES = (
+    "raw",
+    "absurd-sdk",
+    "absurd-sdk-async",
+    "lane-worker",
+    "lane-worker-nolog",
+    "lane-worker-2p",
+)
 STORE = "runtime_scheduler"
 SUBMITTERS = 8
 POLL_S = 0.1
@@ -246,15 +255,21 @@ async def case_sdk(bench: Session, n: int, mode: str, tag: str = "") -> Result:
     return await run_child(bench, case, n, child, *_engine_sql(queue), before)
 
 
-async def case_lane(bench: Session, n: int, *, drop_run_logs: bool, tag: str = "") -> Result:
+async def case_lane(
+    bench: Session, n: int, *, drop_run_logs: bool, tag: str = "", processes: int = 1
+) -> Result:
     case = "lane-worker-nolog" if drop_run_logs else "lane-worker"
-    release = (f"bench-{n}-nolog" if drop_run_logs else f"bench-{n}") + tag.replace("_", "-")
+    case += f"-{processes}p" if processes > 1 else ""
+    release = f"bench-{n}" + case.removeprefix("lane-worker") + tag.replace("_", "-")
     queue = queue_name_for_release(release)
     await submit_backlog(bench.url, release, n)
     before = await settle_stats(bench)
     env = daemon_env(bench.url, release, LANE_WORKER_POLL_INTERVAL="1")
     if drop_run_logs:
         env["LANE_WORKER_BENCH_DROP_RUN_LOGS"] = "1"
+    if processes > 1:
+        env["LANE_WORKER_PROCESSES"] = str(processes)
+        env["LANE_WORKER_CONCURRENCY"] = str(16 // processes)
     profile = bench.args.profile / f"{case}-{n}{tag}.prof" if bench.args.profile else None
     child = Child(f"{case}-{n}{tag}", daemon_argv(profile), env, bench.log_dir)
     runs = f"{STORE}.runs where queue = '{queue}'"
@@ -274,7 +289,10 @@ async def run_case(bench: Session, case: str, n: int, tag: str = "") -> Result |
     elif case == "raw":
         result = await case_raw(bench, n, tag)
     else:
-        result = await case_lane(bench, n, drop_run_logs=case == "lane-worker-nolog", tag=tag)
+        result = await case_lane(
+            bench, n, drop_run_logs=case == "lane-worker-nolog", tag=tag,
+            processes=2 if case == "lane-worker-2p" else 1,
+        )  # fmt: skip
     print(f"  {result.seconds:.2f} s, {result.rate:.0f} runs/s", flush=True)
     if result.timed_out:
         print(f"  (timed out: {result.done} of {n} completed; the rate is over those)")

@@ -168,8 +168,19 @@ class Child:
             await asyncio.sleep(0.01)
 
     def cpu_s(self) -> float:
-        """Return the CPU seconds the process has used."""
-        return proc_cpu_s(self.pid)
+        """Return the CPU seconds the process and its live children have used.
+
+        The children count for LANE_WORKER_PROCESSES, whose supervisor runs the workers.
+        """
+        total = proc_cpu_s(self.pid)
+        try:
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        for child in children:
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                total += proc_cpu_s(int(child))
+        return total
 
     def rss_mb(self) -> float:
         """Return the process's RSS in MiB."""

@@ -20,7 +20,14 @@ DEFAULT_APP = "worker.demo:app"
 @click.option("--app", default=DEFAULT_APP, show_default=True, type=APP_SPEC,
               help="The App whose plays to run, as module:attribute.")  # fmt: skip
 def run(app: str) -> None:
-    """Run the worker daemon for this release's lane until SIGTERM."""
+    """Run the worker daemon for this release's lane until SIGTERM.
+
+    With LANE_WORKER_PROCESSES=N above 1, N daemons under one supervisor process.
+    """
+    from worker.daemon.processes import run_processes, wanted_processes
+
+    if wanted_processes(os.environ) > 1:
+        sys.exit(run_processes(app, os.environ))
     from worker.daemon.supervisor import (
         run_daemon,  # the daemon's imports stay out of other commands
     )

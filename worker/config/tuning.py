@@ -28,6 +28,7 @@ from worker.config.env import (
     MAX_ATTEMPTS_ENV,
     PGBOUNCER_ENV,
     POLL_INTERVAL_ENV,
+    PROCESSES_ENV,
     Problems,
     blank_as_unset,
     decimal_number,
@@ -38,6 +39,7 @@ from worker.config.env import (
 from worker.errors import shown
 
 LogFormat = Literal["json", "console", "auto"]
+MAX_PROCESSES = 64
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Tuning:
     """Worker tuning knobs (``LANE_WORKER_*``), each with the documented default."""
 
     concurrency: int = 8
+    # Daemons of this release on this machine, under one supervisor (worker/daemon/processes.py).
+    processes: int = 1
     claim_timeout_s: int = 60
     poll_interval_s: float = 1.0
     # While LISTEN is connected every way a run becomes claimable sends a NOTIFY
@@ -76,6 +80,7 @@ _RUNS, _WHOLE_S, _SECS = (
 # field, variable, parser, lowest, highest, what the value is (for the refusal)
 _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str], ...] = (
     ("concurrency", CONCURRENCY_ENV, whole_number, 1, 1000, _RUNS),
+    ("processes", PROCESSES_ENV, whole_number, 1, MAX_PROCESSES, "a whole number of processes"),
     ("claim_timeout_s", CLAIM_TIMEOUT_ENV, whole_number, 5, 86_400, _WHOLE_S),
     ("poll_interval_s", POLL_INTERVAL_ENV, decimal_number, 0.01, 3600.0, _SECS),
     ("listen_poll_interval_s", LISTEN_POLL_INTERVAL_ENV, decimal_number, 0.01, 3600.0, _SECS),

@@ -96,7 +96,10 @@ def configure(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=out),  # type: ignore[arg-type]
+        # One write per line (print writes the newline apart when unbuffered, as in
+        # the image): the processes of LANE_WORKER_PROCESSES share one stdout, and a
+        # pipe keeps a write of up to 4 KiB whole.
+        logger_factory=structlog.WriteLoggerFactory(file=out),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     # Libraries that use stdlib logging (aiohttp, asyncpg) go to stderr, warnings only.

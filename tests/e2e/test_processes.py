@@ -1,0 +1,124 @@
+"""LANE_WORKER_PROCESSES: N daemons of one release under one supervisor, real processes.
+
+The supervisor is what an orchestrator starts and signals: its SIGTERM drains
+every process, one process that dies takes the machine down whole (the others
+drain), a supervisor SIGKILLed leaves no worker behind, and a bad value is
+refused as every other variable is (exit 78, naming it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from support.daemon import Daemons
+from support.runtime import eventually, open_client
+
+RELEASE = "rel-procs"
+ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
+TWO = {"LANE_WORKER_PROCESSES": "2"}
+
+
+def pid_of(worker_id: str) -> int:
+    """The process id in a worker id (``release@host:pid:nonce``)."""
+    return int(worker_id.split(":")[-2])
+
+
+def alive(pid: int) -> bool:
+    """Tell whether ``pid`` runs (an exited process its new parent has not reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.timeout(120)
+async def test_two_processes_run_the_lane_and_a_sigterm_drains_both(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Two workers of the release; runs in flight on each finish before both exit 0."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="20", **TWO)
+
+        async def both_ready() -> bool:
+            return len(d.events("worker.ready")) == 2
+
+        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        workers = {r["worker_id"] for r in d.events("worker.ready")}
+        assert len(workers) == 2
+        assert len({pid_of(w) for w in workers} | {d.pid}) == 3
+        ports = {r["health_port"] for r in d.events("worker.ready")}
+        assert len(ports) == 2  # the second serves its own, free port
+
+        # Enough slow runs that both take some (each claims at most its concurrency, 8).
+        runs = []
+        for i in range(12):
+            (tmp_path / str(i)).mkdir()
+            runs.append(
+                (await client.submit("slow", {"dir": str(tmp_path / str(i)), "seconds": 3})).run_id
+            )
+
+        async def both_busy() -> bool:
+            started = {r["worker_id"] for r in d.events("run.started")}
+            return started == workers
+
+        await eventually(both_busy, timeout_s=30, what="runs started on both processes")
+        d.terminate()
+        assert await d.wait_exit(60) == 0
+        assert {r["worker_id"] for r in d.events("worker.signal")} == workers
+        assert {r["worker_id"] for r in d.events("worker.stopped")} == workers
+        # What was in flight finished in the drain; nothing ran on a spent attempt.
+        statuses = [await client.status(run_id) for run_id in runs]
+        done = [s for s in statuses if s.status == "completed"]
+        assert done
+        assert all(s.status in ("completed", "queued") for s in statuses)
+        assert all(len(s.attempts) <= 1 for s in statuses)
+
+
+@pytest.mark.timeout(120)
+async def test_one_process_that_dies_stops_the_machine_whole(database_url: str) -> None:
+    """SIGKILL one worker: the supervisor drains the other and exits 128 + 9."""
+    async with Daemons(database_url) as pool:
+        d = pool.start(RELEASE, **TWO)
+
+        async def both_ready() -> bool:
+            return len(d.events("worker.ready")) == 2
+
+        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        victim, other = (r["worker_id"] for r in d.events("worker.ready"))
+        os.kill(pid_of(victim), 9)
+        assert await d.wait_exit(60) == 128 + 9
+        assert d.events("worker.stopped", worker_id=other)
+        assert not alive(pid_of(other))
+
+
+@pytest.mark.timeout(120)
+async def test_a_sigkilled_supervisor_leaves_no_worker_running(database_url: str) -> None:
+    """Its processes are told to stop when it dies (they drain, then exit)."""
+    async with Daemons(database_url) as pool:
+        d = pool.start(RELEASE, **TWO)
+
+        async def both_ready() -> bool:
+            return len(d.events("worker.ready")) == 2
+
+        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        pids = [pid_of(r["worker_id"]) for r in d.events("worker.ready")]
+        d.kill()
+        await d.wait_exit(30)
+
+        async def all_gone() -> bool:
+            return not any(alive(p) for p in pids)
+
+        await eventually(all_gone, timeout_s=30, what="both workers to exit")
+
+
+@pytest.mark.parametrize("value", ["0", "two", "65"])
+@pytest.mark.timeout(60)
+async def test_a_bad_process_count_is_refused_naming_it(database_url: str, value: str) -> None:
+    async with Daemons(database_url) as pool:
+        d = pool.start(RELEASE, LANE_WORKER_PROCESSES=value)
+        assert await d.wait_exit(30) == 78
+        assert "LANE_WORKER_PROCESSES" in d.stderr + "".join(map(str, d.records))

@@ -1,0 +1,133 @@
+"""``LANE_WORKER_PROCESSES``: N worker processes of one release on one machine, one supervisor.
+
+One daemon is one asyncio loop on one core. A machine with more cores runs N
+whole daemons side by side, each with its own pool, LISTEN connection, loops,
+worker id and heartbeat, so nothing about lanes, claims or draining changes:
+the store sees N workers of the release on one machine.
+
+The supervisor only starts them, forwards each stop signal to every one of
+them (the first drains, a second exits at once, as for one daemon) and exits
+once all have ended: 0 when each exited 0, else the first failure's code, 78
+when one refused its configuration. A process that ends by itself while the
+others run (a crash, a refused boot) stops the others with SIGTERM, a normal
+drain, and the supervisor exits with its code: the orchestrator then restarts
+the machine whole, instead of it serving short of a process unnoticed.
+
+The first process serves the health port as configured; the others serve
+theirs on a free port each (the orchestrator probes the first; the supervisor
+itself watches every process).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+
+from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV
+from worker.config.tuning import MAX_PROCESSES
+
+# Forwarded to every process: each drains on the first, exits on a second.
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# The exit code of a configuration refusal (sysexits' EX_CONFIG).
+EX_CONFIG = 78
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def wanted_processes(env: Mapping[str, str]) -> int:
+    """Return how many processes ``env`` asks for; 1 for a value the daemon will refuse.
+
+    The daemon itself validates the variable (exit 78 naming it), so an
+    unreadable value runs one daemon here, which then refuses it.
+    """
+    raw = env.get(PROCESSES_ENV, "").strip()
+    if not raw:
+        return 1
+    try:
+        n = int(raw)
+    except ValueError:
+        return 1
+    return n if 1 <= n <= MAX_PROCESSES else 1
+
+
+def child_env(env: Mapping[str, str], index: int) -> dict[str, str]:
+    """The environment of process ``index``: one process each, the health port for the first."""
+    out = dict(env)
+    out[PROCESSES_ENV] = "1"
+    if index > 0:
+        out[HEALTH_PORT_ENV] = "0"  # a free port: only the first is the machine's
+    return out
+
+
+def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
+    """Run ``n`` processes of ``argv`` until all have ended; return the machine's exit code."""
+    children: list[subprocess.Popen[bytes]] = []
+    stopping = False
+    first_alone: int | None = None  # the code of the first process that ended by itself
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        for index in range(n):
+            if stopping:
+                break
+            children.append(
+                subprocess.Popen(  # noqa: S603 (this interpreter, this package)
+                    list(argv),
+                    env=child_env(env, index),
+                    # Its own process group: a terminal's Ctrl-C reaches it once,
+                    # forwarded, not twice (a second signal exits without draining).
+                    process_group=0,
+                    preexec_fn=_stop_with_parent,  # the supervisor runs no thread
+                )
+            )
+        while True:
+            codes = [c.poll() for c in children]  # every one polled: any() would stop early
+            if all(code is not None for code in codes):
+                break
+            ended = [code for code in codes if code is not None]
+            if ended and not stopping:
+                # One ended by itself: drain the others, so the machine restarts whole.
+                stopping = True
+                first_alone = ended[0]
+                for child in children:
+                    if child.poll() is None:
+                        child.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    exits = [c.returncode for c in children]
+    if EX_CONFIG in exits:
+        return EX_CONFIG
+    if first_alone is not None:
+        return _exit_code(first_alone) or 1  # ending by itself is a failure
+    return next((_exit_code(c) for c in exits if c != 0), 0)
+
+
+def _stop_with_parent() -> None:
+    # Linux: SIGTERM (a drain) to this process when the supervisor dies, even by
+    # SIGKILL, so no worker outlives its machine's supervisor unnoticed.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _exit_code(code: int) -> int:
+    # A process killed by a signal reports -n: exit as a shell would, 128 + n.
+    return 128 - code if code < 0 else code
+
+
+def run_processes(app: str, env: Mapping[str, str]) -> int:
+    """Supervise ``LANE_WORKER_PROCESSES`` daemons running ``app``."""
+    argv = [sys.executable, "-m", "worker", "run", "--app", app]
+    return supervise(argv, env, wanted_processes(env))
