@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -399,3 +400,30 @@ async def test_a_claim_that_falls_short_reads_the_next_due_time_in_its_round_tri
     assert batch.due_known
     assert batch.due_in_s is not None
     assert 25 < batch.due_in_s <= 30
+
+
+async def test_a_lease_extension_waits_for_a_locked_row_only_briefly(
+    eng: asyncpg.Connection[asyncpg.Record], database_url: str
+) -> None:
+    """An operator's open transaction holds the run's row: the extension gives up, not the pool."""
+    await spawn(eng, "held")
+    (run,) = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
+    other = await connect(database_url)
+    try:
+        async with other.transaction():
+            await other.execute(
+                f"select 1 from absurd.r_{QUEUE} where run_id = $1 for update", run.run_id
+            )
+            started = time.monotonic()
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await engine.extend_claim(eng, QUEUE, run.run_id, 30)
+            assert time.monotonic() - started < 5
+        await engine.extend_claim(eng, QUEUE, run.run_id, 60)  # the lock is gone
+    finally:
+        await other.close()
+    left = await eng.fetchval(
+        f"select extract(epoch from claim_expires_at - now()) from absurd.r_{QUEUE}"
+        " where run_id = $1",
+        run.run_id,
+    )
+    assert 50 < left <= 60

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from urllib.parse import urlsplit, urlunsplit
+
 import asyncpg
 import pytest
 
@@ -20,6 +23,10 @@ def test_transient_errors_are_classified() -> None:
     assert not is_transient(asyncpg.RaiseError("x"))
     assert not is_transient(asyncpg.QueryCanceledError("x"))
     assert not is_transient(ValueError("x"))
+    # 55000 is an outage only when the database refuses connections.
+    refused = 'database "x" is not currently accepting connections'
+    assert is_transient(asyncpg.ObjectNotInPrerequisiteStateError(refused))
+    assert not is_transient(asyncpg.ObjectNotInPrerequisiteStateError("lock x not held"))
 
 
 @pytest.fixture
@@ -118,3 +125,24 @@ async def test_a_transaction_left_open_is_rolled_back_on_release(database: Datab
         assert not one.is_in_transaction()
         assert not two.is_in_transaction()
         assert await one.fetchval("select count(*) from kept") == 0
+
+
+async def test_a_database_closed_to_connections_for_a_while_is_ridden_out(
+    database: Database, database_url: str
+) -> None:
+    """Connections refused for a while (a maintenance window), every backend ended: retried."""
+    name = urlsplit(database_url).path.lstrip("/")
+    admin = await asyncpg.connect(urlunsplit(urlsplit(database_url)._replace(path="/postgres")))
+    try:
+        await admin.execute(f'alter database "{name}" allow_connections false')
+        await admin.execute(
+            "select pg_terminate_backend(pid) from pg_stat_activity where datname = $1", name
+        )
+        attempt = asyncio.create_task(database.fetchval("select 1"))
+        await asyncio.sleep(1.0)
+        assert not attempt.done()  # still retrying while refused
+        await admin.execute(f'alter database "{name}" allow_connections true')
+        assert await asyncio.wait_for(attempt, 10) == 1
+    finally:
+        await admin.execute(f'alter database "{name}" allow_connections true')
+        await admin.close()

@@ -331,3 +331,31 @@ async def test_writes_waiting_for_locks_leave_the_pool_to_the_others(database_ur
         await asyncio.wait_for(first, 10)
         await asyncio.wait_for(asyncio.gather(*blocked), 10)
         assert await checkpoint_names(database_url, runs) == ["first", "fourth", "second", "third"]
+
+
+async def test_a_lone_write_queued_behind_a_blocked_one_waits_without_a_connection(
+    database_url: str,
+) -> None:
+    """The only write of its batch, while another waits for a lock alone: its wait is bounded too.
+
+    Handed back to its caller it waited for its lock in a statement of its own,
+    and the two blocked writes held both of the pool's connections.
+    """
+    async with claimed_runs(database_url, 2) as (_, rt, _, runs):
+        gc = GroupCommit(rt.db, rt.store, group_wait_s=0.05)
+        async with (
+            engine_row_locked(database_url, runs[0]),
+            engine_row_locked(database_url, runs[1]),
+        ):
+            first = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
+            await first_sent(gc)
+            second = asyncio.create_task(checkpoint_write(gc, runs[1], "second"))
+            await eventually(
+                holds(lambda: gc.flushes >= 3), timeout_s=10, what="the lone write retried"
+            )
+            for _ in range(5):
+                await asyncio.wait_for(rt.db.fetchval("select 1"), 5)
+            assert not first.done()
+            assert not second.done()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert await checkpoint_names(database_url, runs) == ["first", "second"]

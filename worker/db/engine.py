@@ -360,9 +360,17 @@ async def schedule_in(conn: Connection, queue: str, run_id: uuid.UUID, delay_s: 
     await _lease_call(conn, "schedule_run_in", run_id, queue, run_id, delay_s)
 
 
+# How long a lease extension waits for its run's row lock at most.
+EXTEND_LOCK_WAIT_MS = 500
+
+
 async def extend_claim(conn: Connection, queue: str, run_id: uuid.UUID, by_s: int) -> None:
-    """Extend a run's lease by ``by_s`` seconds from now."""
-    await _lease_call(conn, "extend_claim", run_id, queue, run_id, by_s)
+    """Extend a run's lease by ``by_s`` seconds from now.
+
+    Raises ``asyncpg.LockNotAvailableError`` when the run's row stayed locked
+    for ``EXTEND_LOCK_WAIT_MS``: the connection is not held for the lock.
+    """
+    await _lease_call(conn, "extend_claim", run_id, queue, run_id, by_s, EXTEND_LOCK_WAIT_MS)
 
 
 async def set_checkpoint(

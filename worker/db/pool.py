@@ -106,6 +106,11 @@ def is_transient(exc: BaseException) -> bool:
         # mid-transaction ("cannot switch to state ..."): that connection is gone,
         # a fresh one works (asyncpg issue 1069).
         return True
+    if isinstance(exc, asyncpg.ObjectNotInPrerequisiteStateError):
+        # 55000 at connect: `alter database ... allow_connections false` (an
+        # operator's maintenance window), an outage like any other. The same code
+        # from a statement is a result, not retried.
+        return "not currently accepting connections" in str(exc)
     if isinstance(exc, asyncpg.InterfaceError):
         # The pool hands out a connection the server has since closed.
         return "connection is closed" in str(exc) or "connection was closed" in str(exc)

@@ -21,6 +21,9 @@ What keeps one run's trouble its own:
   every other run. A write that failed otherwise is sent again alone by its
   caller, through the code a write without batching takes, which raises the
   error the caller acts on;
+- at most one write waits for a lock in its own statement (the one sent with
+  nothing else in flight): a lone queued write goes as a batch of one, whose
+  lock wait is bounded, while another write is alone in flight;
 - a write whose JSON is over ``ALONE_BYTES`` is never batched;
 - a caller cancelled while its write is in a batch in flight returns only once
   that statement has ended (bounded by ``CANCEL_WAIT_S``): its write commits
@@ -182,7 +185,7 @@ class GroupCommit:
                 del self._pending[: self.max_batch]
                 # A caller cancelled before its write was sent: send nothing for it.
                 batch = [p for p in batch if not p.done.done()]
-                if len(batch) == 1 and not batch[0].lock_waits:
+                if len(batch) == 1 and not batch[0].lock_waits and not self._alone:
                     batch[0].done.set_result(False)  # its caller's own statement
                 elif batch:
                     await self._flush(batch)

@@ -12,6 +12,8 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import asyncpg
+
 from worker.db import engine
 from worker.db.pool import Database
 from worker.errors import LeaseLostError
@@ -57,8 +59,10 @@ class _Keeper:
 
     async def keep(self) -> None:
         h, bound = self.attempt.handle, self.attempt.log
+        pause_s = max(1.0, h.lease_s / 3)
         while True:
-            await asyncio.sleep(max(1.0, h.lease_s / 3))
+            await asyncio.sleep(pause_s)
+            pause_s = max(1.0, h.lease_s / 3)
             try:
                 await self.db.run(
                     lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s)
@@ -74,6 +78,11 @@ class _Keeper:
                 self.cancelled_host = True
                 self.host.cancel()
                 return
+            except asyncpg.LockNotAvailableError:
+                # Its row is locked (an operator's open transaction): try again
+                # soon, without holding a connection for the lock meanwhile.
+                bound.warning("lease.extend_blocked", detail="the run's row is locked; retrying")
+                pause_s = 1.0
             except Exception as exc:  # the database is away: keep trying while the lease lasts
                 bound.warning("lease.extend_failed", error=repr(exc))
 

@@ -646,6 +646,25 @@ begin
 end;
 $$;
 
+-- The engine's extend_claim, waiting at most p_lock_wait_ms for the run's row
+-- lock (then lock_not_available, 55P03). A lease keeper runs beside the run's
+-- own writes on a pool of two connections: a row an operator's open
+-- transaction keeps locked must not take a connection from every other run.
+create or replace function lane_worker.extend_claim_within (
+  p_queue_name text,
+  p_run_id uuid,
+  p_extend_by integer,
+  p_lock_wait_ms integer
+)
+  returns void
+  language plpgsql
+as $$
+begin
+  perform set_config('lock_timeout', p_lock_wait_ms || 'ms', true);  -- this statement's only
+  perform absurd.extend_claim(p_queue_name, p_run_id, p_extend_by);
+end;
+$$;
+
 -- A claim loop waits for a NOTIFY while LISTEN is connected and polls only
 -- rarely, so every run that becomes claimable must notify: the store's submit,
 -- signal and hand-back do; this trigger covers what is written straight

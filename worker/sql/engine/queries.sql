@@ -19,8 +19,8 @@ select absurd.get_schema_version();
 -- name: claim_functions_present
 -- The continuation claim functions come with the engine install (claim_lane.sql);
 -- the newest of them stands for all.
-select to_regprocedure('lane_worker.claim_next(text, text, integer, integer, text, text,'
-                       ' text, text[], boolean, text, text, smallint)') is not null;
+select to_regprocedure('lane_worker.extend_claim_within(text, uuid, integer, integer)')
+       is not null;
 
 -- name: create_queue
 select absurd.create_queue($1);
@@ -70,7 +70,8 @@ select absurd.schedule_run($1, $2,
                            absurd.current_time() + make_interval(secs => $3::double precision));
 
 -- name: extend_claim
-select absurd.extend_claim($1, $2, $3);
+-- Waits at most $4 ms for the run's row lock (claim_lane.sql).
+select lane_worker.extend_claim_within($1, $2, $3, $4);
 
 -- name: set_checkpoint_state
 select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
