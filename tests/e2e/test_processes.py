@@ -13,12 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from support.daemon import Daemons
+from support.daemon import Daemon, Daemons
 from support.runtime import eventually, open_client
 
 RELEASE = "rel-procs"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 TWO = {"LANE_WORKER_PROCESSES": "2"}
+
+
+async def both_ready(d: Daemon) -> None:
+    """Wait until both processes logged ``worker.ready``."""
+
+    async def ready() -> bool:
+        return len(d.events("worker.ready")) == 2
+
+    await eventually(ready, timeout_s=60, what="two worker.ready lines")
 
 
 def pid_of(worker_id: str) -> int:
@@ -43,10 +52,7 @@ async def test_two_processes_run_the_lane_and_a_sigterm_drains_both(
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
         d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="20", **TWO)
 
-        async def both_ready() -> bool:
-            return len(d.events("worker.ready")) == 2
-
-        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        await both_ready(d)
         workers = {r["worker_id"] for r in d.events("worker.ready")}
         assert len(workers) == 2
         assert len({pid_of(w) for w in workers} | {d.pid}) == 3
@@ -84,10 +90,7 @@ async def test_one_process_that_dies_stops_the_machine_whole(database_url: str) 
     async with Daemons(database_url) as pool:
         d = pool.start(RELEASE, **TWO)
 
-        async def both_ready() -> bool:
-            return len(d.events("worker.ready")) == 2
-
-        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        await both_ready(d)
         victim, other = (r["worker_id"] for r in d.events("worker.ready"))
         os.kill(pid_of(victim), 9)
         assert await d.wait_exit(60) == 128 + 9
@@ -101,10 +104,7 @@ async def test_a_sigkilled_supervisor_leaves_no_worker_running(database_url: str
     async with Daemons(database_url) as pool:
         d = pool.start(RELEASE, **TWO)
 
-        async def both_ready() -> bool:
-            return len(d.events("worker.ready")) == 2
-
-        await eventually(both_ready, timeout_s=60, what="two worker.ready lines")
+        await both_ready(d)
         pids = [pid_of(r["worker_id"]) for r in d.events("worker.ready")]
         d.kill()
         await d.wait_exit(30)

@@ -247,7 +247,7 @@ async def test_a_blocked_write_holds_up_no_other_run(database_url: str) -> None:
     """One write waits for a lock alone, another in a batch: a third run's write still commits.
 
     The queued writes go after the group wait, not when the blocked one returns, and
-    in the batch the blocked write gives up its lock wait and goes again alone.
+    in the batch the blocked write gives up its lock wait and goes again in a later one.
     """
     async with claimed_runs(database_url, 3) as (_, rt, _, runs):
         gc = GroupCommit(rt.db, rt.store, group_wait_s=0.05)
@@ -262,7 +262,7 @@ async def test_a_blocked_write_holds_up_no_other_run(database_url: str) -> None:
             await asyncio.wait_for(checkpoint_write(gc, runs[2], "third"), 10)
             assert gc.largest == 2  # "second" and "third" went as one batch
             assert await checkpoint_names(database_url, runs) == ["third"]
-            # Each of the others waits for its lock, alone.
+            # Each of the others still waits for its lock.
             assert not first.done()
             assert not second.done()
         await first
