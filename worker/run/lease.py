@@ -60,6 +60,7 @@ class _Keeper:
     async def keep(self) -> None:
         h, bound = self.attempt.handle, self.attempt.log
         pause_s = max(1.0, h.lease_s / 3)
+        blocked = 0  # extensions in a row that found the row locked
         while True:
             await asyncio.sleep(pause_s)
             pause_s = max(1.0, h.lease_s / 3)
@@ -67,6 +68,7 @@ class _Keeper:
                 await self.db.run(
                     lambda c: engine.extend_claim(c, h.queue, h.engine_run_id, h.lease_s)
                 )
+                blocked = 0
                 if self.metrics is not None:
                     self.metrics.lease_extensions.inc()
             except LeaseLostError as exc:
@@ -81,7 +83,13 @@ class _Keeper:
             except asyncpg.LockNotAvailableError:
                 # Its row is locked (an operator's open transaction): try again
                 # soon, without holding a connection for the lock meanwhile.
-                bound.warning("lease.extend_blocked", detail="the run's row is locked; retrying")
+                if blocked % 30 == 0:  # the first time, then every 30 s or so
+                    bound.warning(
+                        "lease.extend_blocked",
+                        detail="the run's row is locked by another session; retrying each second",
+                        tries=blocked + 1,
+                    )
+                blocked += 1
                 pause_s = 1.0
             except Exception as exc:  # the database is away: keep trying while the lease lasts
                 bound.warning("lease.extend_failed", error=repr(exc))
