@@ -45,12 +45,9 @@ def wanted_processes(env: Mapping[str, str]) -> int:
     unreadable value runs one daemon here, which then refuses it.
     """
     raw = env.get(PROCESSES_ENV, "").strip()
-    if not raw:
+    if not (raw.isascii() and raw.isdigit()):  # the daemon's rule: ASCII digits only
         return 1
-    try:
-        n = int(raw)
-    except ValueError:
-        return 1
+    n = int(raw)
     return n if 1 <= n <= MAX_PROCESSES else 1
 
 

@@ -53,7 +53,7 @@ log = structlog.get_logger("lane_worker.runtime")
 MAX_BATCH = 32
 # How long queued writes wait for the write in flight before they go anyway.
 GROUP_WAIT_S = 0.01
-# A write in a batch waits this long for a lock at most, then goes again alone.
+# A write in a batch waits this long for a lock at most, then goes again in a later batch.
 LOCK_WAIT_MS = 50
 # A write that found its rows locked goes again after this, doubling up to the max.
 LOCK_RETRY_S = 0.05
