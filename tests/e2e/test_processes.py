@@ -115,7 +115,7 @@ async def test_a_sigkilled_supervisor_leaves_no_worker_running(database_url: str
         await eventually(all_gone, timeout_s=30, what="both workers to exit")
 
 
-@pytest.mark.parametrize("value", ["0", "two", "65"])
+@pytest.mark.parametrize("value", ["0", "two", "65", "2_0"])
 @pytest.mark.timeout(60)
 async def test_a_bad_process_count_is_refused_naming_it(database_url: str, value: str) -> None:
     async with Daemons(database_url) as pool:
