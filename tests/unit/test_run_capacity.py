@@ -70,3 +70,22 @@ async def test_a_batch_reserve_stops_waiting_once_the_frees_stop() -> None:
     await asyncio.sleep(0.05)
     assert not waiting.done()
     assert await asyncio.wait_for(waiting, 5) == 3  # the other 5 stay held
+
+
+async def test_slots_another_loop_took_during_the_patience_are_waited_for_again() -> None:
+    """Its patience ends with nothing free (a continuation loop took the slot): it waits on.
+
+    It returned 0, which a claim loop reads as its stop: the own loop of a
+    worker ended for good under a backlog, and its lane never drained (the
+    chaos test, seed 368423 in CI).
+    """
+    capacity = Capacity(2)
+    assert await capacity.reserve(2) == 2
+    capacity.release(1)
+    own = asyncio.ensure_future(capacity.reserve(16, at_least=2, patience_s=0.05))
+    await asyncio.sleep(0)
+    assert await capacity.reserve(1) == 1  # another loop takes the free slot
+    await asyncio.sleep(0.2)  # the patience ran out meanwhile
+    assert not own.done()
+    capacity.release(1)
+    assert await asyncio.wait_for(own, 5) == 1

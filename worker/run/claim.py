@@ -81,7 +81,11 @@ class Capacity:
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout)
             except TimeoutError:  # patience ran out, or the frees stopped: take what is free
-                break
+                if self.free > 0:
+                    break
+                # Another loop took them meanwhile: wait for a slot again. Returning
+                # none would read as "stopped" to the loop, which would end for good.
+                deadline = None
         taken = min(self.free, most)
         self.free -= taken
         return taken
