@@ -361,7 +361,7 @@ async def schedule_in(conn: Connection, queue: str, run_id: uuid.UUID, delay_s: 
 
 
 # How long a lease extension waits for its run's row lock at most.
-EXTEND_LOCK_WAIT_MS = 500
+EXTEND_LOCK_WAIT_MS = 100
 
 
 async def extend_claim(conn: Connection, queue: str, run_id: uuid.UUID, by_s: int) -> None:

@@ -83,14 +83,16 @@ class _Keeper:
             except asyncpg.LockNotAvailableError:
                 # Its row is locked (an operator's open transaction): try again
                 # soon, without holding a connection for the lock meanwhile.
-                if blocked % 30 == 0:  # the first time, then every 30 s or so
+                if blocked % 15 == 0:  # the first time, then every 30 s or so
                     bound.warning(
                         "lease.extend_blocked",
-                        detail="the run's row is locked by another session; retrying each second",
+                        detail="the run's row is locked by another session; retrying every 2 s",
                         tries=blocked + 1,
                     )
                 blocked += 1
-                pause_s = 1.0
+                # Each try holds a connection for the lock wait (100 ms): several
+                # blocked runs must not keep the pool's other connection busy.
+                pause_s = 2.0
             except Exception as exc:  # the database is away: keep trying while the lease lasts
                 bound.warning("lease.extend_failed", error=repr(exc))
 

@@ -271,12 +271,17 @@ begin
   end loop;
 
   for v_row in execute format(
-      'select run_id, claimed_by, claim_expires_at, attempt from absurd.%I
-        where state = ''running'' and claim_expires_at is not null and claim_expires_at <= $1
-        order by claim_expires_at, run_id
+      'select r.run_id, r.claimed_by, r.claim_expires_at, r.attempt
+         from absurd.%1$I r
+         join absurd.%2$I t on t.task_id = r.task_id
+        where r.state = ''running'' and r.claim_expires_at is not null
+          and r.claim_expires_at <= $1
+        order by r.claim_expires_at, r.run_id
         limit $2
-        for update skip locked',
-      'r_' || p_queue_name)
+        -- the task row too: fail_run writes it, and one another session holds
+        -- locked must hold up that run alone, not every claim of the queue
+        for update of r, t skip locked',
+      'r_' || p_queue_name, 't_' || p_queue_name)
     using v_now, v_qty
   loop
     perform absurd.fail_run(
@@ -295,7 +300,9 @@ begin
   -- The pick: the earliest due runs, as claim_task orders them, but read as two
   -- ordered walks of the (state, available_at) index, one per runnable state,
   -- each stopping after $2 rows it could lock, instead of a sort of every due
-  -- run (29 ms at 30,000 pending, 0.3 ms this way). A task whose cancellation
+  -- run (29 ms at 30,000 pending, 0.3 ms this way). Like claim_task it skips a
+  -- run whose run or task row another session holds locked (the claim writes
+  -- both): waiting for it would hold up every other run of the queue. A task whose cancellation
   -- policy is already due is never handed out, even when the bounded upkeep
   -- above has not cancelled it yet (claim_task cancels every one first).
   return query execute format(
@@ -310,7 +317,7 @@ begin
            and %4$s
          order by r.available_at, r.run_id
          limit $2
-         for update of r skip locked
+         for update of r, t skip locked
      ),
      sleeping_due as (
         select r.run_id, r.available_at
@@ -323,7 +330,7 @@ begin
            and %4$s
          order by r.available_at, r.run_id
          limit $2
-         for update of r skip locked
+         for update of r, t skip locked
      ),
      picked as (
         select d.run_id
@@ -450,6 +457,7 @@ declare
   v_payloads jsonb[];
   v_swept integer := 0;
   v_on_own_lane boolean;
+  v_lockable boolean;
 begin
   select array_agg(c.run_id order by c.run_id) filter (where c.run_id is not null),
          array_agg(c.task_id order by c.run_id) filter (where c.run_id is not null),
@@ -509,11 +517,21 @@ begin
   using v_runs, v_tasks, v_attempts, v_names, v_params, v_max, v_events, v_payloads,
         p_own_queue, p_begin_release
   loop
+    v_lockable := null;
     if p_begin_release is not null
        and lane_run_id is not null
        and v_on_own_lane
        and (lane_adopted_release_id is null or lane_adopted_queue = p_own_queue)
        and lane_play = any(p_plays) then
+      -- Its store row locked by another session (an operator's open transaction):
+      -- not begun here, where the wait would hold up the whole claim; the worker
+      -- begins it after the claim, holding up that run alone.
+      execute format('select true from %I.runs where run_id = $1 for update skip locked',
+                     p_store_schema)
+        into v_lockable
+        using lane_run_id;
+    end if;
+    if v_lockable then
       execute format('select * from %I.begin_attempt($1, $2, $3, $4, $5, ''own'', null, null,
                                                      $6, $7, $8)', p_store_schema)
         into begun_attempt_id, begun_checkpoint, begun_step_keys, begun_current_wait,
