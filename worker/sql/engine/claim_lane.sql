@@ -302,9 +302,10 @@ begin
   -- each stopping after $2 rows it could lock, instead of a sort of every due
   -- run (29 ms at 30,000 pending, 0.3 ms this way). Like claim_task it skips a
   -- run whose run or task row another session holds locked (the claim writes
-  -- both): waiting for it would hold up every other run of the queue. A task whose cancellation
-  -- policy is already due is never handed out, even when the bounded upkeep
-  -- above has not cancelled it yet (claim_task cancels every one first).
+  -- both): waiting for it would hold up every other run of the queue. A task
+  -- whose cancellation policy is already due is never handed out, even when the
+  -- bounded upkeep above has not cancelled it yet (claim_task cancels every one
+  -- first).
   return query execute format(
     'with pending_due as (
         select r.run_id, r.available_at
