@@ -14,24 +14,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from support.runtime import SCHEMA, connect, open_client, open_runtime
-from worker import App, TaskContext
+from support.runtime import SCHEMA, connect, one_step_app, open_client, open_runtime
 from worker.db import engine
 
 RELEASE = "rel-locks"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 QUEUE = "runs_rel_locks"
 BOUND_S = 5  # a claim that waited for the lock would wait for the test's whole hold
-
-
-def one_step_app() -> App:
-    app = App()
-
-    @app.play("one")
-    async def one(ctx: TaskContext, params: dict[str, Any]) -> dict[str, int]:
-        return await ctx.step("s", lambda: {"n": params["n"]})  # type: ignore[no-any-return]
-
-    return app
 
 
 @contextlib.asynccontextmanager

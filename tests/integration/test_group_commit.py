@@ -17,8 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from support.runtime import SCHEMA, connect, eventually, open_client, open_runtime
-from worker import App, TaskContext
+from support.runtime import SCHEMA, connect, eventually, one_step_app, open_client, open_runtime
 from worker.client import LaneClient
 from worker.db.engine import ClaimedRun
 from worker.db.pool import Connection
@@ -47,16 +46,6 @@ async def first_sent(gc: GroupCommit) -> None:
     await eventually(
         holds(lambda: gc.busy and gc.waiting == 0), timeout_s=10, what="the first flush sent"
     )
-
-
-def one_step_app() -> App:
-    app = App()
-
-    @app.play("one")
-    async def one(ctx: TaskContext, params: dict[str, Any]) -> dict[str, int]:
-        return await ctx.step("s", lambda: {"n": params["n"]})  # type: ignore[no-any-return]
-
-    return app
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
 from worker.metrics import Metrics
 from worker.run.attempt import DeferLimits
+from worker.run.context import TaskContext
 from worker.run.execute import Runtime
 from worker.run.handle import WorkerSeat
 
@@ -178,3 +179,14 @@ async def hold_in_flight(rt: Runtime, plays: GatedPlays, name: str) -> asyncio.T
     task = asyncio.create_task(rt.handle(claimed))
     await asyncio.wait_for(plays.entered_event(name).wait(), 20)
     return task
+
+
+def one_step_app() -> App:
+    """An app with play ``one``: one step that returns ``{"n": params["n"]}``."""
+    app = App()
+
+    @app.play("one")
+    async def one(ctx: TaskContext, params: dict[str, Any]) -> dict[str, int]:
+        return await ctx.step("s", lambda: {"n": params["n"]})  # type: ignore[no-any-return]
+
+    return app
