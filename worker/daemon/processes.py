@@ -28,13 +28,12 @@ import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV
+from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV, whole_number
 from worker.config.tuning import MAX_PROCESSES
+from worker.errors import EXIT_CONFIG
 
 # Forwarded to every process: each drains on the first, exits on a second.
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
-# The exit code of a configuration refusal (sysexits' EX_CONFIG).
-EX_CONFIG = 78
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -44,11 +43,8 @@ def wanted_processes(env: Mapping[str, str]) -> int:
     The daemon itself validates the variable (exit 78 naming it), so an
     unreadable value runs one daemon here, which then refuses it.
     """
-    raw = env.get(PROCESSES_ENV, "").strip()
-    if not (raw.isascii() and raw.isdigit()):  # the daemon's rule: ASCII digits only
-        return 1
-    n = int(raw)
-    return n if 1 <= n <= MAX_PROCESSES else 1
+    n = whole_number(env.get(PROCESSES_ENV, "").strip())
+    return n if n is not None and 1 <= n <= MAX_PROCESSES else 1
 
 
 def child_env(env: Mapping[str, str], index: int) -> dict[str, str]:
@@ -105,8 +101,8 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     exits = [c.returncode for c in children]
-    if EX_CONFIG in exits:
-        return EX_CONFIG
+    if EXIT_CONFIG in exits:
+        return EXIT_CONFIG
     if first_alone is not None:
         return _exit_code(first_alone) or 1  # ending by itself is a failure
     return next((_exit_code(c) for c in exits if c != 0), 0)
