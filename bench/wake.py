@@ -15,6 +15,11 @@ Latencies, all wall clock on this machine:
   its per-run store reads; what a user waits before the play runs.
 - ``signal -> resumed run.started`` (lane-worker): a run parked on an event,
   from just before the signal call to the resumed attempt's log line.
+- ``engine-direct -> run.started`` (lane-worker): an app that writes the run's
+  store row and spawns its engine task itself, in one transaction, with no
+  NOTIFY of its own (what the TypeScript app does through absurd's SDK): from
+  just before that transaction to the log line. The daemon polls every 30 s
+  while LISTEN holds, so what finds the run is its trigger on the engine table.
 
 Boot to ready (lane-worker): from the exec of the daemon to its ``worker.ready``.
 
@@ -33,8 +38,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +166,7 @@ async def case_lane(bench: Session) -> Wake:
                     add(wake, "call -> run.started", timestamp_s(started) - called)
             await child.wait_event("run.completed", timeout_s=30, run_id=run.run_id)
             await signal_rounds(bench, client, child, wake)
+            await engine_direct_rounds(bench, probe, release, child, wake)
         finally:
             await probe.close()
             await client.close()
@@ -247,6 +255,44 @@ async def signal_rounds(bench: Session, client: LaneClient, child: Child, wake: 
         )
         if i >= 0:
             add(wake, "signal -> resumed run.started", timestamp_s(resumed) - called)
+
+
+ENGINE_DIRECT_RUN_ROW = """
+insert into runtime_scheduler.runs (run_id, play, input, launch, release_id, queue, max_attempts)
+values ($1::uuid, $2::text, $3::jsonb,
+        jsonb_build_object('absurdReleaseId', $4::text, 'play', $2::text, 'runId', $1::text),
+        $4::text, $5::text, 5)
+"""
+ENGINE_DIRECT_TASK = """
+update runtime_scheduler.runs set task_id = (
+  select task_id from absurd.spawn_task($2::text, 'play-run',
+                                        jsonb_build_object('runId', $1::text),
+                                        '{"max_attempts": 5}'::jsonb))
+where run_id = $1::uuid
+"""
+
+
+async def engine_direct_rounds(
+    bench: Session, conn: asyncpg.Connection[Any], release: str, child: Child, wake: Wake
+) -> None:
+    """K runs written straight through the engine: the call to their ``run.started``.
+
+    The store row and the engine task in one transaction of the bench's own, as an
+    app using absurd's SDK beside the store would write them; nothing sends a
+    NOTIFY but the trigger the worker installed on its lane's engine table.
+    """
+    queue = queue_name_for_release(release)
+    for i in range(-1, bench.args.runs):
+        await asyncio.sleep(spacing_s(i))
+        run_id = uuid.uuid4()
+        called = time.time()
+        async with conn.transaction():
+            row = (str(run_id), TRIVIAL_PLAY, json.dumps({"i": i}), release, queue)
+            await conn.execute(ENGINE_DIRECT_RUN_ROW, *row)
+            await conn.execute(ENGINE_DIRECT_TASK, str(run_id), queue)
+        started = await child.wait_event("run.started", timeout_s=60, run_id=str(run_id))
+        if i >= 0:
+            add(wake, "engine-direct -> run.started", timestamp_s(started) - called)
 
 
 async def case_sdk(bench: Session, python: str) -> Wake:
