@@ -9,6 +9,7 @@ refused as every other variable is (exit 78, naming it).
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,20 @@ async def test_one_process_that_dies_stops_the_machine_whole(database_url: str) 
         assert await d.wait_exit(60) == 128 + 9
         assert d.events("worker.stopped", worker_id=other)
         assert not alive(pid_of(other))
+
+
+@pytest.mark.timeout(120)
+async def test_a_stopped_process_is_continued_to_drain(database_url: str) -> None:
+    """A SIGSTOPped worker gets the SIGTERM and a SIGCONT: the machine still stops, exit 0."""
+    async with Daemons(database_url) as pool:
+        d = pool.start(RELEASE, **TWO)
+
+        await both_ready(d)
+        workers = [r["worker_id"] for r in d.events("worker.ready")]
+        os.kill(pid_of(workers[0]), signal.SIGSTOP)
+        d.terminate()
+        assert await d.wait_exit(60) == 0
+        assert {r["worker_id"] for r in d.events("worker.stopped")} == set(workers)
 
 
 @pytest.mark.timeout(120)

@@ -66,8 +66,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
         nonlocal stopping
         stopping = True
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
+            _tell(child, signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
@@ -94,8 +93,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
                 stopping = True
                 first_alone = ended[0]
                 for child in children:
-                    if child.poll() is None:
-                        child.send_signal(signal.SIGTERM)
+                    _tell(child, signal.SIGTERM)
             time.sleep(0.1)
     finally:
         for s, handler in previous.items():
@@ -106,6 +104,18 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
     if first_alone is not None:
         return _exit_code(first_alone) or 1  # ending by itself is a failure
     return next((_exit_code(c) for c in exits if c != 0), 0)
+
+
+def _tell(child: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to ``child`` if it runs, and continue it should it be stopped.
+
+    A stopped process (SIGSTOP, a debugger's detach gone wrong) holds a signal
+    pending until continued: without the SIGCONT the supervisor, and with it the
+    machine's stop, waited on it for good.
+    """
+    if child.poll() is None:
+        child.send_signal(signum)
+        child.send_signal(signal.SIGCONT)
 
 
 def _stop_with_parent() -> None:
