@@ -161,6 +161,7 @@ async def main() -> int:
     wake.add_attached_window(parser)
     args = parse_args(parser, CASES)
     args.profile = None
+    args.statements = False
     drains, wakes = await measure(args)
     report(args, drains, wakes)
     return 0

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import statements
 from common import (
     TRIVIAL_PLAY,
     Session,
@@ -132,6 +133,12 @@ async def settle_stats(bench: Session) -> int:
     finally:
         await conn.close()
     await asyncio.sleep(1.2)  # backends flush their counters at most once a second
+    if bench.args.statements:
+        conn = await connect(bench.url)
+        try:
+            await statements.reset(conn)
+        finally:
+            await conn.close()
     return await transactions(bench.admin, bench.database)
 
 
@@ -294,6 +301,8 @@ async def run_case(bench: Session, case: str, n: int, tag: str = "") -> Result |
             processes=2 if case == "lane-worker-2p" else 1,
         )  # fmt: skip
     print(f"  {result.seconds:.2f} s, {result.rate:.0f} runs/s", flush=True)
+    if bench.args.statements:
+        await statements.report(bench.url, case, n)
     if result.timed_out:
         print(f"  (timed out: {result.done} of {n} completed; the rate is over those)")
     return result
@@ -331,12 +340,18 @@ async def main() -> int:
     parser.add_argument("--sizes", default="3000", help="backlog sizes, e.g. 3000,30000")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per drain (600)")
     parser.add_argument("--profile", type=Path, help="cProfile the daemons into this directory")
+    parser.add_argument(
+        "--statements", action="store_true",
+        help="print the server's time per run by statement (needs pg_stat_statements loaded)",
+    )  # fmt: skip
     args = parse_args(parser, CASES)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     async with session(args) as bench:
+        if args.statements:
+            await statements.enable(bench.url)
         for n in sizes:
             for case in args.only:
                 result = await run_case(bench, case, n)
