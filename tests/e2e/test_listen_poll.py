@@ -11,6 +11,7 @@ trigger ``lane_worker.watch_queue`` installs), and a run whose worker was SIGKIL
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,29 @@ async def test_a_sigkilled_workers_run_is_claimed_when_its_lease_ends(
         assert (await client.wait(run_id, FOUND_WITHIN_S)).status == "completed"
         # The lease (5 s from K's last extension) plus the claim; far under the poll.
         assert time.monotonic() - killed < FOUND_WITHIN_S
+
+
+def _at(record: dict[str, object]) -> float:
+    return datetime.fromisoformat(str(record["timestamp"])).timestamp()
+
+
+@pytest.mark.timeout(120)
+async def test_a_sleeper_resumes_on_time_while_the_runs_beside_it_park(database_url: str) -> None:
+    """Runs parking next to a 1 s sleeper (each park a NOTIFY, each an empty claim) delay it not.
+
+    A floor meant for a due run that claims keep not returning was applied to a
+    future due time too: after a few empty claims, the sleeper waited 1.6 s for 1.
+    """
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, **RARE_POLLS)
+        await d.ready()
+        late = []
+        for _ in range(3):
+            sleeper = (await client.submit("sleeper", {"seconds": 1})).run_id
+            for i in range(8):  # they park one by one while it sleeps
+                await client.submit("late-waiter", {"linger": 0.1 * (i + 1)})
+            assert (await client.wait(sleeper, 30)).status == "completed"
+            parked = d.events("run.parked", run_id=sleeper)[0]
+            resumed = d.events("run.started", run_id=sleeper)[1]
+            late.append(_at(resumed) - _at(parked) - 1.0)
+        assert max(late) < 0.5, late

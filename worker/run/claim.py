@@ -234,11 +234,14 @@ class Poller:
     async def _idle(self, cap_s: float, *, due_in: float | None, empty_claims: int = 0) -> None:
         """Wait for a NOTIFY, the next due run (``due_in`` seconds), ``cap_s``, or stop."""
         wait_s = cap_s
-        if due_in is not None:
-            # A run already due that claims keep not returning (another worker
-            # holds its row lock, say) must not turn into a busy loop.
-            floor_s = 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5)
-            wait_s = min(wait_s, max(due_in, floor_s))
+        if due_in is not None and due_in > 0:
+            wait_s = min(wait_s, due_in)
+        elif due_in is not None:
+            # A run already due that claims keep not returning (another session
+            # holds its row lock, say) must not turn into a busy loop. Only then:
+            # empty claims pile up in normal work too (a NOTIFY for each run that
+            # parks), and a floor on a future due time made sleeps start late.
+            wait_s = min(wait_s, 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5))
         with anyio.move_on_after(wait_s):
             wake = asyncio.ensure_future(self.wakeup.wait())
             stop = asyncio.ensure_future(self.stopped.wait())

@@ -54,6 +54,17 @@ async def waiter(ctx: TaskContext, params: Any) -> dict[str, Any]:
     }
 
 
+@app.play("late-waiter")
+async def late_waiter(ctx: TaskContext, params: dict[str, Any]) -> None:
+    """A step of ``linger`` seconds, then a wait for an event that never comes."""
+
+    async def linger() -> None:
+        await asyncio.sleep(float(params["linger"]))
+
+    await ctx.step("linger", linger)
+    await ctx.wait_for_event("never", "never", timeout=3600)
+
+
 @app.play("flaky")
 async def flaky(ctx: TaskContext, params: Any) -> None:
     """A step that always raises, so the run sits in retry backoff."""
