@@ -16,6 +16,7 @@ import pytest
 
 from support.daemon import Daemon, Daemons
 from support.runtime import eventually, open_client
+from worker.client import LaneClient
 
 RELEASE = "rel-procs"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
@@ -97,6 +98,109 @@ async def test_one_process_that_dies_stops_the_machine_whole(database_url: str) 
         assert await d.wait_exit(60) == 128 + 9
         assert d.events("worker.stopped", worker_id=other)
         assert not alive(pid_of(other))
+
+
+async def busy_on_both(d: Daemon, client: LaneClient, tmp_path: Path, seconds: float) -> list[str]:
+    """Submit slow runs until both processes run some; return the run ids."""
+    workers = {r["worker_id"] for r in d.events("worker.ready")}
+    runs = []
+    for i in range(12):
+        (tmp_path / str(i)).mkdir()
+        run = await client.submit("slow", {"dir": str(tmp_path / str(i)), "seconds": seconds})
+        runs.append(run.run_id)
+
+    async def both_busy() -> bool:
+        return {r["worker_id"] for r in d.events("run.started")} == workers
+
+    await eventually(both_busy, timeout_s=30, what="runs started on both processes")
+    return runs
+
+
+@pytest.mark.timeout(120)
+async def test_the_machines_sigterm_after_a_process_died_does_not_cut_the_others_drain(
+    database_url: str, tmp_path: Path
+) -> None:
+    """One process dies, the supervisor drains the other; the orchestrator's SIGTERM then
+    must not reach it as a second stop (an exit without a drain, its runs' attempts spent)."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="20", **TWO)
+        await both_ready(d)
+        await busy_on_both(d, client, tmp_path, seconds=3)
+        victim, other = (r["worker_id"] for r in d.events("worker.ready"))
+        os.kill(pid_of(victim), signal.SIGKILL)
+
+        async def other_draining() -> bool:
+            return bool(d.events("worker.signal", worker_id=other))
+
+        await eventually(other_draining, timeout_s=10, what="the other process draining")
+        d.terminate()
+        assert await d.wait_exit(60) == 128 + 9
+        assert not d.events("worker.exit_now")
+        assert d.events("worker.stopped", worker_id=other)
+        # Its runs finished in its drain: none was left to a lease's end.
+        mine = {r["run_id"] for r in d.events("run.started", worker_id=other)}
+        finished = {r["run_id"] for r in d.events("run.completed", worker_id=other)}
+        assert mine
+        assert mine == finished
+
+
+@pytest.mark.timeout(120)
+async def test_a_supervisor_killed_mid_drain_leaves_its_processes_draining(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Their death signal (SIGHUP) drains, and never turns a drain under way into an exit."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="20", **TWO)
+        await both_ready(d)
+        runs = await busy_on_both(d, client, tmp_path, seconds=3)
+        workers = [r["worker_id"] for r in d.events("worker.ready")]
+        d.terminate()
+
+        async def both_draining() -> bool:
+            return {r["worker_id"] for r in d.events("worker.signal")} == set(workers)
+
+        await eventually(both_draining, timeout_s=10, what="both processes draining")
+        d.kill()
+
+        async def all_gone() -> bool:
+            return not any(alive(pid_of(w)) for w in workers)
+
+        await eventually(all_gone, timeout_s=60, what="both workers to finish their drain")
+        assert not d.events("worker.exit_now")
+        assert {r["worker_id"] for r in d.events("worker.stopped")} == set(workers)
+        statuses = {(await client.status(run_id)).status for run_id in runs}
+        assert statuses <= {"completed", "queued"}, statuses  # finished, or handed back
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid``."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+@pytest.mark.timeout(180)
+async def test_a_sigterm_while_the_processes_start_stops_every_one(database_url: str) -> None:
+    """A stop that lands while the supervisor starts its processes reaches the ones after it.
+
+    The signal handler could run inside ``Popen``, before the new process was in
+    the supervisor's list: that one never heard of the stop, and the supervisor
+    waited for it for good. A process the stop reaches before its own handler is
+    installed ends by the signal; it claimed nothing, so the machine exits 0.
+    """
+    async with Daemons(database_url) as pool:
+        for attempt in range(6):
+            d = pool.start(RELEASE, name=f"starting-{attempt}", LANE_WORKER_PROCESSES="4")
+
+            async def first_started(pid: int = d.pid) -> bool:
+                return bool(children_of(pid))
+
+            await eventually(first_started, timeout_s=30, what="the first process")
+            d.terminate()
+            assert await d.wait_exit(30) == 0
+            assert not children_of(d.pid)
 
 
 @pytest.mark.timeout(120)

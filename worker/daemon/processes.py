@@ -6,7 +6,8 @@ worker id and heartbeat, so nothing about lanes, claims or draining changes:
 the store sees N workers of the release on one machine.
 
 The supervisor only starts them, forwards each stop signal to every one of
-them (the first drains, a second exits at once, as for one daemon) and exits
+them (the first drains, a second exits at once, as for one daemon; a process
+is sent one stop, never a second one the operator did not ask for) and exits
 once all have ended: 0 when each exited 0, else the first failure's code, 78
 when one refused its configuration. A process that ends by itself while the
 others run (a crash, a refused boot) stops the others with SIGTERM, a normal
@@ -34,6 +35,9 @@ from worker.errors import EXIT_CONFIG
 
 # Forwarded to every process: each drains on the first, exits on a second.
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# What a process gets when the supervisor dies: the daemon drains on it as on a
+# first SIGTERM, and never ends a drain under way for it (worker.daemon.supervisor).
+PARENT_GONE = signal.SIGHUP
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -59,30 +63,53 @@ def child_env(env: Mapping[str, str], index: int) -> dict[str, str]:
 def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
     """Run ``n`` processes of ``argv`` until all have ended; return the machine's exit code."""
     children: list[subprocess.Popen[bytes]] = []
+    told: set[int] = set()  # pids already sent a stop: another would make them exit at once
+    asked = 0  # stop signals the supervisor itself received
     stopping = False
     first_alone: int | None = None  # the code of the first process that ended by itself
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        for child in children:
+    def stop(child: subprocess.Popen[bytes], signum: int) -> None:
+        # A process is sent one stop, the drain; only an operator's second signal
+        # goes to it again (the exit without a drain). The machine's first SIGTERM
+        # after a process died must not end the others' drain the supervisor began.
+        if asked > 1 or child.pid not in told:
+            told.add(child.pid)
             _tell(child, signum)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping, asked
+        stopping = True
+        asked += 1
+        for child in children:
+            stop(child, signum)
+
+    def stop_unforwarded(some: list[subprocess.Popen[bytes]]) -> None:
+        # Held back meanwhile: a forward() between the test and the send would
+        # send the same process a second stop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            for child in some:
+                stop(child, signal.SIGTERM)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         for index in range(n):
             if stopping:
                 break
-            children.append(
-                subprocess.Popen(  # noqa: S603 (this interpreter, this package)
-                    list(argv),
-                    env=child_env(env, index),
-                    # Its own process group: a terminal's Ctrl-C reaches it once,
-                    # forwarded, not twice (a second signal exits without draining).
-                    process_group=0,
-                    preexec_fn=_stop_with_parent,  # the supervisor runs no thread
-                )
+            child = subprocess.Popen(  # noqa: S603 (this interpreter, this package)
+                list(argv),
+                env=child_env(env, index),
+                # Its own process group: a terminal's Ctrl-C reaches it once,
+                # forwarded, not twice (a second signal exits without draining).
+                process_group=0,
+                preexec_fn=_stop_with_parent,  # the supervisor runs no thread
             )
+            children.append(child)
+            if stopping:
+                # The stop came while it was being started, before the list had it.
+                stop_unforwarded([child])
         while True:
             codes = [c.poll() for c in children]  # every one polled: any() would stop early
             if all(code is not None for code in codes):
@@ -92,13 +119,17 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
                 # One ended by itself: drain the others, so the machine restarts whole.
                 stopping = True
                 first_alone = ended[0]
-                for child in children:
-                    _tell(child, signal.SIGTERM)
+                stop_unforwarded(children)
             time.sleep(0.1)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    exits = [c.returncode for c in children]
+    # A process the stop reached before its daemon handled signals ended by that
+    # signal's default action: it had claimed nothing, so it stopped cleanly.
+    exits = [
+        0 if c.pid in told and c.returncode in (-signal.SIGTERM, -signal.SIGINT) else c.returncode
+        for c in children
+    ]
     if EXIT_CONFIG in exits:
         return EXIT_CONFIG
     if first_alone is not None:
@@ -119,10 +150,11 @@ def _tell(child: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def _stop_with_parent() -> None:
-    # Linux: SIGTERM (a drain) to this process when the supervisor dies, even by
-    # SIGKILL, so no worker outlives its machine's supervisor unnoticed.
+    # Linux: PARENT_GONE (a drain, never an exit without one, even mid-drain) to
+    # this process when the supervisor dies, even by SIGKILL, so no worker
+    # outlives its machine's supervisor unnoticed.
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, PARENT_GONE)
 
 
 def _exit_code(code: int) -> int:

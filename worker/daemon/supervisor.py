@@ -5,7 +5,8 @@ the event loop; the health port, the database, the schemas and the lane's
 registration first thing in ``Supervisor.main``), then starts, in one task
 group: the own claim loop, one ``:continuations`` loop per retired lane that
 still has open runs (kept current), the LISTEN connection, heartbeats and
-maintenance. The first SIGTERM / SIGINT drains; a second exits at once. A side
+maintenance. The first SIGTERM / SIGINT (or a SIGHUP, which never does more)
+drains; a second exits at once. A side
 loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
 outage with readiness false; any other error in one drains and exits 1. The
 ledger relay (``relay.py``) is a side loop too, but nothing it meets stops the
@@ -36,6 +37,7 @@ from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
 from worker.daemon.maintenance import maintain
+from worker.daemon.processes import PARENT_GONE
 from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import (
     REPORT_RETRY_FOR_S,
@@ -62,6 +64,9 @@ log = structlog.get_logger("lane_worker.supervisor")
 
 # The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# PARENT_GONE (SIGHUP) drains as a first SIGTERM does, but never ends a drain
+# under way: a terminal that hangs up, and the death of a LANE_WORKER_PROCESSES
+# supervisor (its processes' death signal), which may come while they drain.
 HEARTBEAT_S = 10.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
@@ -320,13 +325,17 @@ class Supervisor:
         runs.cancel_scope.cancel()
 
     async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(*DRAIN_SIGNALS) as received:
+        with anyio.open_signal_receiver(*DRAIN_SIGNALS, PARENT_GONE) as received:
             task_status.started()
             async for signum in received:
+                name = signal.Signals(signum).name
                 if self.stop_requested.is_set():
-                    self.log.warning("worker.exit_now", signal=signal.Signals(signum).name)
+                    if signum == PARENT_GONE:
+                        self.log.info("worker.signal", signal=name, already_stopping=True)
+                        continue
+                    self.log.warning("worker.exit_now", signal=name)
                     os._exit(EXIT_FAILURE)
-                self.log.info("worker.signal", signal=signal.Signals(signum).name)
+                self.log.info("worker.signal", signal=name)
                 self.stop_requested.set()
 
     def _guard_failed(self, message: str) -> None:
