@@ -64,9 +64,6 @@ log = structlog.get_logger("lane_worker.supervisor")
 
 # The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# PARENT_GONE (SIGHUP) drains as a first SIGTERM does, but never ends a drain
-# under way: a terminal that hangs up, and the death of a LANE_WORKER_PROCESSES
-# supervisor (its processes' death signal), which may come while they drain.
 HEARTBEAT_S = 10.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
@@ -330,6 +327,9 @@ class Supervisor:
             async for signum in received:
                 name = signal.Signals(signum).name
                 if self.stop_requested.is_set():
+                    # SIGHUP drains as a first SIGTERM does, but never ends a drain
+                    # under way: a terminal that hangs up, or the death of a
+                    # LANE_WORKER_PROCESSES supervisor, may come while it drains.
                     if signum == PARENT_GONE:
                         self.log.info("worker.signal", signal=name, already_stopping=True)
                         continue
