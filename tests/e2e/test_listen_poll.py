@@ -123,3 +123,22 @@ async def test_a_sleeper_resumes_on_time_while_the_runs_beside_it_park(database_
             resumed = d.events("run.started", run_id=sleeper)[1]
             late.append(_at(resumed) - _at(parked) - 1.0)
         assert max(late) < 0.5, late
+
+
+@pytest.mark.timeout(120)
+async def test_without_listen_a_sleep_shorter_than_the_poll_resumes_when_due(
+    database_url: str,
+) -> None:
+    """PgBouncer mode (no LISTEN): a run that parks on this worker pokes its own loop, which
+    then waits for the run's due time; it waited for the next poll (5 s here) instead."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_PGBOUNCER="1", LANE_WORKER_POLL_INTERVAL="5")
+        await d.ready()
+        late = []
+        for seconds in (0.5, 1.0, 1.5):
+            sleeper = (await client.submit("sleeper", {"seconds": seconds})).run_id
+            assert (await client.wait(sleeper, 30)).status == "completed"
+            parked = d.events("run.parked", run_id=sleeper)[0]
+            resumed = d.events("run.started", run_id=sleeper)[1]
+            late.append(_at(resumed) - _at(parked) - seconds)
+        assert max(late) < 0.5, late

@@ -273,9 +273,11 @@ class Poller:
 
     async def _handle(self, claimed: engine.ClaimedRun) -> None:
         started = time.monotonic()
+        ended = False  # the run reached a terminal outcome
         self.metrics.in_flight.inc()
         try:
             handled = await self.runtime.handle(claimed, on_refuse=self._refused)
+            ended = handled.outcome in TERMINAL_OUTCOMES
         except LaneMismatchError as exc:
             self.metrics.claims.labels(self.kind, Disposition.REFUSE).inc()
             self.stop("lane guard failed")
@@ -301,6 +303,11 @@ class Poller:
             self.metrics.in_flight.dec()
             self.metrics.run_duration.observe(time.monotonic() - started)
             self.capacity.release(1)
+            if not ended and not self.listening():
+                # Without LISTEN nothing else tells this loop that the run went
+                # back to the queue (a sleep, a retry, a put-back): its due time
+                # must cut the idle wait short, not the next poll.
+                self.wakeup.set()
         self.metrics.claims.labels(self.kind, handled.disposition).inc()
         self.metrics.attempts.labels(handled.outcome).inc()
         if handled.outcome in TERMINAL_OUTCOMES:
