@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -205,3 +207,55 @@ async def test_a_blocking_sync_step_does_not_hold_the_process_past_its_stop_boun
 async def _async_true(value: bool) -> bool:
     """Return ``value`` (for eventually(), which awaits its check)."""
     return value
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process ``pid`` ignores (``SigIgn`` in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
+    return {n for n in range(1, 65) if mask & 1 << (n - 1)}
+
+
+@pytest.mark.timeout(90)
+async def test_a_sighup_drains_and_never_ends_the_stops_last_part(database_url: str) -> None:
+    """SIGHUP drains a daemon as a first SIGTERM does; one that lands while the stop mark is
+    written (after the signal receiver closed) is ignored, not the default death (129).
+
+    The stop's last part waits here for the worker's row, which another session
+    holds locked.
+    """
+    env = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-hup"}
+    async with Daemons(database_url) as pool, open_client(database_url, env):
+        d = pool.start("rel-hup", LANE_WORKER_DRAIN_SECONDS="0")
+        await d.ready()
+        worker_id = d.events("worker.ready")[0]["worker_id"]
+        locker = await connect(database_url)
+        try:
+
+            async def registered() -> bool:
+                found = await locker.fetchval(
+                    "select count(*) from runtime_scheduler.workers where worker_id = $1",
+                    worker_id,
+                )
+                return bool(found)
+
+            await eventually(registered, timeout_s=15, what="the worker's row")
+            async with locker.transaction():
+                await locker.execute(
+                    "select 1 from runtime_scheduler.workers where worker_id = $1"
+                    " for no key update",
+                    worker_id,
+                )
+                os.kill(d.pid, signal.SIGHUP)
+
+                async def past_the_receiver() -> bool:
+                    # The signal receiver is gone (the stop's last part runs) once
+                    # SIGHUP is ignored rather than caught.
+                    return signal.SIGHUP in ignored_signals(d.pid)
+
+                await eventually(past_the_receiver, timeout_s=15, what="the stop's last part")
+                os.kill(d.pid, signal.SIGHUP)
+        finally:
+            await locker.close()
+        assert await d.wait_exit(30) == 0
+        assert d.events("worker.stopped")

@@ -172,6 +172,61 @@ async def test_a_supervisor_killed_mid_drain_leaves_its_processes_draining(
         assert statuses <= {"completed", "queued"}, statuses  # finished, or handed back
 
 
+@pytest.mark.timeout(120)
+async def test_a_stop_sent_to_the_supervisor_and_its_processes_at_once_is_one_drain(
+    database_url: str, tmp_path: Path
+) -> None:
+    """systemd's control-group kill (and pkill) signal every process of the machine at once:
+    each process still drains once and hands its runs back, and the machine exits 0."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="1", **TWO)
+        await both_ready(d)
+        runs = await busy_on_both(d, client, tmp_path, seconds=30)
+        workers = [r["worker_id"] for r in d.events("worker.ready")]
+        for pid in (d.pid, *(pid_of(w) for w in workers)):
+            os.kill(pid, signal.SIGTERM)
+        assert await d.wait_exit(60) == 0
+        assert not d.events("worker.exit_now")
+        assert {r["worker_id"] for r in d.events("worker.stopped")} == set(workers)
+        for run_id in runs:  # handed back at the drain's end: no attempt spent
+            status = await client.status(run_id)
+            assert status.status == "queued", status
+            assert len(status.attempts) <= 1, status
+
+
+@pytest.mark.timeout(120)
+async def test_a_sighup_to_the_supervisor_drains_the_machine(database_url: str) -> None:
+    """A hang-up is a stop like SIGTERM (it died at once, leaving its processes behind)."""
+    async with Daemons(database_url) as pool:
+        d = pool.start(RELEASE, **TWO)
+        await both_ready(d)
+        workers = {r["worker_id"] for r in d.events("worker.ready")}
+        os.kill(d.pid, signal.SIGHUP)
+        assert await d.wait_exit(60) == 0
+        assert {r["worker_id"] for r in d.events("worker.stopped")} == workers
+
+
+@pytest.mark.timeout(120)
+async def test_a_second_sigterm_to_the_supervisor_still_exits_at_once(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The operator who asks twice gets out now (each process: worker.exit_now, exit 1)."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="30", **TWO)
+        await both_ready(d)
+        await busy_on_both(d, client, tmp_path, seconds=30)
+        workers = {r["worker_id"] for r in d.events("worker.ready")}
+        d.terminate()
+
+        async def both_draining() -> bool:
+            return {r["worker_id"] for r in d.events("worker.signal")} == workers
+
+        await eventually(both_draining, timeout_s=10, what="both processes draining")
+        d.terminate()
+        assert await d.wait_exit(20) == 1
+        assert {r["worker_id"] for r in d.events("worker.exit_now")} == workers
+
+
 def children_of(pid: int) -> list[int]:
     """The live child processes of ``pid``."""
     try:

@@ -27,6 +27,7 @@ from worker.config.env import DRAIN_SECONDS_ENV as DRAIN_SECONDS_ENV
 from worker.config.env import (
     FLY_MACHINE_ID_ENV,
     MACHINE_ID_ENV,
+    SUPERVISOR_PID_ENV,
     Problems,
     blank_as_unset,
     flag,
@@ -149,6 +150,8 @@ class Settings:
     # The machine this worker runs on (FLY_MACHINE_ID, or LANE_WORKER_MACHINE_ID from
     # the scaler's process backend), recorded with its heartbeat; None by hand.
     machine_id: str | None = None
+    # One of a LANE_WORKER_PROCESSES supervisor's processes: stops come from it.
+    supervised: bool = False
 
     @property
     def database_url_redacted(self) -> str:
@@ -187,6 +190,7 @@ class Settings:
             machine_id=(
                 (env.get(MACHINE_ID_ENV) or env.get(FLY_MACHINE_ID_ENV) or "").strip()[:200] or None
             ),
+            supervised=bool((env.get(SUPERVISOR_PID_ENV) or "").strip()),
         )
 
 

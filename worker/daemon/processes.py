@@ -22,6 +22,8 @@ itself watches every process).
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import signal
 import subprocess
 import sys
@@ -29,14 +31,18 @@ import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV, whole_number
+from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV, SUPERVISOR_PID_ENV, whole_number
 from worker.config.tuning import MAX_PROCESSES
 from worker.errors import EXIT_CONFIG
 
-# Forwarded to every process: each drains on the first, exits on a second.
-FORWARDED = (signal.SIGTERM, signal.SIGINT)
-# What a process gets when the supervisor dies: the daemon drains on it as on a
-# first SIGTERM, and never ends a drain under way for it (worker.daemon.supervisor).
+# The supervisor's stop signals. The first SIGTERM or SIGINT (or any SIGHUP)
+# becomes one SIGTERM to each process, a drain; a second SIGTERM or SIGINT
+# becomes EXIT_NOW to each. A supervised process drains on its first SIGTERM,
+# SIGINT or SIGHUP and ignores the rest, so a stop sent to the supervisor and
+# to it directly (systemd's control-group kill, pkill) is still one drain.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_NOW = signal.SIGUSR1
+# What a process gets when the supervisor dies (a drain, never more).
 PARENT_GONE = signal.SIGHUP
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -55,6 +61,7 @@ def child_env(env: Mapping[str, str], index: int) -> dict[str, str]:
     """The environment of process ``index``: one process each, the health port for the first."""
     out = dict(env)
     out[PROCESSES_ENV] = "1"
+    out[SUPERVISOR_PID_ENV] = str(os.getpid())
     if index > 0:
         out[HEALTH_PORT_ENV] = "0"  # a free port: only the first is the machine's
     return out
@@ -68,20 +75,21 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
     stopping = False
     first_alone: int | None = None  # the code of the first process that ended by itself
 
-    def stop(child: subprocess.Popen[bytes], signum: int) -> None:
-        # A process is sent one stop, the drain; only an operator's second signal
-        # goes to it again (the exit without a drain). The machine's first SIGTERM
-        # after a process died must not end the others' drain the supervisor began.
-        if asked > 1 or child.pid not in told:
+    def stop(child: subprocess.Popen[bytes]) -> None:
+        # The drain, once per process; after a second SIGTERM or SIGINT, EXIT_NOW.
+        if asked > 1:
+            _tell(child, EXIT_NOW)
+        elif child.pid not in told:
             told.add(child.pid)
-            _tell(child, signum)
+            _tell(child, signal.SIGTERM)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping, asked
         stopping = True
-        asked += 1
+        if signum != signal.SIGHUP:  # a hang-up never asks for more than a drain
+            asked += 1
         for child in children:
-            stop(child, signum)
+            stop(child)
 
     def stop_unforwarded(some: list[subprocess.Popen[bytes]]) -> None:
         # Held back meanwhile: a forward() between the test and the send would
@@ -89,7 +97,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         try:
             for child in some:
-                stop(child, signal.SIGTERM)
+                stop(child)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
@@ -104,7 +112,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
                 # Its own process group: a terminal's Ctrl-C reaches it once,
                 # forwarded, not twice (a second signal exits without draining).
                 process_group=0,
-                preexec_fn=_stop_with_parent,  # the supervisor runs no thread
+                preexec_fn=functools.partial(_stop_with_parent, os.getpid()),  # no thread here
             )
             children.append(child)
             if stopping:
@@ -124,12 +132,10 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    # A process the stop reached before its daemon handled signals ended by that
-    # signal's default action: it had claimed nothing, so it stopped cleanly.
-    exits = [
-        0 if c.pid in told and c.returncode in (-signal.SIGTERM, -signal.SIGINT) else c.returncode
-        for c in children
-    ]
+    # A process the drain's SIGTERM reached before its daemon handled signals
+    # ended by it: it had claimed nothing, so it stopped cleanly.
+    exits = [0 if c.pid in told and c.returncode == -signal.SIGTERM else c.returncode
+             for c in children]  # fmt: skip
     if EXIT_CONFIG in exits:
         return EXIT_CONFIG
     if first_alone is not None:
@@ -149,12 +155,15 @@ def _tell(child: subprocess.Popen[bytes], signum: int) -> None:
         child.send_signal(signal.SIGCONT)
 
 
-def _stop_with_parent() -> None:
+def _stop_with_parent(supervisor: int) -> None:
     # Linux: PARENT_GONE (a drain, never an exit without one, even mid-drain) to
     # this process when the supervisor dies, even by SIGKILL, so no worker
-    # outlives its machine's supervisor unnoticed.
+    # outlives its machine's supervisor unnoticed. A supervisor that died before
+    # this call sends nothing: the process must not start at all.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, PARENT_GONE)
+    if os.getppid() != supervisor:
+        os._exit(1)
 
 
 def _exit_code(code: int) -> int:

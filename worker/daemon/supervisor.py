@@ -37,7 +37,7 @@ from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
 from worker.daemon.maintenance import maintain
-from worker.daemon.processes import PARENT_GONE
+from worker.daemon.processes import EXIT_NOW, PARENT_GONE
 from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import (
     REPORT_RETRY_FOR_S,
@@ -322,21 +322,36 @@ class Supervisor:
         runs.cancel_scope.cancel()
 
     async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.open_signal_receiver(*DRAIN_SIGNALS, PARENT_GONE) as received:
-            task_status.started()
-            async for signum in received:
-                name = signal.Signals(signum).name
-                if self.stop_requested.is_set():
-                    # SIGHUP drains as a first SIGTERM does, but never ends a drain
-                    # under way: a terminal that hangs up, or the death of a
-                    # LANE_WORKER_PROCESSES supervisor, may come while it drains.
-                    if signum == PARENT_GONE:
-                        self.log.info("worker.signal", signal=name, already_stopping=True)
-                        continue
-                    self.log.warning("worker.exit_now", signal=name)
-                    os._exit(EXIT_FAILURE)
-                self.log.info("worker.signal", signal=name)
-                self.stop_requested.set()
+        # One of a LANE_WORKER_PROCESSES supervisor's processes drains on its first
+        # stop signal and ignores the rest: the supervisor and systemd's
+        # control-group kill (or pkill) may both send one. Its supervisor asks for
+        # the exit without a drain with EXIT_NOW.
+        supervised = self.settings.supervised
+        signals = (*DRAIN_SIGNALS, PARENT_GONE, *((EXIT_NOW,) if supervised else ()))
+        try:
+            with anyio.open_signal_receiver(*signals) as received:
+                task_status.started()
+                async for signum in received:
+                    name = signal.Signals(signum).name
+                    if signum == EXIT_NOW and supervised:
+                        self.log.warning("worker.exit_now", signal=name)
+                        os._exit(EXIT_FAILURE)
+                    if self.stop_requested.is_set():
+                        # SIGHUP drains as a first SIGTERM does but never ends a drain
+                        # under way: a terminal that hangs up, or the supervisor's death.
+                        if signum == PARENT_GONE or supervised:
+                            self.log.info("worker.signal", signal=name, already_stopping=True)
+                            continue
+                        self.log.warning("worker.exit_now", signal=name)
+                        os._exit(EXIT_FAILURE)
+                    self.log.info("worker.signal", signal=name)
+                    self.stop_requested.set()
+        finally:
+            # The stop's last part (hand-backs, the stop mark) runs after this
+            # receiver is gone: a signal that must not end a drain is ignored then,
+            # instead of killing the process by its default action.
+            for signum in (PARENT_GONE, *((signal.SIGTERM, signal.SIGINT) if supervised else ())):
+                signal.signal(signum, signal.SIG_IGN)
 
     def _guard_failed(self, message: str) -> None:
         self.guard_error = message
