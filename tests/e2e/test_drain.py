@@ -216,13 +216,17 @@ def ignored_signals(pid: int) -> set[int]:
     return {n for n in range(1, 65) if mask & 1 << (n - 1)}
 
 
+@pytest.mark.parametrize(("again", "code"), [(signal.SIGHUP, 0), (signal.SIGTERM, 1)])
 @pytest.mark.timeout(90)
-async def test_a_sighup_drains_and_never_ends_the_stops_last_part(database_url: str) -> None:
-    """SIGHUP drains a daemon as a first SIGTERM does; one that lands while the stop mark is
-    written (after the signal receiver closed) is ignored, not the default death (129).
+async def test_the_stops_last_part_keeps_the_signal_rules(
+    database_url: str, again: signal.Signals, code: int
+) -> None:
+    """SIGHUP drains a daemon as a first SIGTERM does. In the stop's last part (the signal
+    receiver closed; leftover hand-backs and the stop mark) the rules still hold: another
+    SIGHUP is ignored, a second stop exits at once with 1, not a death by the signal's
+    default action (129, 143) before the hand-backs.
 
-    The stop's last part waits here for the worker's row, which another session
-    holds locked.
+    That last part waits here for the worker's row, which another session holds locked.
     """
     env = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-hup"}
     async with Daemons(database_url) as pool, open_client(database_url, env):
@@ -254,8 +258,11 @@ async def test_a_sighup_drains_and_never_ends_the_stops_last_part(database_url: 
                     return signal.SIGHUP in ignored_signals(d.pid)
 
                 await eventually(past_the_receiver, timeout_s=15, what="the stop's last part")
-                os.kill(d.pid, signal.SIGHUP)
+                os.kill(d.pid, again)
+                if code:
+                    assert await d.wait_exit(30) == code
         finally:
             await locker.close()
-        assert await d.wait_exit(30) == 0
-        assert d.events("worker.stopped")
+        assert await d.wait_exit(30) == code
+        assert bool(d.events("worker.stopped")) == (code == 0)
+        assert bool(d.events("worker.exit_now")) == (code == 1)

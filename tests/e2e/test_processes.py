@@ -227,6 +227,35 @@ async def test_a_second_sigterm_to_the_supervisor_still_exits_at_once(
         assert {r["worker_id"] for r in d.events("worker.exit_now")} == workers
 
 
+@pytest.mark.timeout(120)
+async def test_a_supervisor_pid_set_by_hand_changes_nothing_and_is_warned_of(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A lone daemon with LANE_WORKER_SUPERVISOR_PID set keeps its own stop rules (a second
+    SIGTERM exits at once) and says the variable is ignored; it took the supervised rules."""
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        d = pool.start(RELEASE, LANE_WORKER_SUPERVISOR_PID="999999")
+        await d.ready()
+        (tmp_path / "run").mkdir()
+        run_id = (await client.submit("slow", {"dir": str(tmp_path / "run"), "seconds": 30})).run_id
+
+        async def started() -> bool:
+            return bool(d.events("run.started", run_id=run_id))
+
+        await eventually(started, timeout_s=30, what="the run started")
+        d.terminate()
+
+        async def draining() -> bool:
+            return bool(d.events("worker.signal"))
+
+        await eventually(draining, timeout_s=10, what="the drain")
+        d.terminate()
+        assert await d.wait_exit(20) == 1
+        assert d.events("worker.exit_now")
+        warned = [str(r.get("message", "")) for r in d.events("config.warning")]
+        assert any("LANE_WORKER_SUPERVISOR_PID" in w for w in warned), warned
+
+
 def children_of(pid: int) -> list[int]:
     """The live child processes of ``pid``."""
     try:

@@ -7,6 +7,7 @@ A refusal names the variable and quotes at most 100 characters of its value.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -131,6 +132,27 @@ def flag(env: Mapping[str, str], problems: Problems, name: str, meaning: str) ->
             "else to 0 or false, or unset it.",
         )
     return raw in _TRUE
+
+
+def supervised_by_parent(env: Mapping[str, str]) -> bool:
+    """Tell whether this process is one a LANE_WORKER_PROCESSES supervisor started.
+
+    Only when the variable names this process's parent: set by hand (or left in
+    an environment copied from a supervised process) it changes nothing.
+    """
+    raw = (env.get(SUPERVISOR_PID_ENV) or "").strip()
+    return raw.isascii() and raw.isdigit() and int(raw) == os.getppid()
+
+
+def supervisor_pid_warnings(env: Mapping[str, str]) -> list[str]:
+    """Warn when SUPERVISOR_PID_ENV is set but does not name this process's supervisor."""
+    if not (env.get(SUPERVISOR_PID_ENV) or "").strip() or supervised_by_parent(env):
+        return []
+    return [
+        f"{SUPERVISOR_PID_ENV} is set, but this process's parent is not a "
+        "LANE_WORKER_PROCESSES supervisor it names; it is ignored (the supervisor sets it "
+        "on its own processes: do not set it yourself)."
+    ]
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:

@@ -27,11 +27,12 @@ from worker.config.env import DRAIN_SECONDS_ENV as DRAIN_SECONDS_ENV
 from worker.config.env import (
     FLY_MACHINE_ID_ENV,
     MACHINE_ID_ENV,
-    SUPERVISOR_PID_ENV,
     Problems,
     blank_as_unset,
     flag,
     plain_text,
+    supervised_by_parent,
+    supervisor_pid_warnings,
     unknown_variables,
 )
 from worker.config.env import HEALTH_HOST_ENV as HEALTH_HOST_ENV
@@ -190,7 +191,7 @@ class Settings:
             machine_id=(
                 (env.get(MACHINE_ID_ENV) or env.get(FLY_MACHINE_ID_ENV) or "").strip()[:200] or None
             ),
-            supervised=bool((env.get(SUPERVISOR_PID_ENV) or "").strip()),
+            supervised=supervised_by_parent(env),
         )
 
 
@@ -314,6 +315,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     """
     problems = Problems()
     problems.warnings += unknown_variables(env)
+    problems.warnings += supervisor_pid_warnings(env)
     schema = _scheduler_schema(env, problems)
     isolated = lanes.is_isolated_schema(schema)
     lane = _lane(env, schema, isolated, problems)

@@ -24,7 +24,8 @@ import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 import anyio
 import structlog
@@ -325,33 +326,41 @@ class Supervisor:
         # One of a LANE_WORKER_PROCESSES supervisor's processes drains on its first
         # stop signal and ignores the rest: the supervisor and systemd's
         # control-group kill (or pkill) may both send one. Its supervisor asks for
-        # the exit without a drain with EXIT_NOW.
+        # the exit without a drain with EXIT_NOW, which a lone daemon takes too.
         supervised = self.settings.supervised
-        signals = (*DRAIN_SIGNALS, PARENT_GONE, *((EXIT_NOW,) if supervised else ()))
         try:
-            with anyio.open_signal_receiver(*signals) as received:
+            with anyio.open_signal_receiver(*DRAIN_SIGNALS, PARENT_GONE, EXIT_NOW) as received:
                 task_status.started()
                 async for signum in received:
                     name = signal.Signals(signum).name
-                    if signum == EXIT_NOW and supervised:
-                        self.log.warning("worker.exit_now", signal=name)
-                        os._exit(EXIT_FAILURE)
+                    if signum == EXIT_NOW:
+                        self._exit_now(name)
                     if self.stop_requested.is_set():
                         # SIGHUP drains as a first SIGTERM does but never ends a drain
                         # under way: a terminal that hangs up, or the supervisor's death.
                         if signum == PARENT_GONE or supervised:
                             self.log.info("worker.signal", signal=name, already_stopping=True)
                             continue
-                        self.log.warning("worker.exit_now", signal=name)
-                        os._exit(EXIT_FAILURE)
+                        self._exit_now(name)
                     self.log.info("worker.signal", signal=name)
                     self.stop_requested.set()
         finally:
             # The stop's last part (hand-backs, the stop mark) runs after this
-            # receiver is gone: a signal that must not end a drain is ignored then,
-            # instead of killing the process by its default action.
-            for signum in (PARENT_GONE, *((signal.SIGTERM, signal.SIGINT) if supervised else ())):
-                signal.signal(signum, signal.SIG_IGN)
+            # receiver is gone: the same rules hold there, not the signals' default
+            # actions (a death without the hand-backs, or click's "Aborted!").
+            signal.signal(PARENT_GONE, signal.SIG_IGN)
+            again = signal.SIG_IGN if supervised else self._exit_now_handler
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, again)
+            signal.signal(EXIT_NOW, self._exit_now_handler)
+
+    def _exit_now(self, signal_name: str) -> NoReturn:
+        """The exit without a drain (a second stop, or the supervisor's EXIT_NOW)."""
+        self.log.warning("worker.exit_now", signal=signal_name)
+        os._exit(EXIT_FAILURE)
+
+    def _exit_now_handler(self, signum: int, _frame: FrameType | None) -> None:
+        self._exit_now(signal.Signals(signum).name)
 
     def _guard_failed(self, message: str) -> None:
         self.guard_error = message
