@@ -119,6 +119,8 @@ class Supervisor:
         self.capacity = Capacity(settings.tuning.concurrency)
         self.store = Store(settings.scheduler_schema)
         self.guard_error: str | None = None
+        # The handlers the stop's last part replaced (``_signals``), until it ends.
+        self._before_late: dict[int, Any] = {}
         # Side loops whose last pass failed on a database outage: loop -> error type.
         self.side_loop_outages: dict[str, str] = {}
         self.exit_code = 0
@@ -272,6 +274,7 @@ class Supervisor:
                     claims=_total(self.metrics.claims),
                     outcomes=_by_label(self.metrics.attempts),
                 )
+                self._restore_signals()
 
     async def _give_back_leftovers(self, runtime: Runtime) -> None:
         """Hand back claims that committed while their loop was being cancelled."""
@@ -348,11 +351,16 @@ class Supervisor:
             # The stop's last part (hand-backs, the stop mark) runs after this
             # receiver is gone: the same rules hold there, not the signals' default
             # actions (a death without the hand-backs, or click's "Aborted!").
-            signal.signal(PARENT_GONE, signal.SIG_IGN)
             again = signal.SIG_IGN if supervised else self._exit_now_handler
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, again)
-            signal.signal(EXIT_NOW, self._exit_now_handler)
+            late = {PARENT_GONE: signal.SIG_IGN, signal.SIGTERM: again, signal.SIGINT: again,
+                    EXIT_NOW: self._exit_now_handler}  # fmt: skip
+            self._before_late = {signum: signal.signal(signum, h) for signum, h in late.items()}
+
+    def _restore_signals(self) -> None:
+        """Once the stop is over, the handlers from before it (``dev`` then stops Postgres)."""
+        for signum, handler in self._before_late.items():
+            signal.signal(signum, handler)
+        self._before_late = {}
 
     def _exit_now(self, signal_name: str) -> NoReturn:
         """The exit without a drain (a second stop, or the supervisor's EXIT_NOW)."""
