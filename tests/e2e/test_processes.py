@@ -46,6 +46,34 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+async def busy_on_both(d: Daemon, client: LaneClient, tmp_path: Path, seconds: float) -> list[str]:
+    """Submit slow runs until both processes run some; return the run ids.
+
+    Enough that both take some: each claims at most its concurrency, 8.
+    """
+    workers = {r["worker_id"] for r in d.events("worker.ready")}
+    runs = []
+    for i in range(12):
+        (tmp_path / str(i)).mkdir()
+        run = await client.submit("slow", {"dir": str(tmp_path / str(i)), "seconds": seconds})
+        runs.append(run.run_id)
+
+    async def both_busy() -> bool:
+        return {r["worker_id"] for r in d.events("run.started")} == workers
+
+    await eventually(both_busy, timeout_s=30, what="runs started on both processes")
+    return runs
+
+
+async def draining(d: Daemon, workers: set[str]) -> None:
+    """Wait until each of ``workers`` logged the signal that started its drain."""
+
+    async def all_signalled() -> bool:
+        return workers <= {r["worker_id"] for r in d.events("worker.signal")}
+
+    await eventually(all_signalled, timeout_s=10, what=f"{len(workers)} processes draining")
+
+
 @pytest.mark.timeout(120)
 async def test_two_processes_run_the_lane_and_a_sigterm_drains_both(
     database_url: str, tmp_path: Path
@@ -61,19 +89,7 @@ async def test_two_processes_run_the_lane_and_a_sigterm_drains_both(
         ports = {r["health_port"] for r in d.events("worker.ready")}
         assert len(ports) == 2  # the second serves its own, free port
 
-        # Enough slow runs that both take some (each claims at most its concurrency, 8).
-        runs = []
-        for i in range(12):
-            (tmp_path / str(i)).mkdir()
-            runs.append(
-                (await client.submit("slow", {"dir": str(tmp_path / str(i)), "seconds": 3})).run_id
-            )
-
-        async def both_busy() -> bool:
-            started = {r["worker_id"] for r in d.events("run.started")}
-            return started == workers
-
-        await eventually(both_busy, timeout_s=30, what="runs started on both processes")
+        runs = await busy_on_both(d, client, tmp_path, seconds=3)
         d.terminate()
         assert await d.wait_exit(60) == 0
         assert {r["worker_id"] for r in d.events("worker.signal")} == workers
@@ -100,22 +116,6 @@ async def test_one_process_that_dies_stops_the_machine_whole(database_url: str) 
         assert not alive(pid_of(other))
 
 
-async def busy_on_both(d: Daemon, client: LaneClient, tmp_path: Path, seconds: float) -> list[str]:
-    """Submit slow runs until both processes run some; return the run ids."""
-    workers = {r["worker_id"] for r in d.events("worker.ready")}
-    runs = []
-    for i in range(12):
-        (tmp_path / str(i)).mkdir()
-        run = await client.submit("slow", {"dir": str(tmp_path / str(i)), "seconds": seconds})
-        runs.append(run.run_id)
-
-    async def both_busy() -> bool:
-        return {r["worker_id"] for r in d.events("run.started")} == workers
-
-    await eventually(both_busy, timeout_s=30, what="runs started on both processes")
-    return runs
-
-
 @pytest.mark.timeout(120)
 async def test_the_machines_sigterm_after_a_process_died_does_not_cut_the_others_drain(
     database_url: str, tmp_path: Path
@@ -129,10 +129,7 @@ async def test_the_machines_sigterm_after_a_process_died_does_not_cut_the_others
         victim, other = (r["worker_id"] for r in d.events("worker.ready"))
         os.kill(pid_of(victim), signal.SIGKILL)
 
-        async def other_draining() -> bool:
-            return bool(d.events("worker.signal", worker_id=other))
-
-        await eventually(other_draining, timeout_s=10, what="the other process draining")
+        await draining(d, {other})
         d.terminate()
         assert await d.wait_exit(60) == 128 + 9
         assert not d.events("worker.exit_now")
@@ -156,10 +153,7 @@ async def test_a_supervisor_killed_mid_drain_leaves_its_processes_draining(
         workers = [r["worker_id"] for r in d.events("worker.ready")]
         d.terminate()
 
-        async def both_draining() -> bool:
-            return {r["worker_id"] for r in d.events("worker.signal")} == set(workers)
-
-        await eventually(both_draining, timeout_s=10, what="both processes draining")
+        await draining(d, set(workers))
         d.kill()
 
         async def all_gone() -> bool:
@@ -218,10 +212,7 @@ async def test_a_second_sigterm_to_the_supervisor_still_exits_at_once(
         workers = {r["worker_id"] for r in d.events("worker.ready")}
         d.terminate()
 
-        async def both_draining() -> bool:
-            return {r["worker_id"] for r in d.events("worker.signal")} == workers
-
-        await eventually(both_draining, timeout_s=10, what="both processes draining")
+        await draining(d, workers)
         d.terminate()
         assert await d.wait_exit(20) == 1
         assert {r["worker_id"] for r in d.events("worker.exit_now")} == workers
@@ -245,10 +236,7 @@ async def test_a_supervisor_pid_set_by_hand_changes_nothing_and_is_warned_of(
         await eventually(started, timeout_s=30, what="the run started")
         d.terminate()
 
-        async def draining() -> bool:
-            return bool(d.events("worker.signal"))
-
-        await eventually(draining, timeout_s=10, what="the drain")
+        await draining(d, {r["worker_id"] for r in d.events("worker.ready")})
         d.terminate()
         assert await d.wait_exit(20) == 1
         assert d.events("worker.exit_now")
