@@ -130,15 +130,11 @@ async def settle_stats(bench: Session) -> int:
     conn = await connect(bench.url)
     try:
         await conn.execute("analyze")
+        if bench.args.statements:
+            await statements.reset(conn)  # before the sleep: its transaction is flushed too
     finally:
         await conn.close()
     await asyncio.sleep(1.2)  # backends flush their counters at most once a second
-    if bench.args.statements:
-        conn = await connect(bench.url)
-        try:
-            await statements.reset(conn)
-        finally:
-            await conn.close()
     return await transactions(bench.admin, bench.database)
 
 
