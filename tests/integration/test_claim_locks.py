@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from support.runtime import SCHEMA, connect, one_step_app, open_client, open_runtime
+from worker.app import App
 from worker.db import engine
+from worker.run.context import TaskContext
 
 RELEASE = "rel-locks"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
@@ -107,3 +109,47 @@ async def test_a_locked_task_row_holds_up_only_its_own_expired_lease(database_ur
         )
         assert states == {locked: "running", claimed[1].task_id: "failed"}
         assert len(runs) == 2  # both submitted, both claimed by the worker that went away
+
+
+async def test_a_short_lease_outlives_its_row_locked_across_two_of_the_keepers_turns(
+    database_url: str,
+) -> None:
+    """A 5 s lease whose engine row another session holds from 1 s to 3.9 s is extended in time.
+
+    The keeper extends every third of the lease; a try that found the row locked
+    went again 2 s later, so the tries at 1.7 s and 3.7 s both failed and the next
+    came after the lease had ended (CI's chaos test: another worker swept it, and
+    the run spent an attempt).
+    """
+    app = App()
+
+    @app.play("long")
+    async def long(ctx: TaskContext, params: dict[str, Any]) -> str:
+        async def wait() -> str:
+            await asyncio.sleep(6)
+            return "done"
+
+        return await ctx.step("wait", wait)  # type: ignore[no-any-return]
+
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE, lease_s=5) as rt,
+    ):
+        run = await client.submit("long", {})
+        (claimed,) = (await rt.claim(QUEUE, 1)).runs
+        handling = asyncio.create_task(rt.handle(claimed))
+        await asyncio.sleep(1.0)
+        sql = f'select 1 from absurd."r_{QUEUE}" where run_id = $1'
+        async with row_locked(database_url, sql, claimed.run_id):
+            await asyncio.sleep(2.9)  # the lock spans two of the keeper's turns
+        await asyncio.sleep(0.9)  # 4.8 s after the claim: the first lease ends in 0.2 s
+        left = await rt.db.fetchval(
+            f'select extract(epoch from claim_expires_at - now()) from absurd."r_{QUEUE}"'
+            " where run_id = $1",
+            claimed.run_id,
+        )
+        assert left > 1.0, left
+        await asyncio.wait_for(handling, 30)
+        status = await client.status(run.run_id)
+        assert status.status == "completed"
+        assert len(status.attempts) == 1

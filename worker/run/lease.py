@@ -44,6 +44,10 @@ async def _contain_exits(work: Awaitable[T]) -> T:
         raise _PlayExit(exc) from None
 
 
+# How soon a lease extension that found its run's row locked is tried again, at most.
+BLOCKED_RETRY_S = 2.0
+
+
 class _Keeper:
     """Extends one attempt's lease every third of it; on a lost lease, cancels the play's host."""
 
@@ -83,16 +87,19 @@ class _Keeper:
             except asyncpg.LockNotAvailableError:
                 # Its row is locked (an operator's open transaction): try again
                 # soon, without holding a connection for the lock meanwhile.
-                if blocked % 15 == 0:  # the first time, then every 30 s or so
+                # Each try holds a connection for the lock wait (100 ms): several
+                # blocked runs must not keep the pool's other connection busy. A
+                # short lease is tried more often: two tries 2 s apart outlasted a
+                # 5 s lease whose row another worker's statement held a moment.
+                pause_s = min(BLOCKED_RETRY_S, h.lease_s / 10)
+                if blocked % 15 == 0:  # the first time, then every 15 tries
                     bound.warning(
                         "lease.extend_blocked",
-                        detail="the run's row is locked by another session; retrying every 2 s",
+                        detail=f"the run's row is locked by another session; retrying every "
+                        f"{pause_s:g} s",
                         tries=blocked + 1,
                     )
                 blocked += 1
-                # Each try holds a connection for the lock wait (100 ms): several
-                # blocked runs must not keep the pool's other connection busy.
-                pause_s = 2.0
             except Exception as exc:  # the database is away: keep trying while the lease lasts
                 bound.warning("lease.extend_failed", error=repr(exc))
 
