@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from worker.version import VERSION
 
 # `*_created` series double the exposition for no use here.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
@@ -144,7 +144,4 @@ class Metrics:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("lane-worker")
-    except importlib.metadata.PackageNotFoundError:  # a source tree without an install
-        return "unknown"
+    return VERSION

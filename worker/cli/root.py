@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from worker.version import VERSION
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="lane-worker", prog_name="lane-worker")
+@click.version_option(VERSION, prog_name="lane-worker")
 def cli() -> None:
     """Run and operate lane-worker: durable Absurd runs, one queue per release.
 

@@ -20,7 +20,6 @@ elsewhere.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import json
 import re
 import time
@@ -40,16 +39,14 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import PendingFact
 from worker.metrics import Metrics
+from worker.version import VERSION
 
 MAX_BACKOFF_S = 600.0
 IDLE_POLL_S = 5.0  # the safety net under the NOTIFY
 _BACKOFF = wait_random_exponential(multiplier=1, max=MAX_BACKOFF_S)
 _RETRYABLE = frozenset({408, 429})
 _SHOWN_BODY = 200  # characters of a refusal's body kept as its reason
-try:
-    _USER_AGENT = f"lane-worker/{importlib.metadata.version('lane-worker')}"
-except importlib.metadata.PackageNotFoundError:  # running from a source tree
-    _USER_AGENT = "lane-worker"
+_USER_AGENT = f"lane-worker/{VERSION}"
 
 
 @dataclass(frozen=True)
