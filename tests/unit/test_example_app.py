@@ -43,6 +43,7 @@ from worker import lanes
 from worker.config import settings
 from worker.daemon import supervisor
 from worker.scaler import fly as fly_scaler
+from worker.version import VERSION
 
 WHEELS = (
     "wheels"  # where the vendor script puts lane-worker's wheel, and the Dockerfile copies from
@@ -77,7 +78,7 @@ def project() -> dict[str, Any]:
 
 def lane_worker_version() -> str:
     """Return this repository's lane-worker version (what `uv build` names the wheel after)."""
-    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+    return VERSION
 
 
 def locked_versions(lock: Path) -> dict[str, dict[str, Any]]:
