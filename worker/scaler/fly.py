@@ -166,7 +166,7 @@ class FlyBackend:
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            base = float(wait_exponential_jitter(initial=0.5, max=10)(state))
+            base = float(wait_exponential_jitter(multiplier=0.5, max=10)(state))
             after = getattr(exc, "retry_after_s", None)
             return max(base, after) if after is not None else base
 
