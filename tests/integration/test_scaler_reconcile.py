@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from support.daemon import base_env
-from support.runtime import SCHEMA, env_of, eventually, open_client, queue_of
-from worker.client import LaneClient
+from support.runtime import env_of, eventually, open_client
+from support.scaler import Clock, worker_on
 from worker.scaler import reconcile
 from worker.scaler.backend import STARTED, STOPPED, STOPPING, BackendError, Machine
 from worker.scaler.process import ProcessBackend
@@ -37,6 +37,8 @@ class ListedMachines:
         self.calls: list[tuple[str, str]] = []
         self.refusal = ""  # set: list raises it, as a backend with a bad token does
         self.listed = 0
+        self.twice: set[str] = set()  # machines listed twice (pages that overlap)
+        self.hidden = False  # created machines are not listed (their metadata is missing)
 
     def add(self, machine_id: str, release_id: str, *, state: str = STARTED,
             age_s: float = 1000.0, image: str = "img") -> None:  # fmt: skip
@@ -49,7 +51,13 @@ class ListedMachines:
         self.listed += 1
         if self.refusal:
             raise BackendError(self.refusal)
-        return list(self.machines.values())
+        shown = [m for m in self.machines.values() if not (self.hidden and m.machine_id in
+                                                            self.made)]  # fmt: skip
+        return [*shown, *(self.machines[m] for m in self.twice if m in self.machines)]
+
+    @property
+    def made(self) -> list[str]:
+        return [m for m in self.machines if m.startswith("new-")]
 
     async def create(self, release_id: str, image: str) -> Machine:
         machine_id = f"new-{len(self.calls)}"
@@ -68,32 +76,11 @@ class ListedMachines:
         return f"the test's notes on {machine_id}"
 
 
-class Clock:
-    """``time.monotonic`` as the reconcile pass reads it, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     at = Clock()
     monkeypatch.setattr(reconcile, "time", SimpleNamespace(monotonic=at.monotonic))
     return at
-
-
-async def _worker_on(client: LaneClient, release: str, machine_id: str, *, live: bool) -> None:
-    """A worker row of ``release`` on ``machine_id``, beating now or ten minutes ago."""
-    await client.db.execute(
-        f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid, concurrency,"
-        " machine_id, ready_at, heartbeat_at) values ($1, $2, $3, 'test', 1, 8, $4, now(),"
-        " now() - make_interval(mins => $5))"
-        " on conflict (worker_id) do update set heartbeat_at = excluded.heartbeat_at",
-        f"w-{machine_id}", release, queue_of(release), machine_id, 0 if live else 10,
-    )  # fmt: skip
 
 
 async def test_an_outage_that_stopped_every_heartbeat_replaces_no_machine_at_once(
@@ -106,16 +93,16 @@ async def test_an_outage_that_stopped_every_heartbeat_replaces_no_machine_at_onc
     async with open_client(database_url, env_of("rec-a")) as client:
         await client.releases.deploy("rec-a", image="img", machines=1)
         backend.add("m1", "rec-a")
-        await _worker_on(client, "rec-a", "m1", live=False)  # its heartbeat stopped in the outage
+        await worker_on(client, "rec-a", "m1", live=False)  # its heartbeat stopped in the outage
         reconciler = Reconciler(client.db, client.store, backend, actor="test")
 
         await reconciler.once()
         assert backend.calls == [], "a machine was replaced the moment it was seen without worker"
 
         clock.now += DEAD_AFTER_S / 2
-        await _worker_on(client, "rec-a", "m1", live=True)  # the worker beats again
+        await worker_on(client, "rec-a", "m1", live=True)  # the worker beats again
         await reconciler.once()
-        await _worker_on(client, "rec-a", "m1", live=False)
+        await worker_on(client, "rec-a", "m1", live=False)
         clock.now += DEAD_AFTER_S / 2 + 1
         await reconciler.once()
         assert backend.calls == [], "the watch did not start over when the worker came back"
@@ -142,7 +129,7 @@ async def test_a_stop_is_sent_once_and_the_machine_drains_undisturbed(
         await client.releases.deploy("rec-s", image="img", machines=1)
         for m in ("m1", "m2"):
             backend.add(m, "rec-s")
-            await _worker_on(client, "rec-s", m, live=True)
+            await worker_on(client, "rec-s", m, live=True)
         reconciler = Reconciler(client.db, client.store, backend, actor="test")
         await client.releases.deploy("rec-s", image="img", machines=0)  # scaled down
 
@@ -185,7 +172,7 @@ async def test_a_stranded_retired_release_deployed_with_no_machines_gets_one(
         assert seen["rec-old"].target == 1
         [made] = [m for m in backend.machines.values() if m.release_id == "rec-old"]
         assert made.image == "img:old"
-        await _worker_on(client, "rec-old", made.machine_id, live=True)
+        await worker_on(client, "rec-old", made.machine_id, live=True)
         backend.calls.clear()
         seen = await reconciler.once()
     assert [c for c in backend.calls if c[1] == "rec-old" or c[1] == made.machine_id] == []
@@ -284,3 +271,102 @@ async def test_a_fixed_image_starts_at_once_after_a_broken_one(
         seen = await reconciler.once()
     assert seen["rec-fix"].boot_refused is None
     assert [m.image for m in backend.machines.values()] == ["img:fixed"]
+
+
+async def test_a_machine_listed_twice_is_one_machine_and_the_last_live_one_stays(
+    database_url: str, clock: Clock
+) -> None:
+    """The only live, ready machine of the current release, listed twice, is neither stopped
+    as "above the desired count" nor replaced, pass after pass."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-dup")) as client:
+        await client.releases.deploy("rec-dup", image="img", machines=1)
+        backend.add("m1", "rec-dup")
+        backend.twice.add("m1")
+        await worker_on(client, "rec-dup", "m1", live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for _ in range(5):
+            seen = await reconciler.once()
+            clock.now += 2
+    assert backend.calls == [], backend.calls
+    assert (seen["rec-dup"].running, seen["rec-dup"].ready) == (1, 1)
+
+
+async def test_a_superseded_release_s_twins_are_trimmed_never_its_live_machine(
+    database_url: str, clock: Clock
+) -> None:
+    """A release that is no longer current but still claims, with three machines for its one
+    (a create retried into twins), loses the two without a live worker; its live one stays."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-old")) as client:
+        await client.releases.deploy("rec-old", image="img", machines=1)
+        await client.releases.deploy("rec-cur", image="img", machines=1)
+        for m in ("a1", "a2", "a3"):
+            backend.add(m, "rec-old", age_s=5.0 if m != "a1" else 1000.0)
+        backend.add("b1", "rec-cur", age_s=5.0)  # not ready yet: nothing is retired
+        await worker_on(client, "rec-old", "a1", live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        seen = await reconciler.once()
+    stopped = sorted(c[1] for c in backend.calls if c[0] == "stop")
+    assert stopped == ["a2", "a3"], backend.calls
+    assert seen["rec-old"].target == 1
+
+
+async def test_machines_the_listing_never_shows_are_not_created_again_and_said_loudly(
+    database_url: str, clock: Clock
+) -> None:
+    """Created machines listed without the scaler's metadata (so not at all): one create, not
+    one per pass; after 30 s the pass says so and counts them; once listed, all is well."""
+    backend = ListedMachines()
+    backend.hidden = True
+    async with open_client(database_url, env_of("rec-hid")) as client:
+        await client.releases.deploy("rec-hid", image="img", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for _ in range(30):  # a minute of passes
+            seen = await reconciler.once()
+            clock.now += 2
+        creates = [c for c in backend.calls if c[0] == "create"]
+        said = seen["rec-hid"]
+        backend.hidden = False
+        healed = (await reconciler.once())["rec-hid"]
+    assert len(creates) == 1, backend.calls
+    assert said.unlisted == 1
+    assert "does not list" in (said.error or ""), said
+    assert (healed.unlisted, healed.error, healed.running) == (0, None, 1)
+
+
+async def test_a_big_count_is_created_a_few_per_pass(database_url: str, clock: Clock) -> None:
+    """A release deployed with 10 machines gets at most three per pass."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-ten")) as client:
+        await client.releases.deploy("rec-ten", image="img", machines=10)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        first = len(backend.calls)
+        await reconciler.once()
+    assert (first, len(backend.calls)) == (3, 6)
+
+
+async def test_a_machine_stuck_stopping_is_destroyed_once_past_its_deadline(
+    database_url: str, clock: Clock
+) -> None:
+    """A backend that lists a machine as stopping without saying since when (Fly): the scaler
+    watches it, leaves it to drain until the stop deadline, then destroys it, once."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-stk")) as client:
+        await client.releases.deploy("rec-stk", image="img", machines=0)
+        backend.add("m1", "rec-stk")
+        await worker_on(client, "rec-stk", "m1", live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        assert backend.calls == [("stop", "m1")]
+        backend.set("m1", state=STOPPING)
+        for _ in range(int(backend.stop_deadline_s // 5)):
+            clock.now += 5
+            await reconciler.once()
+        assert backend.calls == [("stop", "m1")], "destroyed while it could still be draining"
+        clock.now += 10
+        await reconciler.once()
+        clock.now += 10
+        await reconciler.once()
+    assert backend.calls == [("stop", "m1"), ("destroy", "m1")], backend.calls

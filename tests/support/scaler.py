@@ -21,7 +21,8 @@ from support import REPO
 from support.daemon import base_env
 from support.db import fetch
 from support.machines import destroy_all
-from support.runtime import SCHEMA
+from support.runtime import SCHEMA, queue_of
+from worker.client import LaneClient
 
 
 def start_scaler(
@@ -83,3 +84,24 @@ async def machine_events(database_url: str, release_id: str, action: str) -> lis
         release_id, action,
     )  # fmt: skip
     return [row["machine"] for row in rows]
+
+
+class Clock:
+    """``time.monotonic`` as the reconcile pass reads it, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+async def worker_on(client: LaneClient, release: str, machine_id: str, *, live: bool) -> None:
+    """A ready worker row of ``release`` on ``machine_id``, beating now or ten minutes ago."""
+    await client.db.execute(
+        f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid, concurrency,"
+        " machine_id, ready_at, heartbeat_at) values ($1, $2, $3, 'test', 1, 8, $4, now(),"
+        " now() - make_interval(mins => $5))"
+        " on conflict (worker_id) do update set heartbeat_at = excluded.heartbeat_at",
+        f"w-{machine_id}", release, queue_of(release), machine_id, 0 if live else 10,
+    )  # fmt: skip

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from worker.jsonvalue import is_utf8
+from worker.masking import WHOLE_WORD_BELOW as WHOLE_WORD_BELOW
+from worker.masking import mask
 
 DATABASE_URL_ENV = "WORKFLOW_RUNTIME_POSTGRES"
 SCHEMES = ("postgres", "postgresql")
@@ -206,21 +207,6 @@ def unreadable_files(url: str) -> list[str]:
     return found
 
 
-# A secret shorter than this is masked only as a whole word: a password such as
-# `run` must not turn `runs_rel_a` and `run.started` in every log line into `***s_rel_a`.
-WHOLE_WORD_BELOW = 8
-
-
-def mask_secrets(text: str, secrets: Sequence[str]) -> str:
-    """Return ``text`` with each of ``secrets`` replaced by ``***``.
-
-    A secret of ``WHOLE_WORD_BELOW`` characters or more is replaced wherever it
-    occurs; a shorter one only where no letter, digit or ``_`` touches it (in a
-    URL it is bounded by ``:`` and ``@``). ``doctor`` warns about a short password.
-    """
-    for secret in secrets:
-        if len(secret) >= WHOLE_WORD_BELOW:
-            text = text.replace(secret, _REDACTED)
-        elif secret in text:
-            text = re.sub(rf"(?<![0-9A-Za-z_]){re.escape(secret)}(?![0-9A-Za-z_])", _REDACTED, text)
-    return text
+# The one masking rule lives in worker.masking (every outbound client applies it);
+# these names stay for the callers that mask with the URL's secrets.
+mask_secrets = mask

@@ -35,9 +35,11 @@ import anyio
 import structlog
 from tenacity import RetryCallState, wait_random_exponential
 
+from worker.config.dburl import url_secrets
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import PendingFact
+from worker.masking import joined, mask_response, secret_forms
 from worker.metrics import Metrics
 from worker.version import VERSION
 
@@ -114,6 +116,14 @@ def headers_for(fact: PendingFact) -> dict[str, str]:
     return headers
 
 
+def sent_secrets(fact: PendingFact) -> tuple[str, ...]:
+    """The secrets a fact's request carries, in every spelling an echo of them may take."""
+    api = fact.api
+    return secret_forms(
+        *(str(api.get(k) or "") for k in ("executorToken", "vercelProtectionBypassToken"))
+    )
+
+
 _ORIGIN = re.compile(r"^(https?://[^/?#]+)", re.IGNORECASE)
 
 
@@ -167,6 +177,9 @@ class Relay:
         self._failing: set[str] = set()
         self._slot_freed = asyncio.Event()
         self._next_due_s: float | None = None
+        # A refusal's body may echo what was sent (an auth layer quoting the headers):
+        # what is kept of it is masked with these and the fact's own tokens.
+        self._db_secrets = url_secrets(db.options.url)
 
     def _share(self, endpoint: str) -> int:
         return 1 if endpoint in self._failing else self.config.per_endpoint
@@ -291,7 +304,8 @@ class Relay:
                 status = response.status
                 after = retry_after_s(response.headers.get("Retry-After"))
                 text = (await response.content.read(_SHOWN_BODY * 4)).decode(errors="replace")
-            why = {"status": status, "body": text[:_SHOWN_BODY]}
+            secrets = joined(sent_secrets(fact), self._db_secrets)
+            why = {"status": status, "body": mask_response(text, secrets, _SHOWN_BODY)}
         except Exception as exc:
             if not _unsendable(exc) and not isinstance(
                 exc, aiohttp.ClientError | TimeoutError | OSError

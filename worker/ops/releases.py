@@ -23,6 +23,7 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ScalerState
 from worker.errors import InvalidRequestError
+from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 
 
@@ -200,5 +201,8 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
         release_id=d.release_id, queue=d.queue, image=d.image, role=d.role, status=status,
         desired=d.desired, live_workers=d.live_workers, ready_workers=d.ready_workers,
         deployed_at=d.deployed_at.isoformat(), deployed_by=d.deployed_by,
-        retired_at=d.retired_at.isoformat() if d.retired_at else None, scaler=scaler,
+        retired_at=d.retired_at.isoformat() if d.retired_at else None,
+        # What a scaler stored is shown with any credential in it masked (one of an
+        # older build may have kept a refusal that echoed its token).
+        scaler=mask_value(scaler, ()),
     )  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, OpenRun, ReportRuns, ScalerState
+from worker.masking import mask_response
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
@@ -169,6 +170,7 @@ def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[s
             if seen.get(key):
                 parts.append(str(seen[key]))
         said = "; ".join(parts) or f"{seen.get('running', 0)} of {seen.get('target', 0)} running"
+        said = mask_response(said, ())  # a credential an older scaler kept is not shown
     return {"role": d.role, "machines_desired": d.desired,
             "machines_live": len(d.live_machines), "scaler": said}  # fmt: skip
 

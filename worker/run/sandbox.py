@@ -23,9 +23,11 @@ from typing import Any, Protocol
 
 import structlog
 
+from worker.config.dburl import url_secrets
 from worker.db import engine
 from worker.db.pool import Database
 from worker.db.store import Store
+from worker.masking import joined, mask_response, secret_forms
 from worker.states import Outcome
 
 SANDBOX_CLEANUP_TASK = "daytona-sandbox-cleanup"
@@ -107,6 +109,12 @@ class SandboxCleanups:
         # Well inside the lease: two calls and the store writes fit in it.
         self.call_timeout_s = max(1.0, lease_s / 4)
         self._said_why_not = False
+        self._db_secrets = url_secrets(db.options.url)
+
+    def _secrets(self) -> tuple[str, ...]:
+        """What an SDK error may echo and must not keep: the API key, the database password."""
+        key = getattr(self.deleter, "api_key", "")
+        return joined(secret_forms(key) if isinstance(key, str) else (), self._db_secrets)
 
     async def handle(self, claimed: engine.ClaimedRun) -> Outcome:
         """Delete the task's sandbox and settle the task; return how its attempt ended."""
@@ -145,8 +153,11 @@ class SandboxCleanups:
         self, claimed: engine.ClaimedRun, run_id: uuid.UUID, sandbox_id: str,
         exc: Exception, bound: Any,
     ) -> Outcome:  # fmt: skip
-        # The class and the SDK's sentence; never the request (it carries the key).
-        error = {"name": type(exc).__name__, "message": str(exc)[:500]}
+        # The class and the SDK's sentence, masked (an echoed request carries the key).
+        error = {
+            "name": type(exc).__name__,
+            "message": mask_response(str(exc), self._secrets(), 500),
+        }
         last = claimed.max_attempts is not None and claimed.attempt >= claimed.max_attempts
         q, run = claimed.queue, claimed.run_id
 

@@ -25,6 +25,10 @@ IMAGE_METADATA = "lane_worker_image"
 # stop or destroy each other's machines.
 STORE_METADATA = "lane_worker_store"
 
+# The key of the create that made a machine: a create tried again after a lost
+# answer finds its machine by it instead of making a second one.
+CREATE_METADATA = "lane_worker_create"
+
 # Machine states, as the scaler reads them. STOPPING: the stop was sent and the
 # worker is draining; it is never sent again (a second stop signal makes a
 # worker exit at once) and the machine is not destroyed while it drains.

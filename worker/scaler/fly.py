@@ -10,18 +10,26 @@ no restart policy (the scaler replaces a machine that died). Secrets such as the
 database URL reach machines as the app's own secrets (``fly secrets``).
 Calls are retried with tenacity on 429 (honouring ``Retry-After``), 5xx and
 timeouts; a 401, 403 or 404 is one clear error (the pass records it and the
-next pass tries again), never a crash.
+next pass tries again), never a crash. What is kept of an answer is masked
+(``worker.masking``): a refusal may echo the token. A create is idempotent: it
+carries a name and a key of its own, and before it is sent again (after a 5xx,
+a timeout, or a name already taken) the listing is searched for it. A listing
+is read page by page when the API answers with a cursor, and a machine it names
+twice is one machine.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
+import anyio
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -29,8 +37,12 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from worker.config.dburl import url_secrets
+from worker.config.env import DATABASE_URL_ENV
 from worker.errors import LaneConfigError
+from worker.masking import joined, mask_response, secret_forms
 from worker.scaler.backend import (
+    CREATE_METADATA,
     FAILED,
     IMAGE_METADATA,
     RELEASE_METADATA,
@@ -51,8 +63,14 @@ API_URL_ENV, TOKEN_ENV, APP_ENV, REGION_ENV = (
 HEALTH_PORT = 8080  # the image's LANE_WORKER_HEALTH_PORT (Dockerfile, fly.toml)
 _STATES = {
     "started": STARTED, "created": STARTING, "starting": STARTING, "replacing": STARTING,
-    "stopping": STOPPING, "stopped": STOPPED, "suspended": STOPPED, "failed": FAILED,
+    "updating": STARTING, "stopping": STOPPING, "stopped": STOPPED, "suspending": STOPPING,
+    "suspended": STOPPED, "failed": FAILED,
 }  # fmt: skip
+# On its way out or gone: neither counted nor acted on (a replacement is started).
+_GONE = frozenset({"destroying", "destroyed"})
+_SHOWN_BODY = 200  # characters of a refusal's body kept in the error
+_CREATE_TRIES = 5
+_MAX_PAGES = 1000  # a cursor that never ends is an API fault, not a listing
 
 
 class _Retryable(Exception):
@@ -61,14 +79,27 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Refused(BackendError):
+    """The API answered a 4xx."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Unanswered(BackendError):
+    """No answer the API meant (5xx, 429, a timeout) after every try."""
+
+
 class FlyBackend:
     """Fly Machines of one app, in one region."""
 
     name = "fly"
 
     def __init__(
-        self, *, api_url: str, token: str, app: str, region: str | None, stop_s: float = 60.0
-    ) -> None:
+        self, *, api_url: str, token: str, app: str, region: str | None, stop_s: float = 60.0,
+        also_secret: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.api_url = api_url.rstrip("/")
         # Fly's stop timeout (then it kills the machine): above the worker's longest stop.
         self.stop_timeout_s = math.ceil(stop_s)
@@ -77,6 +108,9 @@ class FlyBackend:
         self.app = app
         self.region = region
         self.store_id = ""  # the scaler sets it before its first call
+        # Masked in whatever is kept of an answer: the token in every spelling, and
+        # the database's passwords (the scaler's own secrets).
+        self.secrets = joined(secret_forms(token), also_secret)
 
     def __repr__(self) -> str:  # the token stays out of every repr
         return f"FlyBackend(api_url={self.api_url!r}, app={self.app!r}, region={self.region!r})"
@@ -99,9 +133,10 @@ class FlyBackend:
             # The machines' drain window is the scaler's LANE_WORKER_DRAIN_SECONDS
             # (25 s by default): set it alike for both. 60 s at least, as before.
             stop_s=max(60.0, machine_stop_s(env) + 15.0),
+            also_secret=url_secrets((env.get(DATABASE_URL_ENV) or "").strip()),
         )  # fmt: skip
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, *, tries: int = 5) -> Any:
         """One API call, retried on 429, 5xx and timeouts; a refusal raises BackendError."""
         url = f"{self.api_url}/v1/apps/{self.app}{path}"
         headers = {"Authorization": f"Bearer {self._token}"}
@@ -119,9 +154,11 @@ class FlyBackend:
                         wait_s = float(after) if after and after.isdigit() else None
                         raise _Retryable(f"HTTP {response.status}", wait_s)
                     if response.status >= 400:
-                        raise BackendError(
+                        said = mask_response(text.strip(), self.secrets, _SHOWN_BODY)
+                        raise Refused(
                             f"Fly Machines API {method} {path}: HTTP {response.status} "
-                            f"({text[:200].strip() or 'no body'})"
+                            f"({said or 'no body'})",
+                            response.status,
                         )
                     return await response.json(content_type=None) if text else None
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
@@ -129,65 +166,119 @@ class FlyBackend:
 
         def wait(state: Any) -> float:
             exc = state.outcome.exception() if state.outcome else None
-            base = float(wait_exponential_jitter(initial=0.5, max=10)(state))
+            base = float(wait_exponential_jitter(multiplier=0.5, max=10)(state))
             after = getattr(exc, "retry_after_s", None)
             return max(base, after) if after is not None else base
 
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
-                stop=stop_after_attempt(5), wait=wait, reraise=True,
+                stop=stop_after_attempt(tries), wait=wait, reraise=True,
             ):  # fmt: skip
                 with attempt:
                     return await once()
         except _Retryable as exc:
-            raise BackendError(
-                f"Fly Machines API {method} {path}: {exc} (gave up after 5 tries)"
+            raise Unanswered(
+                f"Fly Machines API {method} {path}: {exc} (gave up after {tries} tries)"
             ) from None
         return None  # pragma: no cover (AsyncRetrying returns or raises)
 
+    async def _listing(self) -> list[dict[str, Any]]:
+        """Every machine the API lists, following its cursor when it pages the answer."""
+        found: list[dict[str, Any]] = []
+        cursor: str | None = None
+        seen_cursors: set[str] = set()
+        for _ in range(_MAX_PAGES):
+            path = "/machines" + (f"?cursor={quote(cursor, safe='')}" if cursor else "")
+            page = await self._call("GET", path)
+            if page is None or isinstance(page, list):
+                return [*found, *(m for m in page or [] if isinstance(m, dict))]
+            items = page.get("machines") if isinstance(page, dict) else None
+            if not isinstance(items, list):
+                raise BackendError("Fly Machines API GET /machines answered neither a list "
+                                   "nor a page of machines")  # fmt: skip
+            found += [m for m in items if isinstance(m, dict)]
+            cursor = page.get("next_cursor") or page.get("nextCursor") or None
+            if not cursor:
+                return found
+            if cursor in seen_cursors:
+                raise BackendError("Fly Machines API GET /machines: its cursor went round "
+                                   "in a loop")  # fmt: skip
+            seen_cursors.add(str(cursor))
+            cursor = str(cursor)
+        raise BackendError(f"Fly Machines API GET /machines: more than {_MAX_PAGES} pages")
+
     async def list(self) -> list[Machine]:
-        found = await self._call("GET", "/machines") or []
-        machines = []
-        for m in found:
+        machines: dict[str, Machine] = {}
+        for m in await self._listing():
             config = m.get("config") or {}
             metadata = config.get("metadata") or {}
             release = metadata.get(RELEASE_METADATA)
-            if not release or m.get("state") == "destroyed":
-                continue  # not the scaler's: never touched
+            if not release or m.get("id") is None or m.get("state") in _GONE:
+                continue  # not the scaler's (or on its way out): never touched
             if metadata.get(STORE_METADATA) != self.store_id:
                 continue  # a scaler of another database shares this app: its machines
-            machines.append(
-                Machine(
-                    machine_id=str(m["id"]), release_id=str(release),
-                    image=str(metadata.get(IMAGE_METADATA) or config.get("image") or ""),
-                    state=_STATES.get(str(m.get("state")), STARTING),
-                    age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
-                )
-            )  # fmt: skip
-        return machines
+            machine = _machine(m, str(release), metadata, config)
+            # Listed twice (pages that overlap, eventual consistency): one machine.
+            machines[machine.machine_id] = machine
+        return list(machines.values())
 
     async def create(self, release_id: str, image: str) -> Machine:
         if not self.store_id:
             raise BackendError("the fly backend has no store id yet: nothing is created")
+        # This create's own key and name: a try after an answer that was lost (a 5xx
+        # after the machine was made, a timeout) finds the machine instead of a twin.
+        key = secrets.token_hex(8)
         config = {
             "image": image,
             "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id},
             "metadata": {RELEASE_METADATA: release_id, IMAGE_METADATA: image,
-                         STORE_METADATA: self.store_id},
+                         STORE_METADATA: self.store_id, CREATE_METADATA: key},
             "checks": {"readyz": {"type": "http", "port": HEALTH_PORT, "path": "/readyz",
                                   "interval": "10s", "timeout": "2s"}},
             "stop_config": {"signal": "SIGTERM", "timeout": f"{self.stop_timeout_s}s"},
             "restart": {"policy": "no"},
         }  # fmt: skip
-        body: dict[str, Any] = {"config": config}
+        body: dict[str, Any] = {"name": f"lane-worker-{key}", "config": config}
         if self.region:
             body["region"] = self.region
-        made = await self._call("POST", "/machines", body)
-        if not isinstance(made, dict) or "id" not in made:
-            raise BackendError("Fly Machines API POST /machines answered without a machine id")
-        return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
-                       state=_STATES.get(str(made.get("state")), STARTING), age_s=0.0)  # fmt: skip
+        last = ""
+        for tried in range(_CREATE_TRIES):
+            if tried:
+                await anyio.sleep(min(8.0, 0.5 * 2**tried))
+            try:
+                made = await self._call("POST", "/machines", body, tries=1)
+            except Unanswered as exc:
+                last = str(exc)
+            except Refused as exc:
+                if exc.status not in (409, 422):  # not "that name is taken": a refusal
+                    raise
+                last = str(exc)
+            else:
+                if not isinstance(made, dict) or "id" not in made:
+                    raise BackendError(
+                        "Fly Machines API POST /machines answered without a machine id"
+                    )
+                return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
+                               state=_STATES.get(str(made.get("state")), STARTING),
+                               age_s=0.0)  # fmt: skip
+            found = await self._made_by(key)
+            if found is not None:
+                return found
+        raise BackendError(f"{last}; no machine of this create is listed (gave up after "
+                           f"{_CREATE_TRIES} tries)")  # fmt: skip
+
+    async def _made_by(self, key: str) -> Machine | None:
+        """The machine a create with ``key`` made, if the listing shows it."""
+        for m in await self._listing():
+            config = m.get("config") or {}
+            metadata = config.get("metadata") or {}
+            if m.get("name") == f"lane-worker-{key}" or metadata.get(CREATE_METADATA) == key:
+                if m.get("id") is None or m.get("state") in _GONE:
+                    continue
+                release = str(metadata.get(RELEASE_METADATA) or "")
+                return _machine(m, release, metadata, config)
+        return None
 
     async def stop(self, machine: Machine) -> None:
         await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
@@ -199,6 +290,17 @@ class FlyBackend:
 
     def where_logs(self, machine_id: str) -> str:
         return f"fly logs --app {self.app} --machine {machine_id}"
+
+
+def _machine(
+    m: Mapping[str, Any], release: str, metadata: Mapping[str, Any], config: Mapping[str, Any]
+) -> Machine:
+    return Machine(
+        machine_id=str(m["id"]), release_id=release,
+        image=str(metadata.get(IMAGE_METADATA) or config.get("image") or ""),
+        state=_STATES.get(str(m.get("state")), STARTING),
+        age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
+    )  # fmt: skip
 
 
 def _age_s(created_at: Any) -> float:

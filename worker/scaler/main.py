@@ -14,6 +14,7 @@ from worker.config.env import DATABASE_URL_ENV, PGBOUNCER_ENV, Problems
 from worker.config.tuning import read_tuning
 from worker.daemon import logs
 from worker.errors import LaneConfigError
+from worker.masking import joined, secret_forms
 from worker.scaler.backend import Backend
 from worker.scaler.fly import FlyBackend
 from worker.scaler.process import ProcessBackend
@@ -37,11 +38,10 @@ def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_por
     chosen: Literal["json", "console", "auto"] = (
         "json" if fmt == "json" else "console" if fmt == "console" else "auto"
     )
-    # The API token is a secret too (the Fly backend sends it): masked like the password.
-    logs.configure(
-        chosen,
-        secrets=(*url_secrets(url), (env.get("FLY_API_TOKEN") or "").strip()),
-    )
+    # The API token is a secret too (the Fly backend sends it): masked like the password,
+    # in every spelling an echo of it may take.
+    secrets = joined(url_secrets(url), secret_forms((env.get("FLY_API_TOKEN") or "").strip()))
+    logs.configure(chosen, secrets=secrets)
     if read_tuning(env, Problems()).pgbouncer:
         # Its lock is a session advisory lock with an idle-session lease: behind a
         # transaction pooler two scalers could both hold it, or neither.
@@ -57,9 +57,8 @@ def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_por
         client = await LaneClient.connect(env=env)
         try:
             await client.check_schemas()
-            return await Scaler(client, machines, health_port=health_port).run(
-                client.db.options.url
-            )
+            scaler = Scaler(client, machines, health_port=health_port, secrets=secrets)
+            return await scaler.run(client.db.options.url)
         finally:
             await client.close()
 

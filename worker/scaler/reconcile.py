@@ -24,7 +24,17 @@ not make every machine look dead the moment it ends) and which stops were sent
   on an image the release no longer records (it was deployed again with a new
   one) once the new image has the release's count ready;
 - once the current release has its desired count ready, what it supersedes is
-  retired (``retire_superseded``: one transaction, recorded).
+  retired (``retire_superseded``: one transaction, recorded);
+- a machine is its id: one the backend lists twice is one machine;
+- any release above what it needs (a create whose answer was lost made a twin)
+  is trimmed, machines without a live worker first, and a live machine is never
+  stopped when that would leave the release fewer live ones than it needs (at
+  least one, while it should run), whatever the listing says;
+- a machine this scaler created counts towards its release until the backend
+  lists it; one still unlisted after ``UNLISTED_AFTER_S`` means the listing is
+  wrong (a machine without its metadata): said loudly, and that release gets no
+  new machine until the listing shows it. At most ``MAX_CREATES_PER_PASS`` are
+  created per release and pass.
 """
 
 from __future__ import annotations
@@ -40,7 +50,16 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.report import LaneView, read_report
-from worker.scaler.backend import STOPPING, Backend, BackendError, Machine
+from worker.scaler.backend import (
+    FAILED,
+    STARTED,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    Backend,
+    BackendError,
+    Machine,
+)
 
 # A machine whose worker has not been live this long, as this scaler watched it
 # (and at least this long after it was created), is dead: a boot takes seconds.
@@ -51,6 +70,13 @@ STOP_RESEND_S = 300.0
 EXIT_CONFIG = 78  # a worker that refused its configuration
 MAX_RESTART_BACKOFF_S = 300.0  # between machines of a release whose machines keep dying
 MAX_BACKEND_BACKOFF_S = 60.0  # between listings of a backend that keeps refusing (a bad token)
+MAX_CREATES_PER_PASS = 3  # per release: a wrong count or listing costs a few machines, not many
+# A machine this scaler created that the backend has not listed for this long: the
+# listing is wrong (Fly lists a new machine within a pass or two).
+UNLISTED_AFTER_S = 30.0
+# Which of two listings of one machine is believed: the more alive (a stale "stopped"
+# must not get a running machine destroyed; one pass later the listing agrees).
+_ALIVE_FIRST = {STARTED: 0, STARTING: 1, STOPPING: 2, STOPPED: 3, FAILED: 4}
 
 log = structlog.get_logger("lane_worker.scaler")
 
@@ -70,6 +96,7 @@ class ReleaseSeen:
     ready: int = 0  # machines on the release's image whose worker is ready
     outdated: int = 0  # running or stopping machines on an image the release no longer records
     stopping: int = 0  # machines whose stop was sent, still draining
+    unlisted: int = 0  # machines this scaler created that the backend does not list
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     boot_refused: str | None = None
@@ -78,8 +105,8 @@ class ReleaseSeen:
         return {
             "desired": self.desired, "image": self.image, "target": self.target,
             "running": self.running, "ready": self.ready, "outdated": self.outdated,
-            "stopping": self.stopping, "actions": self.actions, "error": self.error,
-            "bootRefused": self.boot_refused,
+            "stopping": self.stopping, "unlisted": self.unlisted, "actions": self.actions,
+            "error": self.error, "bootRefused": self.boot_refused,
         }  # fmt: skip
 
 
@@ -100,6 +127,11 @@ class Reconciler:
         self._why_died: dict[tuple[str, str], str] = {}  # the last exit, until one is ready
         self._not_live_since: dict[str, float] = {}  # machine id: first seen without a worker
         self._stop_sent: dict[str, float] = {}  # machine id: when this scaler stopped it
+        # Machine id: first seen stopping (a backend that does not say since when).
+        self._stopping_seen: dict[str, float] = {}
+        # Machine id: (release, image, when) of a create this scaler made that the
+        # backend has not listed yet; kept until it does (see UNLISTED_AFTER_S).
+        self._created: dict[str, tuple[str, str, float]] = {}
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
         self._backend_failures = 0
@@ -110,6 +142,7 @@ class Reconciler:
         """Forget what was watched: called when this scaler becomes the active one."""
         self._not_live_since.clear()
         self._stop_sent.clear()
+        self._stopping_seen.clear()
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
@@ -127,10 +160,13 @@ class Reconciler:
             log.error("scaler.backend_failed", error=str(exc), retry_in_s=wait_s)
             return self._backend_down(deployments)
         self._backend_failures, self._backend_retry_at = 0, 0.0
+        machines = _one_per_id(machines)
         listed = {m.machine_id for m in machines}
-        for memory in (self._not_live_since, self._stop_sent):
+        for memory in (self._not_live_since, self._stop_sent, self._stopping_seen):
             for gone in set(memory) - listed:
                 del memory[gone]
+        for found in listed & set(self._created):
+            del self._created[found]
         by_release: dict[str, list[Machine]] = {}
         for m in machines:
             by_release.setdefault(m.release_id, []).append(m)
@@ -182,7 +218,7 @@ class Reconciler:
                     seen.stopping += 1
                     seen.outdated += m.image != d.image
                     deadline_s = self.backend.stop_deadline_s
-                    if m.stopping_s is not None and m.stopping_s > deadline_s:
+                    if self._stopping_for(m) > deadline_s:
                         why = f"still stopping {deadline_s:g} s after its stop"
                         await self._act(seen, release_id, "destroyed", m, why)
                     continue
@@ -228,32 +264,74 @@ class Reconciler:
             # gets one machine even if the release was deployed with none.
             stranded = d.role == "retired" and view is not None and view.stranded
             seen.target = max(d.desired, 1) if stranded else d.desired
-            wait_s = self._not_before.get((release_id, d.image), 0.0) - time.monotonic()
-            if seen.target > len(fresh) and wait_s > 0:
-                seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
-            else:
-                for _ in range(seen.target - len(fresh)):
-                    await self._create(seen, d, f"{len(fresh)} of {seen.target} running "
-                                                f"{d.image}")  # fmt: skip
+            await self._start_missing(seen, d, len(fresh))
             # An outdated machine stops only once the new image has the release's
             # count ready: a new image that cannot boot leaves the old ones serving.
             if outdated and seen.ready >= d.desired:
                 for m in outdated:
                     await self._act(seen, release_id, "stopped", m,
                                     f"its image {m.image} was replaced by {d.image}")  # fmt: skip
-            if d.role == "current" and len(fresh) > d.desired:
-                # Scaling the current release down: machines without a live worker first.
-                surplus = sorted(fresh, key=lambda m: (m.machine_id in live, -m.age_s))
-                for m in surplus[: len(fresh) - d.desired]:
-                    await self._act(seen, release_id, "stopped", m, "above the desired count")
+            # A draining release keeps one machine while its lane holds work, even one
+            # deployed with none (it got one while stranded): only twins above that go.
+            keep = max(seen.target, 1) if d.role == "retired" else seen.target
+            if len(fresh) > keep:
+                await self._trim(seen, release_id, fresh, live, keep)
         except BackendError as exc:
             seen.error = str(exc)
             log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
         return seen
 
+    async def _start_missing(self, seen: ReleaseSeen, d: Deployment, listed: int) -> None:
+        """Create what the release lacks: a few per pass, none while the listing is wrong.
+
+        A machine created but not listed yet counts as the release's (so a listing
+        that never shows it cannot make the scaler create without end).
+        """
+        now = time.monotonic()
+        mine = [(i, image, at) for i, (r, image, at) in self._created.items() if r == d.release_id]
+        have = listed + sum(1 for _, image, _ in mine if image == d.image)
+        unlisted = sorted(i for i, _, at in mine if now - at > UNLISTED_AFTER_S)
+        seen.unlisted = len(unlisted)
+        wait_s = self._not_before.get((d.release_id, d.image), 0.0) - now
+        if unlisted:
+            seen.error = (
+                f"the backend does not list machine(s) {', '.join(unlisted)} this scaler created "
+                f"over {UNLISTED_AFTER_S:g} s ago (listed without the scaler's metadata?): no "
+                "machine is created for this release until the listing shows them"
+            )
+            log.error("scaler.machines_unlisted", release_id=d.release_id, machines=unlisted)
+        elif seen.target > have and wait_s > 0:
+            seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
+        else:
+            for _ in range(min(MAX_CREATES_PER_PASS, seen.target - have)):
+                await self._create(seen, d, f"{have} of {seen.target} running {d.image}")
+
+    async def _trim(
+        self, seen: ReleaseSeen, release_id: str, fresh: list[Machine], live: set[str], keep: int
+    ) -> None:
+        """Stop what ``fresh`` has above ``keep``, never a live machine it still needs."""
+        live_left = len({m.machine_id for m in fresh} & live)  # machines, not listings
+        # Machines without a live worker first.
+        surplus = sorted(fresh, key=lambda m: (m.machine_id in live, -m.age_s))
+        for m in surplus[: len(fresh) - keep]:
+            if m.machine_id in live:
+                if live_left <= keep:
+                    continue  # the release needs this live one, whatever the listing says
+                live_left -= 1
+            await self._act(seen, release_id, "stopped", m, "above the desired count")
+
+    def _stopping_for(self, m: Machine) -> float:
+        """How long ``m`` has been stopping: as the backend says, else as this scaler saw it."""
+        if m.stopping_s is not None:
+            return m.stopping_s
+        now = time.monotonic()
+        since = self._stopping_seen.setdefault(m.machine_id, self._stop_sent.get(m.machine_id, now))
+        return now - since
+
     async def _create(self, seen: ReleaseSeen, d: Deployment, reason: str) -> None:
         await self.guard()
         made = await self.backend.create(d.release_id, d.image)
+        self._created[made.machine_id] = (d.release_id, d.image, time.monotonic())
         seen.actions.append(f"created {made.machine_id}")
         detail = {"machine": made.machine_id, "image": d.image, "reason": reason}
         await self._record(d.release_id, "machine_created", detail)
@@ -307,3 +385,13 @@ class Reconciler:
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)
+
+
+def _one_per_id(machines: list[Machine]) -> list[Machine]:
+    """One entry per machine id (a listing may name a machine twice): the more alive one."""
+    best: dict[str, Machine] = {}
+    for m in machines:
+        had = best.get(m.machine_id)
+        if had is None or _ALIVE_FIRST.get(m.state, 5) < _ALIVE_FIRST.get(had.state, 5):
+            best[m.machine_id] = m
+    return list(best.values())

@@ -21,7 +21,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -31,6 +31,7 @@ from prometheus_client import Counter, Gauge
 
 from worker.client import LaneClient
 from worker.daemon.health import HealthServer
+from worker.masking import mask_value
 from worker.metrics import Metrics
 from worker.ops.releases import actor
 from worker.scaler.backend import Backend
@@ -99,6 +100,12 @@ class ScalerMetrics(Metrics):
             "lane_worker_scaler_machines_running", "Machines of a release the backend runs.",
             ["release"], registry=self.registry,
         )  # fmt: skip
+        self.machines_unlisted = Gauge(
+            "lane_worker_scaler_machines_unlisted",
+            "Machines the scaler created that the backend does not list (a listing that is "
+            "wrong: the release gets no new machine until it is right).",
+            ["release"], registry=self.registry,
+        )  # fmt: skip
         self.actions = Counter(
             "lane_worker_scaler_actions", "Machines created, stopped, destroyed or replaced.",
             ["action"], registry=self.registry,
@@ -112,8 +119,14 @@ class ScalerMetrics(Metrics):
 class Scaler:
     """The scaler process: standby until it holds the lock, then a pass every ``PASS_S``."""
 
-    def __init__(self, client: LaneClient, backend: Backend, *, health_port: int) -> None:
+    def __init__(
+        self, client: LaneClient, backend: Backend, *, health_port: int,
+        secrets: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.client, self.backend, self.health_port = client, backend, health_port
+        # Masked in what the scaler writes for `releases` and the page to show (a
+        # backend's error may quote an answer that echoed the token).
+        self.secrets = tuple(secrets)
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.metrics = ScalerMetrics()
         self.active = False
@@ -235,11 +248,12 @@ class Scaler:
             for release_id, s in seen.items():
                 self.metrics.machines_desired.labels(release_id).set(s.target)
                 self.metrics.machines_running.labels(release_id).set(s.running)
+                self.metrics.machines_unlisted.labels(release_id).set(s.unlisted)
                 for action in s.actions:
                     self.metrics.actions.labels(action.split()[0]).inc()
             # Only while still holding the lock: a scaler that hung and woke up must
             # not write over what the active one says.
             await lease.check()
-            await self._beat({k: v.as_json() for k, v in seen.items()})
+            await self._beat(mask_value({k: v.as_json() for k, v in seen.items()}, self.secrets))
             with anyio.move_on_after(max(0.1, PASS_S - (time.monotonic() - started))):
                 await self.stop.wait()
