@@ -815,6 +815,27 @@ async def test_daemon_logs_an_unknown_lane_worker_variable_as_a_warning(
     assert "Traceback" not in daemon.stderr
 
 
+async def test_daemon_warns_of_a_misspelt_queue_suffix_naming_the_variable_meant(
+    database_url: str,
+) -> None:
+    """DEEPLINE_ABSURD_QUEUE_SUFIX (one F) boots on the shared lane: its log says so at once."""
+    async with Daemons(database_url) as pool:
+        # A dev worktree: no deploy version, so the worker serves the shared `runs` lane.
+        daemon = pool.start(
+            "dev", DEEPLINE_RUNTIME_DEPLOY_VERSION=None, DEEPLINE_ABSURD_QUEUE_SUFIX="my_branch"
+        )
+        warning = await daemon.wait_for("config.warning", timeout_s=30)
+        await daemon.ready()
+        daemon.terminate()
+        assert await daemon.wait_exit() == 0, daemon.tail()
+    assert warning["level"] == "warning"
+    assert warning["message"].startswith(
+        "DEEPLINE_ABSURD_QUEUE_SUFIX is set but lane-worker does not read it "
+        "(a typo of DEEPLINE_ABSURD_QUEUE_SUFFIX?)"
+    )
+    assert daemon.index_of("config.warning") < daemon.index_of("worker.ready")
+
+
 def test_refusals_print_before_connecting_even_when_nothing_listens() -> None:
     """A refused configuration answers at once, also when the database is unreachable."""
     env = {

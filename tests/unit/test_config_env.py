@@ -235,11 +235,14 @@ def test_an_unknown_lane_worker_variable_is_a_doctor_warning() -> None:
     env = {**BASE, "LANE_WORKER_CONCURENCY": "4", "LANE_WORKER_POLL_INTERVALL": "1"}
     text = doctor(env)
     assert text.exit_code == 0, text.output
-    for name in ("LANE_WORKER_CONCURENCY", "LANE_WORKER_POLL_INTERVALL"):
+    for name, meant in (
+        ("LANE_WORKER_CONCURENCY", "LANE_WORKER_CONCURRENCY"),
+        ("LANE_WORKER_POLL_INTERVALL", "LANE_WORKER_POLL_INTERVAL"),
+    ):
         assert (
-            f"  warning: {name} is set but lane-worker does not read it (a typo?); it is ignored."
-            in text.stdout.splitlines()
-        )
+            f"  warning: {name} is set but lane-worker does not read it (a typo of {meant}?); "
+            "it is ignored."
+        ) in text.stdout.splitlines()
     report = json.loads(doctor(env, "--json").stdout)
     assert len(report["warnings"]) == 2
     assert report["refused"] is False
@@ -260,6 +263,49 @@ def test_every_documented_variable_is_known() -> None:
         settings.TEST_DATABASE_URL_ENV: DB,
     }
     assert diagnose(env).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("DEEPLINE_ABSURD_QUEUE_SUFIX", "DEEPLINE_ABSURD_QUEUE_SUFFIX"),
+        ("DEEPLINE_RUNTIME_DEPLOY_VERISON", "DEEPLINE_RUNTIME_DEPLOY_VERSION"),
+        ("DEEPLINE_RUNTIME_SCHEDULER_SCHEMAS", "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA"),
+        ("WORKFLOW_RUNTIME_POSTGRESS", "WORKFLOW_RUNTIME_POSTGRES"),
+    ],
+)
+def test_a_misspelt_shared_variable_is_warned_naming_the_one_meant(name: str, meant: str) -> None:
+    """A suffix spelt with one F joined the shared lane silently: doctor names the real name."""
+    env = {**BASE, name: "my_branch"}
+    text = doctor(env)
+    assert text.exit_code == 0, text.output
+    (warning,) = [line for line in text.stdout.splitlines() if line.startswith("  warning: ")]
+    assert warning.startswith(
+        f"  warning: {name} is set but lane-worker does not read it (a typo of {meant}?)"
+    )
+    assert json.loads(doctor(env, "--json").stdout)["warnings"] == [warning[len("  warning: ") :]]
+
+
+def test_the_apps_own_deepline_variables_are_not_called_typos() -> None:
+    """The TypeScript app reads DEEPLINE_* names lane-worker does not: far from ours, no warning."""
+    env = {
+        **BASE,
+        "DEEPLINE_API_KEY": "k",
+        "DEEPLINE_APP_URL": "https://app.example.com",
+        "DEEPLINE_RUNTIME_API_URL": "https://app.example.com/api",
+        "DEEPLINE_RUNTIME_DEPLOY_ENV": "production",
+        "WORKFLOW_RUNTIME_ENGINE": "absurd",
+        "DAYTONA_API_KEY": "d",
+    }
+    assert diagnose(env).warnings == ()
+
+
+def test_an_unknown_lane_worker_variable_far_from_every_name_is_still_warned() -> None:
+    """Lane-worker's own family: every name it does not read is a mistake, near one or not."""
+    (warning,) = diagnose({**BASE, "LANE_WORKER_XYZZY": "1"}).warnings
+    assert warning == (
+        "LANE_WORKER_XYZZY is set but lane-worker does not read it (a typo?); it is ignored."
+    )
 
 
 # --- the deploy version -------------------------------------------------------------------------

@@ -7,12 +7,14 @@ A refusal names the variable and quotes at most 100 characters of its value.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 # DATABASE_URL_ENV is re-exported: this module names every variable of the contract.
+from worker import lanes
 from worker.config.dburl import DATABASE_URL_ENV as DATABASE_URL_ENV
 from worker.errors import LaneConfigError, shown
 from worker.jsonvalue import is_utf8
@@ -155,21 +157,49 @@ def supervisor_pid_warnings(env: Mapping[str, str]) -> list[str]:
     ]
 
 
+# The families of names lane-worker reads. LANE_WORKER_* is lane-worker's own: every
+# name there that it does not read is a mistake. DEEPLINE_* and WORKFLOW_RUNTIME_* are
+# shared with the TypeScript app, which reads names of its own there: only a name
+# close to one lane-worker reads is called a likely typo.
+_OWN_FAMILY = "LANE_WORKER_"
+_SHARED_FAMILIES = ("DEEPLINE_", "WORKFLOW_RUNTIME_")
+# difflib's ratio at or above which a name in a shared family reads as a misspelling
+# (after the prefix: ABSURD_QUEUE_SUFIX to ABSURD_QUEUE_SUFFIX is 0.97).
+_TYPO_RATIO = 0.85
+
+
+def known_variables() -> frozenset[str]:
+    """Return every variable name lane-worker reads in the families it warns about."""
+    names = {value for key, value in globals().items() if key.endswith("_ENV")}
+    names |= {lanes.RELEASE_ID_ENV, lanes.QUEUE_SUFFIX_ENV, lanes.SCHEDULER_SCHEMA_ENV}
+    return frozenset(n for n in names if n.startswith((_OWN_FAMILY, *_SHARED_FAMILIES)))
+
+
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    known = {
-        CONCURRENCY_ENV, CLAIM_TIMEOUT_ENV, POLL_INTERVAL_ENV, LISTEN_POLL_INTERVAL_ENV,
-        DRAIN_SECONDS_ENV, PROCESSES_ENV, SUPERVISOR_PID_ENV,
-        HEALTH_PORT_ENV, MAX_ATTEMPTS_ENV, LOG_FORMAT_ENV, TEST_DATABASE_URL_ENV, PGBOUNCER_ENV,
-        DEFER_ALERT_AFTER_ENV, DEFER_FAIL_AFTER_ENV, HEALTH_HOST_ENV, BOOT_RETRY_ENV,
-        LEDGER_PATH_ENV, LEDGER_CONCURRENCY_ENV, LEDGER_PER_ENDPOINT_ENV, LEDGER_TIMEOUT_ENV,
-        LEDGER_RETRY_FOR_ENV, MACHINE_ID_ENV, SCALER_BACKEND_ENV, SCALER_STATE_DIR_ENV,
-        FLY_API_URL_ENV,
-    }  # fmt: skip
-    return [
-        f"{name} is set but lane-worker does not read it (a typo?); it is ignored."
-        for name in sorted(env)
-        if name.startswith("LANE_WORKER_") and name not in known
-    ]
+    """Warn of every set variable in lane-worker's families that it does not read.
+
+    Each warning names the closest name lane-worker reads (a typo such as
+    DEEPLINE_ABSURD_QUEUE_SUFIX silently served the shared lane).
+    """
+    known = known_variables()
+    said = []
+    for name in sorted(env):
+        family = next((f for f in (_OWN_FAMILY, *_SHARED_FAMILIES) if name.startswith(f)), None)
+        if family is None or name in known:
+            continue
+        # Compared without the family's prefix, which every candidate shares.
+        tails = {k[len(family) :]: k for k in known if k.startswith(family)}
+        cutoff = 0.6 if family == _OWN_FAMILY else _TYPO_RATIO
+        near = [tails[t] for t in difflib.get_close_matches(name[len(family) :], tails, 1, cutoff)]
+        if family == _OWN_FAMILY:
+            typo = f"a typo of {near[0]}?" if near else "a typo?"
+            said.append(f"{name} is set but lane-worker does not read it ({typo}); it is ignored.")
+        elif near:
+            said.append(
+                f"{name} is set but lane-worker does not read it (a typo of {near[0]}?); it is "
+                "ignored (a name only the app reads is no typo: then ignore this warning)."
+            )
+    return said
 
 
 def _plain_text(value: str) -> bool:

@@ -308,6 +308,8 @@ class Poller:
                 # back to the queue (a sleep, a retry, a put-back): its due time
                 # must cut the idle wait short, not the next poll.
                 self.wakeup.set()
+        if handled.foreign:
+            return  # another system's task, put back for its owner: none of lane-worker's
         self.metrics.claims.labels(self.kind, handled.disposition).inc()
         self.metrics.attempts.labels(handled.outcome).inc()
         if handled.outcome in TERMINAL_OUTCOMES:

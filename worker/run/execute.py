@@ -25,6 +25,7 @@ from worker.app import App
 from worker.db import engine
 from worker.db.pool import Database, is_transient
 from worker.db.store import Store
+from worker.db.tasks import PLAY_RUN_TASK
 from worker.errors import (
     FatalRunError,
     LeaseLostError,
@@ -38,6 +39,7 @@ from worker.run import decide
 from worker.run.attempt import Attempt, Attempts, DeferLimits
 from worker.run.context import Suspended, TaskContext
 from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
+from worker.run.foreign import ForeignTasks
 from worker.run.handback import Claim, give_back_after, give_back_leftovers, really_cancelled
 from worker.run.handle import STEP_KEYS_CURRENT, WorkerSeat
 from worker.run.lease import with_lease
@@ -57,6 +59,8 @@ class Handled:
 
     disposition: Disposition
     outcome: Outcome
+    # A task this store did not create, put back for its owner: not counted as a run's.
+    foreign: bool = False
 
 
 class Runtime:
@@ -99,6 +103,7 @@ class Runtime:
         # A live machine of this lane registers a play this app lacks (a rollout
         # of mixed apps): the own loop claims past such runs from then on.
         self.lane_plays_differ = False
+        self.foreign = ForeignTasks(db, store)
         self.cleanups = SandboxCleanups(
             db, store, deleter=sandboxes, why_not=sandboxes_why_not, lease_s=seat.lease_s
         )
@@ -190,6 +195,9 @@ class Runtime:
         self, claimed: engine.ClaimedRun, claim: Claim, on_refuse: Callable[[], None] | None
     ) -> Handled:
         if claimed.task_name == SANDBOX_CLEANUP_TASK:
+            if not await self.foreign.owned(claimed.task_id):
+                # The TypeScript system spawns cleanups of this name for its own runs.
+                return await self._leave_foreign(claimed, claim)
             # No launch row and no play: any release's worker may do it.
             outcome = await self.cleanups.handle(claimed)
             claim.ended = True
@@ -307,15 +315,21 @@ class Runtime:
             await attempt.lose({"reason": f"moved to {to_queue}"})
             bound.info("run.moved_away", to_queue=to_queue)
             return Handled(Disposition.OWN, Outcome.LEASE_LOST)
-        # An engine task without a launch row cannot be executed by anyone.
-        await self.db.run(lambda c: engine.cancel(c, claimed.queue, claimed.task_id))
+        # No run of this store names the task: another system's (the TypeScript
+        # app's, on a shared queue). Its owner runs it; lane-worker never touches it.
+        return await self._leave_foreign(claimed, claim)
+
+    async def _leave_foreign(self, claimed: engine.ClaimedRun, claim: Claim) -> Handled:
+        """Put a task this store did not create back for its owner (no attempt spent)."""
+        await self.foreign.leave(claimed, self.worker_id_for(claimed.queue))
         claim.ended = True
-        bound.error("run.orphan_cancelled", task_name=claimed.task_name)
-        return Handled(Disposition.OWN, Outcome.CANCELLED)
+        return Handled(Disposition.DEFER, Outcome.DEFERRED, foreign=True)
 
     async def _moved_to(self, claimed: engine.ClaimedRun) -> tuple[uuid.UUID, str] | None:
         """Return the run and the queue a claimed task's run was moved to, or None."""
         params = claimed.params if isinstance(claimed.params, dict) else {}
+        if claimed.task_name != PLAY_RUN_TASK:
+            return None
         try:
             run_id = uuid.UUID(str(params.get("runId")))
         except ValueError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
 from worker.db.store.rows import (
@@ -41,6 +43,10 @@ class LaneQueries(Queries):
     async def known(self, conn: Connection, *, queue: str) -> bool:
         """Tell whether anything ever used this queue (a lane row or the engine queue)."""
         return bool(await self._value(conn, "lane_known", queue))
+
+    async def owns_task(self, conn: Connection, *, task_id: uuid.UUID) -> bool:
+        """Tell whether this store created engine task ``task_id`` (a run's or a cleanup's)."""
+        return bool(await self._value(conn, "owns_task", task_id))
 
     async def registry(self, conn: Connection, *, own_queue: str) -> list[RegistryLane]:
         """Every lane with what a worker of ``own_queue`` needs to follow it."""

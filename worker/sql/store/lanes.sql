@@ -169,3 +169,12 @@ select l.queue, l.status, l.release_ids,
  where l.pruned_at is null
     or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
  order by l.queue;
+
+-- name: owns_task
+-- Whether this store created engine task $1: a run's (its current task; a task
+-- `lanes move` replaced is named by the run its params name, which the caller
+-- checks first) or a sandbox cleanup's (the pending ones by their index).
+select exists (select 1 from {schema}.runs where task_id = $1)
+    or exists (select 1 from {schema}.run_sandboxes
+                where cleanup = 'pending' and cleanup_task_id = $1)
+    or exists (select 1 from {schema}.run_sandboxes where cleanup_task_id = $1);
