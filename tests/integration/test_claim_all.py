@@ -69,8 +69,14 @@ async def take(
     assert [r["run_id"] for r in got] == [run_id]
 
 
-async def stage(c: asyncpg.Connection[asyncpg.Record], queue: str) -> None:
-    """Write the same history of fourteen tasks to ``queue``."""
+async def stage(
+    c: asyncpg.Connection[asyncpg.Record], queue: str, *, foreign: bool = False
+) -> None:
+    """Write the same history of fourteen tasks to ``queue``.
+
+    With ``foreign``, another system's tasks too (no store row), first in line:
+    fresh, with a due cancellation policy, and with a lease that expired.
+    """
 
     def t(s: float) -> datetime:
         return T0 + timedelta(seconds=s)
@@ -78,6 +84,11 @@ async def stage(c: asyncpg.Connection[asyncpg.Record], queue: str) -> None:
     # Two tasks whose cancellation policy is due by the claim, first in line: a
     # batch of one cancels only one of them in its upkeep, and must not hand out
     # the other.
+    if foreign:
+        await at(c, t(0.1))
+        await spawn(c, queue, "foreign-fresh")
+        await spawn(c, queue, "foreign-delay-due", cancellation={"max_delay": 30})
+        _, foreign_leased = await spawn(c, queue, "foreign-lease-expired")
     await at(c, t(0.5))
     await spawn(c, queue, "delay-cancelled", cancellation={"max_delay": 30})
     await at(c, t(0.6))
@@ -129,9 +140,22 @@ async def stage(c: asyncpg.Connection[asyncpg.Record], queue: str) -> None:
         'select absurd.fail_run($1, $2, \'{"name": "Boom"}\'::jsonb, null)', queue, failing
     )
     await take(c, queue, expired, 30)  # lease ends at t(50)
+    if foreign:
+        await take(c, queue, foreign_leased, 30)
     await take(c, queue, live, 300)  # lease ends at t(320)
     await at(c, t(60))
     await c.execute("select absurd.emit_event($1, 'hello', '{\"v\": 1}'::jsonb)", queue)
+
+
+async def give_store_rows(c: asyncpg.Connection[asyncpg.Record], queue: str) -> None:
+    """Make every task of ``queue`` lane-worker's: a store run row each (the claim skips others)."""
+    await c.execute(
+        f"insert into {SCHEMA}.runs (run_id, play, input, launch, release_id, queue, task_id,"
+        f"                           max_attempts)"
+        f" select gen_random_uuid(), task_name, '{{}}', '{{}}', 'rel', $1, task_id, 3"
+        f"   from absurd.t_{queue} where task_name not like 'foreign-%'",
+        queue,
+    )
 
 
 async def claim_batch(
@@ -141,7 +165,7 @@ async def claim_batch(
         rows = await c.fetch("select * from absurd.claim_task($1, 'claimer', 60, $2)", queue, qty)
     else:
         rows = await c.fetch(
-            "select * from lane_worker.claim_lane($1, 'claimer', 60, $2, $3, $1, 'all', '{}')",
+            "select * from lane_worker.claim_lane_v1($1, 'claimer', 60, $2, $3, $1, 'all', '{}')",
             queue, qty, SCHEMA,
         )  # fmt: skip
     names = {
@@ -190,6 +214,7 @@ async def test_claim_all_hands_out_what_claim_task_does(
     """Batch by batch the same runs, and in the end the same states, as the engine's claim."""
     for queue in (BY_ENGINE, BY_LANE):
         await stage(conn, queue)
+    await give_store_rows(conn, BY_LANE)
     assert await snapshot(conn, BY_ENGINE) == await snapshot(conn, BY_LANE)
 
     await at(conn, CLAIM_AT)
@@ -230,7 +255,110 @@ async def test_claim_all_serves_only_the_claimers_own_queue(
     """Mode 'all' filters nothing, so it is refused on another lane's queue."""
     with pytest.raises(asyncpg.InvalidParameterValueError, match="mode all does not serve"):
         await conn.fetch(
-            "select * from lane_worker.claim_lane($1, 'w:x:continuations', 60, 1, $2, $3,"
+            "select * from lane_worker.claim_lane_v1($1, 'w:x:continuations', 60, 1, $2, $3,"
             " 'all', '{}')",
             BY_ENGINE, SCHEMA, BY_LANE,
         )  # fmt: skip
+
+
+async def test_claim_all_leaves_another_systems_tasks_untouched(
+    conn: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """Foreign tasks first in line change nothing: lane-worker's are claimed as claim_task would.
+
+    They are not claimed, not cancelled by their due policy, their expired lease
+    is not swept (their owner's claim does that), and they give no due time.
+    """
+    await stage(conn, BY_ENGINE)
+    await stage(conn, BY_LANE, foreign=True)
+    await give_store_rows(conn, BY_LANE)
+    foreign_before = await foreign_rows(conn)
+    await at(conn, CLAIM_AT)
+    batches: dict[str, list[list[tuple[Any, ...]]]] = {BY_ENGINE: [], BY_LANE: []}
+    for queue in (BY_ENGINE, BY_LANE):
+        while batch := await claim_batch(conn, queue, 2):
+            batches[queue].append(batch)
+    assert batches[BY_LANE] == batches[BY_ENGINE]
+    engine_state = await snapshot(conn, BY_ENGINE)
+    lane_state = await snapshot(conn, BY_LANE)
+    assert {k: v for k, v in lane_state["tasks"].items() if not k.startswith("foreign-")} == (
+        engine_state["tasks"]
+    )
+    assert [r for r in lane_state["runs"] if not r[0].startswith("foreign-")] == engine_state[
+        "runs"
+    ]
+    assert await foreign_rows(conn) == foreign_before
+    assert {k: v["state"] for k, v in lane_state["tasks"].items() if k.startswith("foreign-")} == {
+        "foreign-fresh": "pending",
+        "foreign-delay-due": "pending",
+        "foreign-lease-expired": "running",
+    }
+    due = "select lane_worker.next_due_in_v1($1, $2, $1, 'all', '{}')"
+    assert await conn.fetchval(due, BY_LANE, SCHEMA) == await conn.fetchval(
+        "select lane_worker.next_due_any_v1($1)", BY_ENGINE
+    )
+
+
+async def foreign_rows(c: asyncpg.Connection[asyncpg.Record]) -> list[tuple[Any, ...]]:
+    """Every engine row of the foreign tasks on the lane queue, as stored."""
+    return [
+        tuple(r.values())
+        for r in await c.fetch(
+            f"select t.*, r.* from absurd.t_{BY_LANE} t join absurd.r_{BY_LANE} r using (task_id)"
+            "  where t.task_name like 'foreign-%' order by t.task_name, r.attempt"
+        )
+    ]
+
+
+OTHER = "claim_all_other"  # a lane whose queue BY_LANE's continuation loops visit
+
+
+@pytest.mark.parametrize(
+    ("mode", "queue", "own_queue", "own_status"),
+    [
+        ("own", BY_LANE, BY_LANE, "claiming"),
+        ("drain", BY_LANE, BY_LANE, "retired"),
+        ("adopt", OTHER, BY_LANE, "claiming"),
+        ("mine", OTHER, BY_LANE, "claiming"),
+        ("drain", OTHER, BY_LANE, "retired"),
+    ],
+)
+async def test_no_claim_mode_hands_out_another_systems_task(
+    conn: asyncpg.Connection[asyncpg.Record],
+    mode: str,
+    queue: str,
+    own_queue: str,
+    own_status: str,
+) -> None:
+    """Due, woken and sleeping foreign tasks stay where their owner left them, in every mode."""
+    await engine.ensure_queue(conn, OTHER)
+    await conn.execute(
+        f"insert into {SCHEMA}.releases (queue, status, created_at)"
+        " values ($1, $2, now()), ($3, 'retired', now() - interval '1 hour')"
+        " on conflict (queue) do update set status = excluded.status",
+        own_queue, own_status, OTHER,
+    )  # fmt: skip
+    await spawn(conn, queue, "foreign-fresh")
+    _, sleeper = await spawn(conn, queue, "foreign-sleeper")
+    await take(conn, queue, sleeper, 60)
+    await conn.execute("select absurd.schedule_run($1, $2, now())", queue, sleeper)
+    _, woken = await spawn(conn, queue, "foreign-woken")
+    woken_task = await conn.fetchval(
+        f"select task_id from absurd.r_{queue} where run_id = $1", woken
+    )
+    await take(conn, queue, woken, 60)
+    await conn.fetchval(
+        "select should_suspend from absurd.await_event($1, $2, $3, 'wait', 'ping', 3600)",
+        queue, woken_task, woken,
+    )  # fmt: skip
+    await conn.execute("select absurd.emit_event($1, 'ping', '{}'::jsonb)", queue)
+    worker = "w" if queue == own_queue else f"w:{queue}:continuations"
+    rows = await conn.fetch(
+        "select * from lane_worker.claim_lane_v1($1, $2, 60, 16, $3, $4, $5, '{p}')",
+        queue, worker, SCHEMA, own_queue, mode,
+    )  # fmt: skip
+    assert rows == []
+    due = await conn.fetchval(
+        "select lane_worker.next_due_in_v1($1, $2, $3, $4, '{p}')", queue, SCHEMA, own_queue, mode
+    )
+    assert due is None

@@ -269,7 +269,7 @@ async def test_continuation_fence_hands_out_only_runs_it_may_adopt_or_own(
         return {r.task_name for r in batch.runs}
 
     due_in = await eng.fetchval(
-        "select lane_worker.next_due_in($1, $2, $3, 'adopt', '{p}')",
+        "select lane_worker.next_due_in_v1($1, $2, $3, 'adopt', '{p}')",
         QUEUE,
         SCHEMA,
         CONT_OWN_QUEUE,
@@ -293,7 +293,7 @@ async def test_continuation_claim_refuses_other_worker_ids(
     """The continuation claim function serves only worker ids ending in :continuations."""
     with pytest.raises(asyncpg.PostgresError, match="continuations"):
         await eng.fetch(
-            "select * from lane_worker.claim_lane($1, 'w1', 30, 1, $2, $3, 'adopt', '{}')",
+            "select * from lane_worker.claim_lane_v1($1, 'w1', 30, 1, $2, $3, 'adopt', '{}')",
             QUEUE,
             SCHEMA,
             CONT_OWN_QUEUE,
@@ -309,6 +309,7 @@ async def test_continuation_claim_sweeps_expired_leases(
     Also through ``claim_with_lanes``: a sweep that hands out nothing still reaches the caller.
     """
     spawned = await spawn(eng)
+    await store_row(eng, spawned.task_id, "running")
     claimed = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs[0]
     await eng.execute(
         f"update absurd.r_{QUEUE} set claim_expires_at = now() - interval '1 second' "
@@ -332,8 +333,10 @@ async def test_continuation_claim_sweeps_expired_leases(
 async def test_a_claim_with_lanes_hands_out_what_the_plain_claim_does(
     eng: asyncpg.Connection[asyncpg.Record],
 ) -> None:
-    """The same runs, in the same states, with no store facts for tasks the store lacks."""
+    """The same runs, in the same states, each with its store facts."""
     spawned = {(await spawn(eng, f"play-{n}")).task_id for n in range(3)}
+    for task_id in spawned:
+        await store_row(eng, task_id, "queued")
     plain = await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=2)
     with_lanes = await engine.claim(
         eng, QUEUE, OWN, lease_s=30, qty=5, store_schema=SCHEMA, with_lanes=True
@@ -342,7 +345,8 @@ async def test_a_claim_with_lanes_hands_out_what_the_plain_claim_does(
     assert len(with_lanes.runs) == 1
     assert {r.task_id for r in plain.runs + with_lanes.runs} == spawned
     [run] = with_lanes.runs
-    assert run.lane is None  # spawned straight through the engine: no store row
+    assert run.lane is not None
+    assert run.lane.play == "p"
     assert (run.queue, run.attempt, run.max_attempts, run.params) == (QUEUE, 1, 3, {"n": 1})
     assert run.task_name.startswith("play-")
     assert run.wake_event is None

@@ -361,14 +361,12 @@ async def test_a_race_for_an_adopted_run_gives_it_back_quietly_at_once(database_
     assert executed == [("one", A), ("two", B), ("three", B)]
 
 
-async def test_the_adopt_filter_asks_the_store_rule_and_its_older_spelling_agrees(
-    database_url: str,
-) -> None:
+async def test_the_adopt_filter_asks_the_store_rule(database_url: str) -> None:
     """The continuation filter hands out exactly the runs ``adoptable_by`` allows.
 
-    The same cases are read through the store's named rule (migration 0007) and,
-    after dropping it as a store an older build migrated would lack it, through the
-    spelled-out copy the filter keeps for such stores: both must agree with the rule.
+    The filter (engine contract claim_v1) always serves a store its own build
+    migrated, so it asks the store's named rule (migration 0007) and keeps no
+    spelled-out copy for older stores.
     """
     lanes_in_order = {"rel-old": "retired", "rel-d": "retired", "rel-b": "claiming",
                       "rel-e": "retired", "rel-c": "claiming"}  # fmt: skip
@@ -408,7 +406,9 @@ async def test_the_adopt_filter_asks_the_store_rule_and_its_older_spelling_agree
 
         async def handed_to_b() -> set[str]:
             where = await conn.fetchval(
-                "select lane_worker.lane_filter('adopt', $1, $2, '$1', '$2')", SCHEMA, q["rel-old"]
+                "select lane_worker.lane_filter_v1('adopt', $1, $2, '$1', '$2')",
+                SCHEMA,
+                q["rel-old"],
             )
             rows = await conn.fetch(
                 f"select s.run_id::text from absurd.r_{q['rel-old']} r"
@@ -419,10 +419,6 @@ async def test_the_adopt_filter_asks_the_store_rule_and_its_older_spelling_agree
             return {name for name, i in ids.items() if i in {r[0] for r in rows}}
 
         expected = {name for name, (*_, handed) in cases.items() if handed}
-        assert await handed_to_b() == expected
-        await conn.execute(
-            f"drop function {SCHEMA}.adoptable_by(text, text, text, text, text, text[])"
-        )
         assert await handed_to_b() == expected
     finally:
         await conn.close()

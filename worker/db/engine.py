@@ -51,10 +51,11 @@ async def ensure_queue(conn: Connection, queue: str) -> None:
 async def watch_queue(conn: Connection, queue: str) -> bool:
     """Have every run of ``queue`` that becomes pending or sleeping NOTIFY its workers.
 
-    A trigger on the queue's engine run table (``lane_worker.watch_queue``),
-    installed once: runs written straight through the engine (an app that
-    spawns without the store, a retry, a sleep, an event) wake the claim loops
-    as a submit does, so the loops may poll rarely while LISTEN is connected.
+    A trigger on the queue's engine run table (``lane_worker.watch_queue_v1``),
+    installed once (an older build's trigger may sit beside it): runs written
+    straight through the engine (an app that spawns without the store, a retry,
+    a sleep, an event) wake the claim loops as a submit does, so the loops may
+    poll rarely while LISTEN is connected.
     Return whether this call installed it.
     """
     installed: bool = await conn.fetchval(engine_query("watch_queue"), queue)
@@ -153,7 +154,8 @@ class ClaimBatch:
     due_in_s: float | None = None
 
 
-# lane_worker.claim_lane's modes (sql/engine/claim_lane.sql says what each hands out).
+# lane_worker.claim_lane_v1's modes (sql/engine/claim_v1.sql says what each hands out;
+# a worker whose lane is retired is served as CLAIM_DRAIN whatever it asks).
 CLAIM_OWN = "own"
 CLAIM_ADOPT = "adopt"
 CLAIM_MINE = "mine"
@@ -177,8 +179,9 @@ async def claim(
     """Claim up to ``qty`` runs from ``queue``.
 
     Without ``mode``, the engine's own claim (a claiming release on its own
-    queue). With a mode (``CLAIM_OWN``, ``CLAIM_ADOPT``, ``CLAIM_MINE``,
-    ``CLAIM_DRAIN``), ``lane_worker.claim_lane``, which needs the run-state
+    queue; without ``with_lanes`` it hands out every task, another system's
+    too). With a mode (``CLAIM_OWN``, ``CLAIM_ADOPT``, ``CLAIM_MINE``,
+    ``CLAIM_DRAIN``), ``lane_worker.claim_lane_v1``, which needs the run-state
     store's schema, the claimer's own lane queue and its app's plays. With
     ``with_lanes`` (and the store's schema), each run comes with its store facts
     (``ClaimedRun.lane``), read in the same round trip; with ``begin`` too, the
@@ -236,9 +239,9 @@ async def next_due_in_s(
     """Seconds until ``claim`` (with the same arguments) hands out a run of ``queue``, if any.
 
     Negative: one is due already; measured on the database's clock, which the
-    engine wakes runs by.
+    engine wakes runs by. With the store's schema, only lane-worker's tasks count.
     """
-    if mode is None:
+    if mode is None and store_schema is None:
         due: float | None = await conn.fetchval(engine_query("next_due"), queue)
     else:
         due = await conn.fetchval(

@@ -1,13 +1,20 @@
-"""The Absurd engine's schema: its version, its install or upgrade, and the claim functions.
+"""The Absurd engine's schema: its version, its install or upgrade, and lane-worker's contracts.
 
 The engine schema is not written here: it is ``absurdctl.BUNDLED_SCHEMA_SQL``
-(and absurdctl's bundled migrations to upgrade an older one). The only
-addition is this project's continuation claim, in its own schema
-(``sql/engine/claim_lane.sql``), (re)created with every install.
+(and absurdctl's bundled migrations to upgrade an older one). lane-worker's
+own engine-side objects, in schema ``lane_worker``, are *contracts*: one
+``sql/engine/<name>_v<N>.sql`` file each, every object in it named with that
+``_v<N>``, listed in ``CONTRACTS``. Builds of different ages share one
+database, so an install creates a contract that is missing and replaces one
+only when no newer lane-worker version installed it (``lane_worker.contracts``
+records who did); it never touches another contract's objects, an older
+build's unversioned ones included (docs/DESIGN.md "Builds side by side").
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any
 
 import absurdctl
@@ -15,6 +22,16 @@ import absurdctl
 from worker.db.pool import Connection
 from worker.db.sql import engine_query, sql_text
 from worker.errors import EngineSchemaError
+from worker.version import VERSION
+
+# This build's engine-side contracts, each one file of sql/engine/ (its name,
+# without .sql, is the contract's name in lane_worker.contracts). A new file
+# joins with one line here. A contract whose meaning changes is a new file with
+# the next _v<N>, beside the old one: older builds keep calling theirs.
+CONTRACTS: tuple[str, ...] = (
+    "claim_v1",
+    "notify_v1",
+)
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION
 # pg_advisory_xact_lock key shared by every lane-worker install step ("lwschema").
@@ -24,6 +41,11 @@ _INSTALL_LOCK_KEY = 0x6C77_7363_6865_6D61
 def _version_key(version: str) -> tuple[Any, ...]:
     key: tuple[Any, ...] = absurdctl.version_sort_key(version)
     return key
+
+
+def lane_worker_version_key(version: str) -> tuple[int, ...]:
+    """Return a lane-worker version's order: its leading numbers (``0.2.0`` -> ``(0, 2, 0)``)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0].split("-")[0]))
 
 
 async def installed_engine_version(conn: Connection) -> str | None:
@@ -54,9 +76,14 @@ async def engine_schema_current(conn: Connection) -> bool:
     if version is None:
         return False
     _refuse_newer(version)
-    current = version == ENGINE_SCHEMA_VERSION
-    # The continuation claim functions come with the engine install (migrate).
-    return current and bool(await conn.fetchval(engine_query("claim_functions_present")))
+    if version != ENGINE_SCHEMA_VERSION:
+        return False
+    # This build's contracts come with the engine install (migrate), by any build
+    # of a lane-worker version that ships them.
+    if not await conn.fetchval(engine_query("contracts_table_present")):
+        return False
+    present: int = await conn.fetchval(engine_query("contracts_present"), list(CONTRACTS))
+    return present == len(CONTRACTS)
 
 
 async def _upgrade(conn: Connection, version: str) -> None:
@@ -92,9 +119,34 @@ async def ensure_engine_schema(conn: Connection) -> str:
             outcome = f"upgraded {version} -> {ENGINE_SCHEMA_VERSION}"
         else:
             outcome = "current"
-        await conn.execute(_claim_functions_sql())
+        await conn.execute(engine_query("contracts_table"))
+        for contract in CONTRACTS:
+            await _install_contract(conn, contract)
     return outcome
 
 
-def _claim_functions_sql() -> str:
-    return sql_text("engine", "claim_lane.sql")
+def contract_sql(contract: str) -> str:
+    """Return contract ``contract``'s SQL (``sql/engine/<contract>.sql``)."""
+    return sql_text("engine", f"{contract}.sql")
+
+
+def _checksum(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def _install_contract(conn: Connection, contract: str) -> None:
+    """Create contract ``contract``, or replace its bodies unless a newer version installed it.
+
+    Equal versions with other text replace too (a fix within a version); the
+    same text is left alone, so a boot costs no DDL.
+    """
+    text = contract_sql(contract)
+    checksum = _checksum(text)
+    row = await conn.fetchrow(engine_query("contract_installed"), contract)
+    if row is not None:
+        theirs = lane_worker_version_key(row["installed_by"])
+        mine = lane_worker_version_key(VERSION)
+        if theirs > mine or (theirs == mine and row["checksum"] == checksum):
+            return
+    await conn.execute(text)
+    await conn.execute(engine_query("record_contract"), contract, VERSION, checksum)

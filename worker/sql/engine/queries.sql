@@ -1,5 +1,6 @@
 -- The engine calls lane-worker makes: Absurd's stored functions, this project's
--- claim functions (claim_lane.sql), and reads and locks on one engine queue's
+-- engine-side contracts (claim_v1.sql, notify_v1.sql: each call names the
+-- contract version it was written for), and reads and locks on one engine queue's
 -- tables. Each starts with a `-- name: <name>` line and is run by one function
 -- of worker/db/engine.py or worker/db/engine_schema.py. `{tasks}`, `{runs}` and
 -- `{checkpoints}` are a queue's engine tables and `{schema}` the run-state store,
@@ -16,18 +17,40 @@ select to_regprocedure('absurd.get_schema_version()') is not null;
 -- name: schema_version
 select absurd.get_schema_version();
 
--- name: claim_functions_present
--- The continuation claim functions come with the engine install (claim_lane.sql);
--- the newest of them stands for all.
-select to_regprocedure('lane_worker.extend_claim_within(text, uuid, integer, integer)')
-       is not null;
+-- name: contracts_table
+-- The ledger of engine-side contracts and the lane-worker version that installed
+-- each (docs/DESIGN.md "Builds side by side"). Shared by every build from 0.2.0
+-- on, so its columns may be added to, never changed.
+create schema if not exists lane_worker;
+create table if not exists lane_worker.contracts (
+  contract text primary key,
+  installed_by text not null,
+  checksum text not null,
+  installed_at timestamptz not null default now());
+
+-- name: contracts_table_present
+select to_regclass('lane_worker.contracts') is not null;
+
+-- name: contract_installed
+-- Who installed contract $1 ($1: its file's name without .sql), and from what text.
+select installed_by, checksum from lane_worker.contracts where contract = $1;
+
+-- name: contracts_present
+-- How many of the contracts $1 are installed (by this build's version or another).
+select count(*) from lane_worker.contracts where contract = any($1::text[]);
+
+-- name: record_contract
+insert into lane_worker.contracts (contract, installed_by, checksum) values ($1, $2, $3)
+on conflict (contract) do update
+   set installed_by = excluded.installed_by, checksum = excluded.checksum,
+       installed_at = now();
 
 -- name: create_queue
 select absurd.create_queue($1);
 
 -- name: watch_queue
--- The NOTIFY trigger on the queue's engine runs (claim_lane.sql); true: installed now.
-select lane_worker.watch_queue($1);
+-- The NOTIFY trigger on the queue's engine runs (notify_v1.sql); true: installed now.
+select lane_worker.watch_queue_v1($1);
 
 -- name: set_queue_policy
 select absurd.set_queue_policy($1, $2::jsonb);
@@ -46,14 +69,16 @@ select absurd.drop_queue($1);
 select queue_name, tasks_deleted, events_deleted from absurd.cleanup_all_queues($1);
 
 -- name: claim_task
--- The engine's own claim, in claim_lane's row shape (it sweeps nothing it reports).
+-- The engine's own claim, in claim_lane_v1's row shape (it sweeps nothing it
+-- reports). Every task of the queue, another system's too: only for a caller
+-- without a store (the daemon's loops claim with claim_next).
 select run_id, task_id, attempt, task_name, params, max_attempts, wake_event, event_payload,
        0 as swept
   from absurd.claim_task($1, $2, $3, $4);
 
 -- name: next_due_in
--- The same filter as claim_lane: only runs that loop would be handed.
-select lane_worker.next_due_in($1, $2, $3, $4, $5);
+-- The same filter as claim_lane_v1: only runs that loop would be handed.
+select lane_worker.next_due_in_v1($1, $2, $3, $4, $5);
 
 -- name: complete_run
 select absurd.complete_run($1, $2, $3);
@@ -70,8 +95,8 @@ select absurd.schedule_run($1, $2,
                            absurd.current_time() + make_interval(secs => $3::double precision));
 
 -- name: extend_claim
--- Waits at most $4 ms for the run's row lock (claim_lane.sql).
-select lane_worker.extend_claim_within($1, $2, $3, $4);
+-- Waits at most $4 ms for the run's row lock (claim_v1.sql).
+select lane_worker.extend_claim_within_v1($1, $2, $3, $4);
 
 -- name: set_checkpoint_state
 select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
@@ -98,13 +123,13 @@ select run_id, task_id, attempt from {runs}
 
 -- name: next_due
 -- Seconds until the next run of this queue is claimable by the engine's own
--- claim (claim_lane.sql says how; negative: due already), or null.
-select lane_worker.next_due_any($1);
+-- claim (claim_v1.sql says how; negative: due already), or null.
+select lane_worker.next_due_any_v1($1);
 
 -- name: claim_next
 -- A loop's claim and, when it fell short, the next due time, one round trip
--- (claim_lane.sql); with $9, the store's facts too; with $10, begun attempts.
-select * from lane_worker.claim_next($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+-- (claim_v1.sql); with $9, the store's facts too; with $10, begun attempts.
+select * from lane_worker.claim_next_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
 -- name: reconcile_batch
 -- Up to $2 open store runs of queue $1 whose engine task ended by itself (an

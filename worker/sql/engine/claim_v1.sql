@@ -1,16 +1,38 @@
--- lane-worker's own claims, beside absurd.claim_task, for the loops whose
--- claim the engine cannot express. Lives in its own schema; the engine's own
--- functions are untouched and called where they define the semantics
--- (fail_run for expired leases, cancel_task for cancellation policies). The
--- filters read the run-state store (schema p_store_schema): each run's status,
--- play and adopter lane (p_own_queue is the claimer's own lane).
+-- Engine-side contract claim_v1: lane-worker's own claims, beside
+-- absurd.claim_task, for the loops whose claim the engine cannot express.
+-- Every name here ends in _v1 (docs/DESIGN.md "Builds side by side"): builds of
+-- different ages share one database, each calls the objects of its own
+-- contracts, and worker/db/engine_schema.py installs this file only when
+-- lane_worker.contracts says no build of a newer lane-worker version did.
+-- Within v1 a body may be fixed but never change its meaning, name, arguments
+-- or result columns: that is a new file, claim_v2.sql, beside this one.
+--
+-- The engine's own functions are untouched and called where they define the
+-- semantics (fail_run for expired leases, cancel_task for cancellation
+-- policies). The filters read the run-state store (schema p_store_schema):
+-- each run's status, play and adopter lane (p_own_queue is the claimer's own
+-- lane). The store is always one this build migrated (its workers migrate
+-- before they claim), so its named rules are called, not spelled out again.
+--
+-- Lane-worker's tasks only: every mode, the expired-lease sweep, the
+-- cancellation upkeep and the next due time see only tasks with a row in
+-- this store (a run, or a sandbox's pending cleanup). Another system on
+-- Absurd (the TypeScript workers) may put its tasks on the same queue when
+-- release ids coincide: they are left untouched for their owner, whose own
+-- claim (absurd.claim_task) also sweeps their expired leases.
+--
+-- The claimer's lane is read here, not trusted from the caller: a worker
+-- whose lane is retired claims as mode 'drain' whatever mode it asked for
+-- (lane_worker.claim_mode_v1), so a worker that has not yet seen its
+-- retirement (no LISTEN, between two registry refreshes) cannot take what the
+-- retirement gave to the claiming releases after `lanes wait` said drained.
 --
 -- Mode 'all': a claiming release on its own queue when nothing there needs
--- filtering: every due run, exactly as absurd.claim_task hands them out (the
--- same candidates, lease, expired-lease sweep and cancellation policies), but
--- picked by two ordered scans of the engine's (state, available_at) index
--- instead of a sort of the whole pending set (tests/integration/test_claim_all.py
--- holds it to claim_task).
+-- filtering: every due run of lane-worker's, exactly as absurd.claim_task hands
+-- them out (the same candidates, lease, expired-lease sweep and cancellation
+-- policies), but picked by two ordered scans of the engine's (state,
+-- available_at) index instead of a sort of the whole pending set
+-- (tests/integration/test_claim_all.py holds it to claim_task).
 --
 -- Mode 'own': a claiming release on its own queue, when runs there were
 -- adopted by another lane, or when a live machine of the same lane registers a
@@ -21,15 +43,13 @@
 --
 -- Mode 'adopt': a claiming release's `:continuations` loop on a retired lane's
 -- queue. Hands out runs whose durable wait is over (a due `sleeping` run, or a
--- `pending` one an event woke) and that it may take: runs it adopted earlier
--- (its own work, whatever their store status), and runs parked in a wait
--- (store status `waiting`) whose play its app registers (p_plays), that no
--- other claiming lane adopted and whose effective lane is older than its own
--- (lanes ordered by first registration: a release never adopts from a newer):
--- the store's adoptable_by. Everything else (fresh runs, retries and
--- hand-backs of the retired lane, which only that lane's draining workers may
--- run, and runs another claiming release adopted) is never handed out, so a
--- defer is a race, not the normal path.
+-- `pending` one an event woke) and that it may take: the store's adoptable_by
+-- (runs it adopted earlier, and runs parked in a wait whose play its app
+-- registers, that no other claiming lane adopted and whose effective lane is
+-- older than its own), and the retired lane's pending sandbox cleanups.
+-- Everything else (fresh runs, retries and hand-backs of the retired lane,
+-- which only that lane's draining workers may run, and runs another claiming
+-- release adopted) is never handed out, so a defer is a race, not the normal path.
 --
 -- Mode 'mine': a claiming release's loop on a lane that claims too (it was
 -- activated again after this release adopted runs there): only its adoptees.
@@ -40,22 +60,47 @@
 -- or another. Hands out only what no other release may run: runs whose
 -- effective lane (the adopter's, else the queue's) is p_own_queue and that
 -- need it (the store's needs_own_lane: not parked, or parked where nothing
--- could adopt it). Other parked runs are left to the claiming releases.
--- A worker is live while it has no stop mark and beat within 60 seconds: the
--- store's window (its worker_live, store migration 0006), named once more here as
--- lane_worker.worker_live because these filters also serve stores that older
--- builds migrated, which lack the store's function.
+-- could adopt it), and its own queue's pending sandbox cleanups. Other parked
+-- runs are left to the claiming releases.
 create schema if not exists lane_worker;
 
-create or replace function lane_worker.worker_live(p_heartbeat_at timestamptz, p_stopped_at timestamptz)
-  returns boolean
+-- A predicate on engine table alias p_alias (a run `r` or a task `t`): its task
+-- is lane-worker's, one this store has a row for.
+create or replace function lane_worker.ours_v1(p_store_schema text, p_alias text)
+  returns text
   language sql
-  stable
+  immutable
 as $$
-  select p_stopped_at is null and p_heartbeat_at > now() - interval '60 seconds'
+  select format(
+    '(exists (select 1 from %1$I.runs s_own where s_own.task_id = %2$s.task_id)
+      or exists (select 1 from %1$I.run_sandboxes x_own
+                  where x_own.cleanup_task_id = %2$s.task_id and x_own.cleanup = ''pending''))',
+    p_store_schema, p_alias)
 $$;
 
-create or replace function lane_worker.lane_filter (
+-- The mode a claim of lane p_own_queue's worker really has: 'drain' while the
+-- lane is retired, else the mode asked for (null: the engine claim's stand-in).
+create or replace function lane_worker.claim_mode_v1(
+  p_store_schema text,
+  p_own_queue text,
+  p_mode text
+)
+  returns text
+  language plpgsql
+  stable
+as $$
+declare
+  v_retired boolean;
+begin
+  execute format('select exists (select 1 from %I.releases where queue = $1 and status = ''retired'')',
+                 p_store_schema)
+    into v_retired
+    using p_own_queue;
+  return case when v_retired then 'drain' else p_mode end;
+end;
+$$;
+
+create or replace function lane_worker.lane_filter_v1 (
   p_mode text,
   p_store_schema text,
   p_queue_name text,
@@ -64,17 +109,19 @@ create or replace function lane_worker.lane_filter (
 )
   returns text
   language plpgsql
-  stable  -- reads the catalog: which named rules the store has
+  immutable
 as $$
 begin
   -- A predicate on the engine run `r` of queue p_queue_name; p_own_param and
   -- p_plays_param are the placeholders ($n) bound to the claimer's own queue
   -- and its app's plays.
   if p_mode = 'all' then
-    return 'r.state in (''pending'', ''sleeping'')';
+    return 'r.state in (''pending'', ''sleeping'') and '
+           || lane_worker.ours_v1(p_store_schema, 'r');
   elsif p_mode = 'own' then
     return format(
       'r.state in (''pending'', ''sleeping'')
+       and %4$s
        and not exists (
              select 1 from %1$I.runs s
               where s.task_id = r.task_id
@@ -83,51 +130,21 @@ begin
                          and exists (
                                select 1 from %1$I.workers w
                                 where w.queue = %2$s
-                                  and lane_worker.worker_live(w.heartbeat_at, w.stopped_at)
+                                  and %1$I.worker_live(w.heartbeat_at, w.stopped_at)
                                   and s.play = any (w.plays)))))',
-      p_store_schema, p_own_param, p_plays_param);
+      p_store_schema, p_own_param, p_plays_param, lane_worker.ours_v1(p_store_schema, 'r'));
   elsif p_mode = 'adopt' then
-    if to_regprocedure(format('%I.adoptable_by(text,text,text,text,text,text[])',
-                              p_store_schema)) is not null then
-      -- The store names the adoption rule (store migration 0007): ask it, so
-      -- this filter and the lane registry cannot disagree.
-      return format(
-        '((r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
-          and exists (
-                select 1 from %1$I.runs s
-                 where s.task_id = r.task_id
-                   and %1$I.adoptable_by(s.status, s.play, s.adopted_queue, %4$L, %2$s, %3$s)))'
-        || case when to_regclass(format('%I.run_sandboxes', p_store_schema)) is null then ''
-           -- a retired lane''s pending sandbox cleanup needs no play code: a
-           -- claiming release takes it over, so it never waits for the old machines
-           else format(
-             ' or (r.state in (''pending'', ''sleeping'')
-                   and exists (select 1 from %1$I.run_sandboxes x
-                                where x.cleanup_task_id = r.task_id and x.cleanup = ''pending''))',
-             p_store_schema) end,
-        p_store_schema, p_own_param, p_plays_param, p_queue_name);
-    end if;
-    -- A store that an older build migrated lacks the named rule: the same rule
-    -- spelled out (kept until no such store can be claimed from).
     return format(
-      '(r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
-       and exists (
-             select 1
-               from %1$I.runs s
-              where s.task_id = r.task_id
-                and s.play = any (%3$s)
-                and (s.adopted_queue = %2$s
-                     or (s.status = ''waiting''
-                         and (s.adopted_queue is null
-                              or not exists (
-                                   select 1 from %1$I.releases l
-                                    where l.queue = s.adopted_queue
-                                      and l.status = ''claiming''))
-                         and exists (
-                               select 1 from %1$I.releases them, %1$I.releases me
-                                where them.queue = coalesce(s.adopted_queue, %4$L)
-                                  and me.queue = %2$s
-                                  and them.created_at < me.created_at))))',
+      '((r.state = ''sleeping'' or (r.state = ''pending'' and r.event_payload is not null))
+        and exists (
+              select 1 from %1$I.runs s
+               where s.task_id = r.task_id
+                 and %1$I.adoptable_by(s.status, s.play, s.adopted_queue, %4$L, %2$s, %3$s)))
+       -- a retired lane''s pending sandbox cleanup needs no play code: a
+       -- claiming release takes it over, so it never waits for the old machines
+       or (r.state in (''pending'', ''sleeping'')
+           and exists (select 1 from %1$I.run_sandboxes x
+                        where x.cleanup_task_id = r.task_id and x.cleanup = ''pending''))',
       p_store_schema, p_own_param, p_plays_param, p_queue_name);
   elsif p_mode = 'mine' then
     return format(
@@ -152,11 +169,12 @@ begin
                           and not exists (
                                 select 1 from %1$I.workers w
                                  where w.queue = %2$s
-                                   and lane_worker.worker_live(w.heartbeat_at, w.stopped_at)
+                                   and %1$I.worker_live(w.heartbeat_at, w.stopped_at)
                                    and s.play = any (w.plays))))
                  and %1$I.needs_own_lane(s.status, s.play, %2$s, s.queue))
             or (%3$L = %2$s
-                and not exists (select 1 from %1$I.runs s where s.task_id = r.task_id)))',
+                and exists (select 1 from %1$I.run_sandboxes x
+                             where x.cleanup_task_id = r.task_id and x.cleanup = ''pending'')))',
       p_store_schema, p_own_param, p_queue_name, p_plays_param);
   end if;
   raise exception 'lane_worker: unknown claim mode "%" (all, own, adopt, mine or drain)', p_mode
@@ -164,7 +182,7 @@ begin
 end;
 $$;
 
-create or replace function lane_worker.next_due_in (
+create or replace function lane_worker.next_due_in_v1 (
   p_queue_name text,
   p_store_schema text,
   p_own_queue text,
@@ -177,27 +195,37 @@ create or replace function lane_worker.next_due_in (
 as $$
 declare
   v_due double precision;
+  v_filter text := lane_worker.lane_filter_v1(
+    coalesce(lane_worker.claim_mode_v1(p_store_schema, p_own_queue, p_mode), 'all'),
+    p_store_schema, p_queue_name, '$1', '$2');
 begin
-  -- Seconds until the next run lane_worker.claim_lane would hand out (negative:
-  -- already due), or null when there is none. A running run's lease end counts
-  -- too: the claim then sweeps it (nothing notifies when its worker died). An
-  -- event wait without a timeout is due at 'infinity': no due time.
+  -- Seconds until the next run lane_worker.claim_lane_v1 would hand out
+  -- (negative: already due), or null when there is none. A running run's lease
+  -- end counts too: the claim then sweeps it (nothing notifies when its worker
+  -- died). An event wait without a timeout is due at 'infinity': no due time.
+  -- One ordered walk of the (state, available_at) index per state, each
+  -- stopping at its first match, instead of a min() over every row the filter
+  -- must look at.
   execute format(
       'select extract(epoch from min(d.due) - absurd.current_time())::float8
-         from (select min(r.available_at) as due from absurd.%1$I r
-                where r.available_at < ''infinity'' and %2$s
+         from ((select r.available_at as due from absurd.%1$I r
+                 where r.state = ''pending'' and r.available_at < ''infinity'' and %2$s
+                 order by r.available_at limit 1)
                union all
-               select min(claim_expires_at) from absurd.%1$I
-                where state = ''running'' and claim_expires_at is not null) d',
-      'r_' || p_queue_name,
-      lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$1', '$2'))
+               (select r.available_at from absurd.%1$I r
+                 where r.state = ''sleeping'' and r.available_at < ''infinity'' and %2$s
+                 order by r.available_at limit 1)
+               union all
+               (select min(r.claim_expires_at) from absurd.%1$I r
+                 where r.state = ''running'' and r.claim_expires_at is not null and %3$s)) d',
+      'r_' || p_queue_name, v_filter, lane_worker.ours_v1(p_store_schema, 'r'))
     into v_due
     using p_own_queue, p_plays;
   return v_due;
 end;
 $$;
 
-create or replace function lane_worker.claim_lane (
+create or replace function lane_worker.claim_lane_v1 (
   p_queue_name text,
   p_worker_id text,
   p_claim_timeout integer,
@@ -229,32 +257,36 @@ declare
   v_row record;
   v_swept integer := 0;
   v_claimed integer;
+  v_mode text;
 begin
   if p_store_schema is null or p_own_queue is null then
-    raise exception 'lane_worker.claim_lane needs the store schema and the claimer''s own queue'
+    raise exception 'lane_worker.claim_lane_v1 needs the store schema and the claimer''s own queue'
       using errcode = '22023';
   end if;
   if p_queue_name <> p_own_queue
      and (p_worker_id is null or right(p_worker_id, length(':continuations')) <> ':continuations') then
-    raise exception 'lane_worker.claim_lane serves another lane''s queue only to worker ids ending in :continuations, got "%"', p_worker_id
+    raise exception 'lane_worker.claim_lane_v1 serves another lane''s queue only to worker ids ending in :continuations, got "%"', p_worker_id
       using errcode = '22023';
   end if;
   if (p_mode in ('adopt', 'mine') and p_queue_name = p_own_queue)
      or (p_mode in ('all', 'own') and p_queue_name <> p_own_queue) then
-    raise exception 'lane_worker.claim_lane mode % does not serve queue % for lane %',
+    raise exception 'lane_worker.claim_lane_v1 mode % does not serve queue % for lane %',
       p_mode, p_queue_name, p_own_queue
       using errcode = '22023';
   end if;
   perform absurd.validate_queue_name(p_queue_name);
+  v_mode := lane_worker.claim_mode_v1(p_store_schema, p_own_queue, p_mode);
   if coalesce(p_claim_timeout, 0) > 0 then
     v_lease_until := v_now + make_interval(secs => p_claim_timeout);
   end if;
 
   -- A retired lane may have no own loop left to keep its queue healthy, so do
-  -- the engine's claim-time upkeep here, bounded by the batch size.
+  -- the engine's claim-time upkeep here, bounded by the batch size, on
+  -- lane-worker's tasks only (another system's are its own claim's business).
   for v_row in execute format(
-      'select task_id from absurd.%I
+      'select t.task_id from absurd.%I t
         where state in (''pending'', ''sleeping'', ''running'')
+          and %s
           and cancellation is not null
           and ((cancellation->>''max_delay'')::bigint is not null
                and first_started_at is null
@@ -264,7 +296,7 @@ begin
                and extract(epoch from ($1 - first_started_at)) >= (cancellation->>''max_duration'')::bigint)
         order by task_id
         limit $2',
-      't_' || p_queue_name)
+      't_' || p_queue_name, lane_worker.ours_v1(p_store_schema, 't'))
     using v_now, v_qty
   loop
     perform absurd.cancel_task(p_queue_name, v_row.task_id);
@@ -276,12 +308,13 @@ begin
          join absurd.%2$I t on t.task_id = r.task_id
         where r.state = ''running'' and r.claim_expires_at is not null
           and r.claim_expires_at <= $1
+          and %3$s
         order by r.claim_expires_at, r.run_id
         limit $2
         -- the task row too: fail_run writes it, and one another session holds
         -- locked must hold up that run alone, not every claim of the queue
         for update of r, t skip locked',
-      'r_' || p_queue_name, 't_' || p_queue_name)
+      'r_' || p_queue_name, 't_' || p_queue_name, lane_worker.ours_v1(p_store_schema, 'r'))
     using v_now, v_qty
   loop
     perform absurd.fail_run(
@@ -289,7 +322,7 @@ begin
       v_row.run_id,
       jsonb_strip_nulls(jsonb_build_object(
         'name', '$ClaimTimeout',
-        'message', 'lease expired before the worker finished (swept by lane_worker.claim_lane)',
+        'message', 'lease expired before the worker finished (swept by lane_worker.claim_lane_v1)',
         'workerId', v_row.claimed_by,
         'claimExpiredAt', v_row.claim_expires_at,
         'attempt', v_row.attempt)),
@@ -369,7 +402,7 @@ begin
        join absurd.%2$I t on t.task_id = l.task_id
       order by l.run_id',
     'r_' || p_queue_name, 't_' || p_queue_name, 'w_' || p_queue_name,
-    lane_worker.lane_filter(p_mode, p_store_schema, p_queue_name, '$6', '$7'),
+    lane_worker.lane_filter_v1(v_mode, p_store_schema, p_queue_name, '$6', '$7'),
     '(t.cancellation is not null
       and ((t.cancellation->>''max_delay'')::bigint is not null
            and t.first_started_at is null
@@ -405,7 +438,7 @@ $$;
 -- That is the own loop's Own rule (worker/run/decide.py) narrowed to what the
 -- store row alone decides; every other run is begun by the worker after it
 -- decides. The begun_ columns are begin_attempt's row, null when not begun.
-create or replace function lane_worker.claim_with_lanes (
+create or replace function lane_worker.claim_with_lanes_v1 (
   p_queue_name text,
   p_worker_id text,
   p_claim_timeout integer,
@@ -470,7 +503,7 @@ begin
          array_agg(c.event_payload order by c.run_id) filter (where c.run_id is not null),
          coalesce(max(c.swept), 0)
     into v_runs, v_tasks, v_attempts, v_names, v_params, v_max, v_events, v_payloads, v_swept
-    from lane_worker.claim_lane(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+    from lane_worker.claim_lane_v1(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
                                 p_store_schema,
                                 -- no mode: the engine's claim's stand-in, on the claimer's own queue
                                 case when p_mode is null then coalesce(p_own_queue, p_queue_name)
@@ -545,14 +578,14 @@ begin
 end;
 $$;
 
--- Seconds until a run of queue p_queue_name is claimable by a claim that
--- filters nothing (the engine's, or claim_lane's mode 'all'), on the database's
--- clock (negative: due already); null when none is. A running run's lease end
+-- Seconds until a run of queue p_queue_name is claimable by the engine's own
+-- claim (absurd.claim_task, which filters nothing: for a caller without a
+-- store; every loop of a worker asks next_due_in_v1), on the database's clock (negative: due already); null when none is. A running run's lease end
 -- counts: the claim then sweeps it and its retry is claimable (no NOTIFY says
 -- so when a worker died). An event wait without a timeout is due at
 -- 'infinity', which is no due time (and which PostgreSQL before 17 cannot
 -- subtract from).
-create or replace function lane_worker.next_due_any(p_queue_name text)
+create or replace function lane_worker.next_due_any_v1(p_queue_name text)
   returns double precision
   language plpgsql
   stable
@@ -576,14 +609,10 @@ $$;
 -- A loop's whole poll in one round trip: its claim (claim_with_lanes with
 -- p_with_lanes, else claim_lane in mode p_mode) and, when that handed out
 -- fewer runs than p_qty, one more row (run_id null, due_known true) carrying
--- due_in_s: the seconds until the next run this loop could claim (next_due_any
--- or next_due_in for its mode; null: none). It is read after the claim, so the
--- runs just claimed count by their lease end, not as due.
--- A new name rather than new columns on claim_with_lanes: an older build's
--- install re-creates that function with its own result type, and must still
--- succeed (a rollback boots one); this function only calls the older ones the
--- way every build does.
-create or replace function lane_worker.claim_next (
+-- due_in_s: the seconds until the next run this loop could claim (next_due_in_v1
+-- for its mode, 'all' when it is null; null: none). It is read after the claim,
+-- so the runs just claimed count by their lease end, not as due.
+create or replace function lane_worker.claim_next_v1 (
   p_queue_name text,
   p_worker_id text,
   p_claim_timeout integer,
@@ -634,7 +663,7 @@ begin
   if p_with_lanes then
     return query
       select c.*, false, null::float8
-        from lane_worker.claim_with_lanes(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+        from lane_worker.claim_with_lanes_v1(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
                                           p_store_schema, p_own_queue, p_mode, p_plays,
                                           p_begin_release, p_begin_worker, p_step_keys) c;
   else
@@ -645,7 +674,7 @@ begin
              null::text, null::jsonb, null::boolean, null::boolean,
              null::bigint, null::jsonb, null::smallint, null::jsonb, null::jsonb, null::bigint,
              false, null::float8
-        from lane_worker.claim_lane(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+        from lane_worker.claim_lane_v1(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
                                     p_store_schema, p_own_queue, p_mode, p_plays) c;
   end if;
   -- Rows, not runs: a sweep's row of nulls counts, so a batch of one that only
@@ -654,12 +683,10 @@ begin
   if v_rows < greatest(coalesce(p_qty, 1), 1) then
     swept := 0;
     due_known := true;
-    if p_mode is null then
-      due_in_s := lane_worker.next_due_any(p_queue_name);
-    else
-      due_in_s := lane_worker.next_due_in(p_queue_name, p_store_schema, p_own_queue, p_mode,
-                                          p_plays);
-    end if;
+    due_in_s := lane_worker.next_due_in_v1(
+      p_queue_name, p_store_schema,
+      case when p_mode is null then coalesce(p_own_queue, p_queue_name) else p_own_queue end,
+      p_mode, p_plays);
     return next;
   end if;
 end;
@@ -669,7 +696,7 @@ $$;
 -- lock (then lock_not_available, 55P03). A lease keeper runs beside the run's
 -- own writes on a pool of two connections: a row an operator's open
 -- transaction keeps locked must not take a connection from every other run.
-create or replace function lane_worker.extend_claim_within (
+create or replace function lane_worker.extend_claim_within_v1 (
   p_queue_name text,
   p_run_id uuid,
   p_extend_by integer,
@@ -684,53 +711,3 @@ begin
 end;
 $$;
 
--- A claim loop waits for a NOTIFY while LISTEN is connected and polls only
--- rarely, so every run that becomes claimable must notify: the store's submit,
--- signal and hand-back do; this trigger covers what is written straight
--- through the engine (an app that spawns without the store, a retry, a sleep
--- or a put-back, an event that wakes a run). It fires for rows that are
--- pending or sleeping after the write, not for claims or completions, and
--- pg_notify folds one transaction's notifications into one. A channel name
--- over 63 bytes cannot be notified: skipped, not an error (it must never fail
--- the engine's write); those workers poll.
-create or replace function lane_worker.notify_runnable()
-  returns trigger
-  language plpgsql
-as $$
-declare
-  v_channel text := 'lane_worker_' || tg_argv[0];
-begin
-  if octet_length(v_channel) <= 63 then
-    perform pg_notify(v_channel, '');
-  end if;
-  return null;
-end;
-$$;
-
--- Install that trigger on queue p_queue's engine run table once; true when this
--- call installed it.
-create or replace function lane_worker.watch_queue(p_queue text)
-  returns boolean
-  language plpgsql
-as $$
-declare
-  v_table regclass := to_regclass(format('absurd.%I', 'r_' || p_queue));
-begin
-  if v_table is null then
-    raise exception 'lane_worker.watch_queue: queue "%" has no engine run table', p_queue
-      using errcode = '42P01';
-  end if;
-  if exists (select 1 from pg_trigger
-              where tgrelid = v_table and tgname = 'lane_worker_runnable') then
-    return false;
-  end if;
-  execute format(
-    'create trigger lane_worker_runnable after insert or update on %s
-       for each row when (new.state in (''pending'', ''sleeping''))
-       execute function lane_worker.notify_runnable(%L)',
-    v_table, p_queue);
-  return true;
-exception when duplicate_object then
-  return false;  -- another worker installed it meanwhile
-end;
-$$;
