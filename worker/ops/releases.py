@@ -24,6 +24,7 @@ from worker.db.store import Store
 from worker.db.store.rows import Deployment, ScalerState
 from worker.errors import InvalidRequestError
 from worker.ops.report import SCALER_STALE_S, read_report
+from worker.ops.workers import NO_VERSION
 
 
 def actor() -> str:
@@ -51,6 +52,7 @@ class ReleaseView:
     deployed_by: str
     retired_at: str | None
     scaler: dict[str, Any]  # what the scaler last said about it
+    builds: dict[str, int]  # live workers per lane-worker version
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -58,7 +60,7 @@ class ReleaseView:
             "role": self.role, "status": self.status, "desired": self.desired,
             "liveWorkers": self.live_workers, "readyWorkers": self.ready_workers,
             "deployedAt": self.deployed_at, "deployedBy": self.deployed_by,
-            "retiredAt": self.retired_at, "scaler": self.scaler,
+            "retiredAt": self.retired_at, "scaler": self.scaler, "builds": self.builds,
         }  # fmt: skip
 
 
@@ -201,4 +203,5 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
         desired=d.desired, live_workers=d.live_workers, ready_workers=d.ready_workers,
         deployed_at=d.deployed_at.isoformat(), deployed_by=d.deployed_by,
         retired_at=d.retired_at.isoformat() if d.retired_at else None, scaler=scaler,
+        builds={v or NO_VERSION: n for v, n in sorted(d.live_builds.items())},
     )  # fmt: skip
