@@ -87,6 +87,21 @@ class Metrics:
             ["loop"],
             registry=self.registry,
         )
+        # Set at each scrape from the loops' claim health (``worker/run/claim_health.py``).
+        self.loop_claim_failing = Gauge(
+            "lane_worker_loop_claim_failing",
+            "1 while a claim loop does not claim: its claims kept failing (or one has not "
+            "returned) for 20 s; then /readyz is 503 and the lanes page says why.",
+            ["queue", "loop"],
+            registry=self.registry,
+        )
+        self.loop_claim_failing_seconds = Gauge(
+            "lane_worker_loop_claim_failing_seconds",
+            "Seconds since a claim loop's first failed claim in a row (or since a claim that "
+            "has not returned was sent); 0 once a claim succeeds.",
+            ["queue", "loop"],
+            registry=self.registry,
+        )
         self.maintenance_errors = Counter(
             "lane_worker_maintenance_errors",
             "Queues a maintenance pass could not clean up or reconcile, by queue.",

@@ -267,6 +267,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "queue": RELEASE_QUEUE,
         "status": "draining",  # retired, with a run only its release may run
         "liveWorkers": 0,
+        "claimingWorkers": 0,
         "queued": 1,
         "running": 0,
         "waiting": 0,

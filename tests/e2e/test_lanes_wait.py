@@ -32,6 +32,7 @@ from support.report import AGES, blockers, claiming_blockers, counts, expected
 from support.runtime import SCHEMA, connect, eventually, open_client
 from worker import lanes
 from worker.daemon.report_cache import REPORT_FRESH_S
+from worker.version import VERSION
 
 A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
 # How the workers call themselves (sanitized): the report's releaseId, attempts and logs.
@@ -101,7 +102,8 @@ async def served_agrees(daemon: Daemon, queue: str, shown: dict[str, Any]) -> No
 
 def worker_of(daemon: Daemon) -> dict[str, Any]:
     """Return a daemon's entry in its lane's `workers`."""
-    return {"workerId": daemon.worker_id, "plays": sorted(drain.app.plays)}
+    return {"workerId": daemon.worker_id, "plays": sorted(drain.app.plays), "machineId": None,
+            "version": VERSION, "claiming": True, "notClaiming": []}  # fmt: skip
 
 
 async def store_rows(

@@ -45,6 +45,12 @@ QA, QB, QC = queue_of(A), queue_of(B), queue_of(C)
 ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "5"}
 
 
+def seen(worker_id: str, plays: list[str]) -> dict[str, Any]:
+    """A live worker as the report lists it, recorded as a build before 0.2.0 records it."""
+    return {"workerId": worker_id, "plays": plays, "machineId": None, "version": None,
+            "claiming": True, "notClaiming": []}  # fmt: skip
+
+
 @pytest.fixture
 def plays(report_plays: ReportPlays) -> ReportPlays:
     """The report app's state (every test of this module stages its runs with it)."""
@@ -107,7 +113,7 @@ async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_t
             assert first_wait is not None
             assert first_wait >= 0
             assert lane_a["liveWorkers"] == 1
-            assert lane_a["workers"] == [{"workerId": rt_a.worker_base, "plays": rt_a.plays}]
+            assert lane_a["workers"] == [seen(rt_a.worker_base, rt_a.plays)]
             assert lane_a["safeToStop"] is False
             claiming_blockers(
                 lane_a,
@@ -122,7 +128,7 @@ async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_t
             assert lane_b["status"] == "claiming"
             assert counts(lane_b) == expected()
             assert lane_b["counts"]["oldestWaitSeconds"] is None
-            assert lane_b["workers"] == [{"workerId": rt_b.worker_base, "plays": rt_b.plays}]
+            assert lane_b["workers"] == [seen(rt_b.worker_base, rt_b.plays)]
             claiming_blockers(lane_b, [])
 
             # -- A retired: draining, its own live worker runs the blockers -------------------
@@ -170,7 +176,7 @@ async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_t
             assert "lease expires" in remedies(lane_a)["inFlight"]
             await register_worker(rt_a, "test-rel-a-restarted")  # a machine of A is back
             lane_a = (await lanes_json(client))[QA]
-            assert lane_a["workers"] == [{"workerId": "test-rel-a-restarted", "plays": rt_a.plays}]
+            assert lane_a["workers"] == [seen("test-rel-a-restarted", rt_a.plays)]
 
             # -- A finishes its own runs on its own worker: drained ----------------------------
             plays.gate.set()

@@ -288,6 +288,7 @@ class HealthServer:
         lanes: LanesReport | None = None,
         *,
         run: run_page.RunReport | None = None,
+        scrape: Callable[[], None] | None = None,
         host: str = "0.0.0.0",  # noqa: S104 (a container's health port)
     ) -> None:
         self._host = host
@@ -296,6 +297,7 @@ class HealthServer:
         self._readiness = readiness
         self._lanes = lanes
         self._run = run
+        self._scrape = scrape  # sets the process's own gauges before a scrape
         self._runner: web.AppRunner | None = None
         self._bounds = _Bounds(MAX_CONNECTIONS, REQUEST_HEADERS_TIMEOUT_S)
         self.port: int | None = None
@@ -394,5 +396,7 @@ class HealthServer:
             views = await self._report()  # single flight, reused briefly (report_cache)
             if not isinstance(views, str):  # a database that is away keeps the last values
                 lane_gauges(self._metrics, views)
+        if self._scrape is not None:
+            self._scrape()
         body = generate_latest(self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

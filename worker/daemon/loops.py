@@ -21,6 +21,7 @@ from worker.db.pool import Database
 from worker.db.store.rows import RegistryLane
 from worker.metrics import Metrics
 from worker.run.claim import Capacity, LoopShared, Poller
+from worker.run.claim_health import NotClaiming
 from worker.run.execute import Runtime
 from worker.states import LaneState, LaneStatus
 
@@ -102,6 +103,24 @@ class LoopRegistry:
         """Tell whether the own loop runs (readiness)."""
         own = self.pollers.get(self.own_queue)
         return own is not None and not own.stopped.is_set()
+
+    def not_claiming(self) -> list[NotClaiming]:
+        """Return the running loops whose claims keep failing (readiness, the heartbeat row)."""
+        found = (p.health.verdict() for q, p in sorted(self.pollers.items())
+                 if not p.stopped.is_set())  # fmt: skip
+        return [v for v in found if v is not None]
+
+    def claim_gauges(self) -> None:
+        """Set each running loop's claim-failing gauges (at a scrape); drop stopped loops'."""
+        self.metrics.loop_claim_failing.clear()
+        self.metrics.loop_claim_failing_seconds.clear()
+        for queue, poller in sorted(self.pollers.items()):
+            if poller.stopped.is_set():
+                continue
+            failing = poller.health.verdict() is not None
+            self.metrics.loop_claim_failing.labels(queue, poller.kind).set(1 if failing else 0)
+            seconds = poller.health.failing_s()
+            self.metrics.loop_claim_failing_seconds.labels(queue, poller.kind).set(seconds)
 
     def attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> Poller:
         """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""

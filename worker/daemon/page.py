@@ -12,10 +12,12 @@ from __future__ import annotations
 import shlex
 from datetime import datetime
 from html import escape
+from typing import Any
 
 from worker.db.store.rows import OpenRun
 from worker.ops.remedies import MAX_LIST, OPEN
 from worker.ops.report import BUCKETS, LaneView
+from worker.ops.workers import version_of, why_not
 
 REFRESH_S = 5
 STYLE = """
@@ -33,6 +35,8 @@ tr.stranded td{background:#fde8e8}.stranded-note{color:#990000;font-weight:600}
 .badge{display:inline-block;margin-left:.4rem;padding:0 .35rem;border-radius:.6rem;
  font-size:11px;background:#0b5394;color:#fff}
 .scaler{color:#666;font-size:12px}
+.worker{font-size:12px;white-space:nowrap}.not-claiming{color:#990000;font-weight:600;
+ white-space:normal}
 ul{margin:0;padding-left:1rem}
 code{font-size:12px}
 """
@@ -66,8 +70,9 @@ def _row(view: LaneView) -> str:
     pruned = ' <span class="note" data-field="pruned">(pruned)</span>' if view.pruned else ""
     # A lane with work only its release may run and no live worker of it: nothing
     # will finish that work until one starts (apart from a normal drain).
+    no_worker = "no live worker claims" if view.live_workers else "no live worker"
     stranded = (
-        ' <span class="stranded-note" data-field="stranded">stranded: no live worker</span>'
+        f' <span class="stranded-note" data-field="stranded">stranded: {no_worker}</span>'
         if view.stranded
         else ""
     )
@@ -92,10 +97,28 @@ def _row(view: LaneView) -> str:
         f'<td><span class="{status}" data-field="status">{status}</span>{pruned}{stranded}</td>'
         f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
         f'<td class="n" data-field="machines">{machines}{scaler}</td>'
+        f'<td data-field="workers">{"".join(_worker(w) for w in view.workers)}</td>'
         f"{counts}"
         f'<td data-field="safeToStop">{verdict}</td>'
         f"<td>{f'<ul>{blockers}</ul>' if blockers else ''}</td>"
         "</tr>"
+    )
+
+
+def _worker(worker: dict[str, Any]) -> str:
+    """One live worker: its id, the build it runs, and why it does not claim if it does not."""
+    claims = worker.get("claiming", True)
+    said = (
+        ""
+        if claims
+        else f'<div class="not-claiming" data-field="notClaiming">not claiming: '
+        f"{escape(why_not(worker))}</div>"
+    )
+    return (
+        f'<div class="worker" data-worker="{escape(str(worker["workerId"]))}" '
+        f'data-version="{escape(str(worker.get("version") or ""))}" '
+        f'data-claiming="{"yes" if claims else "no"}"><code>{escape(str(worker["workerId"]))}'
+        f'</code> <span data-field="version">{escape(version_of(worker))}</span>{said}</div>'
     )
 
 
@@ -171,7 +194,7 @@ def render(views: list[LaneView]) -> str:
     """Return the whole page for ``views`` (the drain report)."""
     head = "".join(f"<th>{escape(label)}</th>" for _, label in COUNT_COLUMNS)
     rows = "".join(_row(v) for v in views) or (
-        '<tr><td colspan="14">no lanes registered (a worker registers its lane at boot).</td></tr>'
+        '<tr><td colspan="15">no lanes registered (a worker registers its lane at boot).</td></tr>'
     )
     as_of = next((v.as_of for v in views if v.as_of is not None), None)
     when = (
@@ -189,7 +212,7 @@ def render(views: list[LaneView]) -> str:
         "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
         "<a href=/lanes?format=text>/lanes?format=text</a>.</p>"
         "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
-        "<th>machines</th>"
+        "<th>machines</th><th>workers</th>"
         f"{head}<th>safe to stop</th><th>blocked by</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>{''.join(_open_runs(v) for v in views)}</body></html>"
     )

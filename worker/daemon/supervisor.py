@@ -60,12 +60,16 @@ from worker.run.handback import HAND_BACK_TIMEOUT_S
 from worker.run.handle import WorkerSeat
 from worker.run.sandbox import DaytonaDeleter
 from worker.states import LaneState, LaneStatus
+from worker.version import VERSION
 
 log = structlog.get_logger("lane_worker.supervisor")
 
 # The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HEARTBEAT_S = 10.0
+# Between beats, how often the heartbeat looks whether a loop stopped or resumed claiming:
+# such a change is written at once (the lanes page reads it), not at the next beat.
+CLAIM_CHECK_S = 1.0
 ADOPTION_REFRESH_S = 5.0
 MAINTENANCE_S = 60.0
 # After a pass that failed on an outage, so readiness turns true soon after the database is back.
@@ -170,7 +174,8 @@ class Supervisor:
         """
         health = HealthServer(
             self.settings.tuning.health_port, self.metrics, self._readiness, self._lanes_view,
-            run=self._run_view, host=self.settings.tuning.health_host,
+            run=self._run_view, scrape=self.loops.claim_gauges,
+            host=self.settings.tuning.health_host,
         )  # fmt: skip
         self.health_port = await health.start()
         try:
@@ -472,6 +477,8 @@ class Supervisor:
                 plays=sorted(self.app.plays),
                 machine_id=s.machine_id,
                 ready=ready,
+                version=VERSION,
+                not_claiming=[v.as_json() for v in self.loops.not_claiming()],
             )
         )
 
@@ -485,10 +492,21 @@ class Supervisor:
         return lambda: listen_s if self.loops.listening() else polling_s
 
     async def _heartbeats(self, db: Database) -> None:
+        written = self._claiming_view()
         while True:
-            await anyio.sleep(HEARTBEAT_S)
+            # Every 10 s, or as soon as a loop stops or resumes claiming (a verdict that
+            # time alone changes: no event to wait for).
+            for _ in range(round(HEARTBEAT_S / CLAIM_CHECK_S)):
+                await anyio.sleep(CLAIM_CHECK_S)
+                if self._claiming_view() != written:
+                    break
+            written = self._claiming_view()
             if not await self._side_pass("heartbeat", lambda: self._heartbeat_once(db)):
                 return
+
+    def _claiming_view(self) -> frozenset[tuple[str, str]]:
+        """The loops (queue, kind) that do not claim now: what the heartbeat row says."""
+        return frozenset((v.queue, v.loop) for v in self.loops.not_claiming())
 
     async def _maintenance(self, db: Database) -> None:
         while True:
@@ -536,12 +554,14 @@ class Supervisor:
         # connections), its answer reused for 1 s.
         database = self.db is not None and await self.database_probe.get()
         own_running = self.loops.own_running()
+        not_claiming = [v.as_json() for v in self.loops.not_claiming()]
         ready = (
             not booting
             and database
             and own_running
             and self.guard_error is None
             and not self.side_loop_outages
+            and not not_claiming
             and not self.stop_requested.is_set()
         )
         return {
@@ -553,6 +573,8 @@ class Supervisor:
             "continuationLoops": sorted(self.loops.continuations()),
             "laneGuardError": self.guard_error,
             "sideLoopOutages": dict(sorted(self.side_loop_outages.items())),
+            # Loops whose claims keep failing: the worker serves nothing through them.
+            "notClaiming": not_claiming,
             "listening": bool(self.loops.listener and self.loops.listener.connected),
             "inFlight": self.capacity.in_use,
             "releaseId": self.settings.release_id,

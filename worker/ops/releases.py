@@ -25,6 +25,7 @@ from worker.db.store.rows import Deployment, ScalerState
 from worker.errors import InvalidRequestError
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
+from worker.ops.workers import NO_VERSION
 
 
 def actor() -> str:
@@ -52,6 +53,7 @@ class ReleaseView:
     deployed_by: str
     retired_at: str | None
     scaler: dict[str, Any]  # what the scaler last said about it
+    builds: dict[str, int]  # live workers per lane-worker version
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -59,7 +61,7 @@ class ReleaseView:
             "role": self.role, "status": self.status, "desired": self.desired,
             "liveWorkers": self.live_workers, "readyWorkers": self.ready_workers,
             "deployedAt": self.deployed_at, "deployedBy": self.deployed_by,
-            "retiredAt": self.retired_at, "scaler": self.scaler,
+            "retiredAt": self.retired_at, "scaler": self.scaler, "builds": self.builds,
         }  # fmt: skip
 
 
@@ -205,4 +207,5 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
         # What a scaler stored is shown with any credential in it masked (one of an
         # older build may have kept a refusal that echoed its token).
         scaler=mask_value(scaler, ()),
+        builds={v or NO_VERSION: n for v, n in sorted(d.live_builds.items())},
     )  # fmt: skip

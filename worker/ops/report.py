@@ -22,6 +22,7 @@ from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, OpenRun, ReportRuns, ScalerState
 from worker.masking import mask_response
+from worker.ops.workers import not_claiming_lines, stuck_remedy, version_of, why_not, worker_json
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
@@ -88,13 +89,19 @@ class LaneView:
     open_runs: tuple[OpenRun, ...] = ()
 
     @property
+    def claiming_workers(self) -> int:
+        """Return how many live workers claim (every loop of theirs does: migration 0021)."""
+        return self.live_workers - sum(1 for w in self.workers if not w.get("claiming", True))
+
+    @property
     def stranded(self) -> bool:
-        """Work only its release may run, and no live worker of it: nothing finishes it.
+        """Work only its release may run, and no live worker of it that claims: nothing
+        finishes it.
 
         A claiming lane counts too: its open runs are its own (a release rolled back
-        to, or scaled to 0, whose machines do not run).
+        to, or scaled to 0, whose machines do not run, or whose claims keep failing).
         """
-        if self.live_workers:
+        if self.claiming_workers:
             return False
         if self.status == "claiming":
             return any(self.counts.get(key, 0) for key in BUCKETS)
@@ -112,6 +119,7 @@ class LaneView:
             "queue": self.queue,
             "status": self.status,
             "liveWorkers": self.live_workers,
+            "claimingWorkers": self.claiming_workers,
             "queued": self.queued,
             "running": self.running,
             "waiting": self.waiting,
@@ -230,7 +238,8 @@ def _stamps_claim(release: str, count: int, stamps: dict[str, str]) -> str:
 
 
 def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tally,
-            names: dict[str, str], served: frozenset[str] = frozenset()) -> str:  # fmt: skip
+            names: dict[str, str], served: frozenset[str] = frozenset(),
+            stuck: Sequence[dict[str, Any]] = ()) -> str:  # fmt: skip
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
         return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"
@@ -279,8 +288,10 @@ def _remedy(reason: str, release: str, live: int, plays: list[str], tally: _Tall
         what = "running" if reason == "inFlight" else "will run"
         return f"{release}'s {live} live worker(s) {what} them: {wait}"
     start = (
-        f"no live worker of {release}: start one of its machines (a draining lane's workers "
-        "may boot)"
+        stuck_remedy(release, stuck)
+        if stuck
+        else f"no live worker of {release}: start one of its machines (a draining lane's "
+        "workers may boot)"
     )
     if reason == "fresh":
         # Never started: no step of them ran on this release's code.
@@ -313,7 +324,9 @@ def _blockers(
 ) -> tuple[Blocker, ...]:
     if status == "drained":
         return ()
-    live = len(workers)
+    # Workers whose claims keep failing run nothing: they count as not there.
+    stuck = [w for w in workers if not w.get("claiming", True)]
+    live = len(workers) - len(stuck)
     served = frozenset(p for w in workers for p in w["plays"])
     found = []
     if status == "claiming" and (live or not tally.own):
@@ -328,7 +341,7 @@ def _blockers(
         if status == "claiming" and reason == "parkedNotAdoptable":
             continue  # a claiming lane's parked runs are its own to resume: not a blocker
         ids = tuple(run_id for _, run_id in oldest)
-        remedy = _remedy(reason, release, live, plays, tally, names, served)
+        remedy = _remedy(reason, release, live, plays, tally, names, served, stuck)
         found.append(Blocker(reason, count, remedy, ids))
     return tuple(found)
 
@@ -377,7 +390,7 @@ async def read_report(
         else:
             d = deployed.get(queue)
             release = tally.release_id or (d.release_id if d is not None else queue)
-        workers = tuple(row.workers) if row is not None else ()
+        workers = tuple(worker_json(w, now) for w in row.workers) if row is not None else ()
         status = "claiming" if queue in awaited else _status(row.status if row else None, tally)
         c = tally.counts
         views.append(
@@ -463,6 +476,7 @@ def lanes_table(views: list[LaneView]) -> list[str]:
         ))  # fmt: skip
     lines = aligned(rows)
     for v in views:
+        lines += not_claiming_lines(v.release_id, v.workers)
         if v.status != "claiming" or v.stranded:
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
     return lines
@@ -491,7 +505,9 @@ def lane_detail(view: LaneView) -> list[str]:
         ("status", view.status + (" (pruned)" if view.pruned else "")),
         ("safe to stop", _yes(view.safe_to_stop)),
         ("live workers", str(view.live_workers)),
-        *[(f"  {w['workerId']}", "plays: " + (", ".join(w["plays"]) or "(none)"))
+        *[(f"  {w['workerId']}", f"build {version_of(w)}; plays: "
+           + (", ".join(w["plays"]) or "(none)")
+           + ("" if w.get("claiming", True) else f"; NOT CLAIMING: {why_not(w)}"))
           for w in view.workers],
         ("in flight", str(c["inFlight"])),
         ("fresh", str(c["fresh"])),

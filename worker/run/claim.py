@@ -18,9 +18,11 @@ import structlog
 from anyio.abc import TaskGroup
 
 from worker import lanes
+from worker.config.dburl import url_secrets
 from worker.db import engine
 from worker.errors import LaneMismatchError
 from worker.metrics import Metrics
+from worker.run.claim_health import ClaimHealth
 from worker.run.execute import Runtime
 from worker.states import Disposition, Outcome
 
@@ -140,6 +142,8 @@ class Poller:
         self.stopped = asyncio.Event()
         self.finished = asyncio.Event()
         self.detach_reason: str | None = None
+        # Whether its claims keep failing: readiness, the heartbeat row and /metrics read it.
+        self.health = ClaimHealth(queue, self.kind, secrets=url_secrets(runtime.db.options.url))
         self.log = log.bind(
             queue=queue,
             loop=self.kind,
@@ -166,6 +170,7 @@ class Poller:
                 # Cleared before the claim, not after: a NOTIFY that lands while
                 # the claim runs must still cut the idle wait short.
                 self.wakeup.clear()
+                self.health.started()
                 try:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
@@ -175,6 +180,7 @@ class Poller:
                         # left there to adopt, so the loop detaches (not an error).
                         self.stop("queue dropped")
                         break
+                    self.health.failed(exc)
                     failures += 1
                     self.metrics.loop_errors.labels(self.kind).inc()
                     delay = min(_BACKOFF_MAX_S, 0.5 * 2 ** min(failures, 6))
@@ -182,6 +188,7 @@ class Poller:
                     await self._idle(delay, due_in=None)
                     continue
                 failures = 0
+                self.health.succeeded()
                 empty = 0 if batch.runs else empty + 1
                 backlog = len(batch.runs) == slots
                 self.capacity.release(slots - len(batch.runs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
@@ -90,11 +91,13 @@ class LaneQueries(Queries):
         plays: list[str],
         machine_id: str | None = None,
         ready: bool = False,
+        version: str | None = None,
+        not_claiming: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Record (or refresh) a live worker, the plays its app registers, its machine."""
+        """Record (or refresh) a live worker: its plays, machine, build and loops not claiming."""
         await self._run(
             conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays,
-            machine_id, ready,
+            machine_id, ready, version, not_claiming or [],
         )  # fmt: skip
 
     async def for_maintenance(self, conn: Connection) -> list[MaintainedLane]:

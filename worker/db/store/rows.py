@@ -331,6 +331,7 @@ class Deployment:
     ready_workers: int
     live_machines: list[str]  # machines with a live worker of it
     ready_machines: list[str]  # those whose worker is ready
+    live_builds: dict[str, int]  # live workers per build version ('': before 0.2.0)
 
 
 @dataclass(frozen=True)

@@ -147,14 +147,21 @@ returning l.queue;
 
 -- name: heartbeat
 -- $8: the machine it runs on (migration 0012); $9: it is ready (serving): the
--- first such beat records when it became ready.
+-- first such beat records when it became ready. $10: its build's version; $11:
+-- its loops that do not claim, each with failingForSeconds, kept as `since` on
+-- the database's clock (migration 0021); an empty array stores null.
 insert into {schema}.workers as w (worker_id, release_id, queue, hostname, pid, concurrency, plays,
-                                   machine_id, ready_at)
-values ($1, $2, $3, $4, $5, $6, $7, $8, case when $9 then now() end)
+                                   machine_id, ready_at, version, claim_failures)
+values ($1, $2, $3, $4, $5, $6, $7, $8, case when $9 then now() end, $10,
+        (select jsonb_agg(f - 'failingForSeconds'
+                          || jsonb_build_object('since', now() - make_interval(
+                               secs => coalesce((f ->> 'failingForSeconds')::float8, 0))))
+           from jsonb_array_elements($11::jsonb) f))
 on conflict (worker_id) do update
    set heartbeat_at = now(), stopped_at = null, plays = excluded.plays,
        machine_id = excluded.machine_id,
-       ready_at = coalesce(w.ready_at, excluded.ready_at);
+       ready_at = coalesce(w.ready_at, excluded.ready_at),
+       version = excluded.version, claim_failures = excluded.claim_failures;
 
 -- name: worker_stopped
 update {schema}.workers set stopped_at = now() where worker_id = $1;

@@ -10,12 +10,13 @@ select {schema}.retire_superseded($1);
 
 -- name: deployments
 -- Every deployed release with its lane's status and its live workers (and how
--- many of them are ready), newest deploy first.
+-- many of them are ready, and how many run each build), newest deploy first.
 select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deployed_by,
        d.retired_at, d.retired_by, l.status as lane_status,
        coalesce(w.live, 0) as live_workers, coalesce(w.ready, 0) as ready_workers,
        coalesce(w.machines, '{}') as live_machines,
-       coalesce(w.ready_machines, '{}') as ready_machines
+       coalesce(w.ready_machines, '{}') as ready_machines,
+       coalesce(b.builds, '{}') as live_builds
   from {schema}.deployments d
   left join {schema}.releases l on l.queue = d.queue
   left join lateral (
@@ -26,6 +27,14 @@ select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deplo
       from {schema}.workers x
      where x.queue = d.queue and {schema}.worker_live(x.heartbeat_at, x.stopped_at)
   ) w on true
+  -- Its live workers per build (migration 0021; '' for a build before 0.2.0).
+  left join lateral (
+    select jsonb_object_agg(v.version, v.workers) as builds
+      from (select coalesce(x.version, '') as version, count(*) as workers
+              from {schema}.workers x
+             where x.queue = d.queue and {schema}.worker_live(x.heartbeat_at, x.stopped_at)
+             group by 1) v
+  ) b on true
  order by d.deployed_at desc, d.release_id;
 
 -- name: deployment_events

@@ -7,7 +7,9 @@
 
 -- name: report_lanes
 -- The drain report's lanes: every registered lane, its live workers (worker_live:
--- a heartbeat within 60 s, no stop mark) with the plays each registers. A
+-- a heartbeat within 60 s, no stop mark) with the plays each registers, its
+-- machine, its build's version (null: a build before 0.2.0) and its loops that
+-- do not claim (migration 0021; null while all claim). A
 -- pruned lane is `hidden` from the list while no open run names it (`lanes
 -- show` and `lanes wait` still find it: drained, safe to stop, pruned).
 select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
@@ -19,7 +21,10 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
                           where coalesce(r.adopted_queue, r.queue) = l.queue
                             and r.status not in ('completed', 'failed', 'cancelled')) as hidden,
        coalesce((select jsonb_agg(jsonb_build_object('workerId', w.worker_id,
-                                                     'plays', to_jsonb(w.plays))
+                                                     'plays', to_jsonb(w.plays),
+                                                     'machineId', w.machine_id,
+                                                     'version', w.version,
+                                                     'claimFailures', w.claim_failures)
                                   order by w.worker_id)
                    from {schema}.workers w
                   where w.queue = l.queue
