@@ -123,7 +123,9 @@ class FakeFly(LocalServer):
     async def _listed(self) -> list[dict[str, Any]]:
         listed = [*self.records.values()]
         if self.machines is not None:
-            listed += [_fly_json(m, self.metadata.get(m.machine_id, {}))
+            ids = {v: k for k, v in self.names.items()}
+            listed += [{**_fly_json(m, self.metadata.get(m.machine_id, {})),
+                        "name": ids.get(m.machine_id, m.machine_id)}
                        for m in await self.machines.list()]  # fmt: skip
         listed = [{**m, "state": self.states.get(m["id"], m["state"])} for m in listed]
         if self.without_metadata:
@@ -136,6 +138,7 @@ class FakeFly(LocalServer):
     def _page(self, listed: list[dict[str, Any]], cursor: str | None) -> Any:
         if self.page_size is None:
             return listed
+        assert self.page_size > 1, "pages of one cannot overlap"
         start = int(cursor or 0)
         page = listed[start : start + self.page_size]
         # The next page starts one machine early: pages that overlap, as they may

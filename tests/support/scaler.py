@@ -21,7 +21,7 @@ from support import REPO
 from support.daemon import base_env
 from support.db import fetch
 from support.machines import destroy_all
-from support.runtime import SCHEMA, queue_of
+from support.runtime import SCHEMA, eventually, queue_of
 from worker.client import LaneClient
 
 
@@ -73,6 +73,31 @@ async def scaler_running(
         scaler.send_signal(signal.SIGTERM)
         scaler.wait(timeout=30)
         await destroy_all(state_dir)
+
+
+def start_fly_scaler(
+    database_url: str, fly_env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    """Start `lane-worker scaler --backend fly` against a fake Machines API (``fly_env``)."""
+    values = {**base_env(database_url, "unused"), **fly_env}
+    values.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", "scaler", "--backend", "fly", "--health-port", "0"],
+            cwd=REPO, env=values, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+async def passes_seen(database_url: str, count: int) -> None:
+    """Wait until the active scaler has written ``count`` more passes."""
+    beats: set[Any] = set()
+
+    async def enough() -> bool:
+        rows = await fetch(database_url, f"select beat_at from {SCHEMA}.scaler_state")
+        beats.update(r["beat_at"] for r in rows)
+        return len(beats) > count
+
+    await eventually(enough, timeout_s=30 + 5 * count, what=f"{count} scaler passes")
 
 
 async def machine_events(database_url: str, release_id: str, action: str) -> list[str]:
