@@ -8,12 +8,19 @@ int keys reads back with str keys) would make a replay diverge silently.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from typing import Any
 
-from worker.errors import NotJsonError
+from worker.errors import FatalRunError, NotJsonError
 
+# The limits of what may be stored, shared with the store's SQL API: its
+# value_limits() holds the same numbers (a test holds the two together).
 MAX_DEPTH = 512  # far past any sane document; keeps the walk and json.dumps bounded
+# Python's default int-to-string limit (sys.get_int_max_str_digits()): a longer
+# integer cannot be read back by json.loads.
+MAX_INTEGER_DIGITS = 4300
 
 
 _KEY_SHOWN = 40  # a path names its keys, not a megabyte of one
@@ -28,17 +35,14 @@ def _path(parent: str, key: object) -> str:
     return f"{parent}.{text}" if text.isidentifier() else f"{parent}[{text!r}]"
 
 
-# Python refuses to write ints past sys.get_int_max_str_digits() decimal digits
-# (4300 by default); only ints this long need the (slower) check.
+# Only ints this long can reach MAX_INTEGER_DIGITS, so only they pay the comparison.
 _BIG_INT_BITS = 4000
+_TOO_LONG: int = 10**MAX_INTEGER_DIGITS  # the smallest int of MAX_INTEGER_DIGITS + 1 digits
 
 
 def _too_long(number: int) -> bool:
-    try:
-        str(number)
-    except ValueError:
-        return True
-    return False
+    # Counted, not printed: the process's own int-to-string limit may be lower.
+    return abs(number) >= _TOO_LONG
 
 
 def is_utf8(text: str) -> bool:
@@ -65,7 +69,10 @@ def json_problem(value: Any) -> str | None:
             continue
         if isinstance(item, int):
             if item.bit_length() > _BIG_INT_BITS and _too_long(item):
-                return f"an int too long to write as JSON ({item.bit_length()} bits) at {where}"
+                return (
+                    f"an int too long to write as JSON (over {MAX_INTEGER_DIGITS} digits, "
+                    f"{item.bit_length()} bits) at {where}"
+                )
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -104,3 +111,67 @@ def require_json(value: Any, what: str) -> None:
             f"{what} is not JSON: it holds {problem}. Return only dicts with string keys, "
             "lists, strings, finite numbers, booleans and None (convert dates to ISO strings)."
         )
+
+
+class Unreadable:
+    """A stored JSON value this process cannot decode: what stands in for it, and why.
+
+    The database codec returns one instead of raising, so a row written past the
+    store's checks (by an older store, or straight to a table) fails the one run
+    that needs it, never the claim batch or the listing it came in. It is not
+    JSON: writing it back raises, so nothing is silently replaced.
+    """
+
+    __slots__ = ("chars", "why")
+
+    def __init__(self, why: str, chars: int) -> None:
+        self.why = why
+        self.chars = chars
+
+    def __str__(self) -> str:
+        # What `status --json`, `runs` and the run page show in its place.
+        return f"<unreadable JSON, {self.chars} characters: {self.why}>"
+
+    __repr__ = __str__
+
+
+def _why_unreadable(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply for Python's json"
+    text = str(exc)
+    if "digits" in text:  # Python's int-to-string limit
+        return f"it holds an integer of more than {sys.get_int_max_str_digits()} digits"
+    return f"not valid JSON ({text[:200]})"
+
+
+def decode_json(text: str) -> Any:
+    """Decode stored JSON text; return ``Unreadable`` for what Python cannot read."""
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        return Unreadable(_why_unreadable(exc), len(text))
+
+
+def unreadable_in(what: str, value: Any) -> str | None:
+    """Return a sentence saying ``what`` cannot be read, when ``value`` is ``Unreadable``."""
+    if isinstance(value, Unreadable):
+        return f"{what} cannot be read back ({value.chars} characters of JSON: {value.why})"
+    return None
+
+
+def require_readable(value: Any, what: str) -> None:
+    """Raise ``FatalRunError`` when a value read for a run cannot be read back or stored again.
+
+    A payload or result a run takes ends up in its envelope; one that cannot be
+    read back (or stored) would fail every later attempt, so the run fails now.
+    """
+    problem = unreadable_in(what, value)
+    if problem is None:
+        try:
+            found = json_problem(value)
+        except RecursionError:
+            found = "it nests too deeply"
+        if found is not None:
+            problem = f"{what} cannot be stored in the run's envelope: {found}"
+    if problem is not None:
+        raise FatalRunError(problem)

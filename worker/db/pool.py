@@ -33,6 +33,7 @@ from worker.config.dburl import (
     url_secrets,
 )
 from worker.errors import LaneConfigError
+from worker.jsonvalue import decode_json
 
 log = structlog.get_logger("lane_worker.db")
 
@@ -134,7 +135,7 @@ async def _init_connection(conn: Connection) -> None:
     # JSON and JSONB as Python values both ways, so no call site encodes by hand.
     for type_name in ("json", "jsonb"):
         await conn.set_type_codec(
-            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+            type_name, encoder=json.dumps, decoder=decode_json, schema="pg_catalog"
         )
 
 

@@ -28,6 +28,7 @@ from worker.errors import (
     RunStillOpenError,
     UnknownLaneError,
 )
+from worker.jsonvalue import unreadable_in
 from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -241,6 +242,13 @@ class Remedies:
                     "step (it stops once that step body returns; one that never returns stops "
                     "when its worker does); retry once `lane-worker status` shows no attempt "
                     "in progress."
+                )
+            unreadable = unreadable_in("its input", old.input)
+            if unreadable is not None:
+                # Copied as it is, it would fail the retry the same way.
+                raise RetryRefusedError(
+                    f"run {old.run_id} cannot be retried: {unreadable}; submit a new run "
+                    "with an input lane-worker can read."
                 )
             release_id, queue = await self._retry_target(conn, old, to_release)
             launch = {**(old.launch or {}), "absurdReleaseId": release_id,

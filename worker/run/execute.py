@@ -33,7 +33,7 @@ from worker.errors import (
     UnknownBoundaryError,
     UnknownPlayError,
 )
-from worker.jsonvalue import require_json
+from worker.jsonvalue import require_json, unreadable_in
 from worker.metrics import Metrics
 from worker.run import decide
 from worker.run.attempt import Attempt, Attempts, DeferLimits
@@ -343,7 +343,7 @@ class Runtime:
         """Run the play from the envelope the attempt took over; end the attempt by how it ended."""
         ctx: TaskContext | None = None
         try:
-            ctx, play = await self._prepare(attempt, play_name)
+            ctx, play = await self._prepare(attempt, play_name, play_input)
             attempt.log.info("run.started", attempt=attempt.handle.attempt, play=play_name)
             started = time.monotonic()
             output = await with_lease(self.db, self.metrics, attempt, ctx, play(ctx, play_input))
@@ -360,8 +360,20 @@ class Runtime:
             attempt.log.info("run.completed", duration_s=round(time.monotonic() - started, 3))
         return outcome
 
-    async def _prepare(self, attempt: Attempt, play_name: str) -> tuple[TaskContext, Any]:
+    async def _prepare(
+        self, attempt: Attempt, play_name: str, play_input: Any
+    ) -> tuple[TaskContext, Any]:
         """Return the play's context and function; raise what makes the run unrunnable here."""
+        for what, value in (
+            ("its input", play_input),
+            ("its checkpoint envelope", attempt.envelope),
+            ("its checkpoints", attempt.checkpoints),
+        ):
+            # Written past the store's checks (an older store, a direct write):
+            # no attempt can ever read it, so the run fails now, alone.
+            problem = unreadable_in(what, value)
+            if problem is not None:
+                raise FatalRunError(f"run {attempt.handle.run_id} cannot be executed: {problem}.")
         play = self.app.plays.get(play_name)
         if play is None:
             known = ", ".join(sorted(self.app.plays)) or "none"
