@@ -44,6 +44,15 @@ def test_a_pruned_lane_says_so_beside_its_status() -> None:
     assert '<span class="draining" data-field="status">draining</span> <span class="note" ' in html
 
 
+def test_a_lane_with_another_systems_tasks_on_its_queue_counts_them_beside_its_status() -> None:
+    """Tasks lane-worker did not create are shown as information, never as blockers."""
+    shared = LaneView(release_id="e", queue="runs_e", status="claiming", foreign_tasks=3, **BASE)
+    plain = LaneView(release_id="f", queue="runs_f", status="claiming", **BASE)
+    html = page.render([shared, plain])
+    assert html.count('data-field="foreignTasks"') == 1
+    assert ">3 foreign task(s)</span>" in html
+
+
 def test_the_current_release_its_machines_the_scaler_and_a_stranded_lane_are_marked() -> None:
     """Registry marks, live/desired machines, the scaler's word, a stranded lane, the time read."""
     as_of = datetime(2026, 12, 4, 17, 0, 5, tzinfo=UTC)

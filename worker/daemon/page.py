@@ -76,6 +76,13 @@ def _row(view: LaneView) -> str:
         if view.stranded
         else ""
     )
+    # Another system's tasks on the lane's queue: information, never a blocker.
+    foreign = (
+        f' <span class="note" data-field="foreignTasks" title="not created by lane-worker: left '
+        f'for their owner">{view.foreign_tasks} foreign task(s)</span>'
+        if view.foreign_tasks
+        else ""
+    )
     badge = ""
     if view.role is not None:
         label = {"current": "current", "previous": "superseded"}.get(view.role, view.role)
@@ -94,7 +101,8 @@ def _row(view: LaneView) -> str:
         f'data-safe-to-stop="{verdict}"{row_class}>'
         f'<td data-field="releaseId">{escape(view.release_id)}{badge}</td>'
         f"<td><code>{escape(view.queue)}</code></td>"
-        f'<td><span class="{status}" data-field="status">{status}</span>{pruned}{stranded}</td>'
+        f'<td><span class="{status}" data-field="status">{status}</span>'
+        f"{pruned}{stranded}{foreign}</td>"
         f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
         f'<td class="n" data-field="machines">{machines}{scaler}</td>'
         f'<td data-field="workers">{"".join(_worker(w) for w in view.workers)}</td>'

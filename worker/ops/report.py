@@ -14,7 +14,7 @@ one read that fills them; the remedies' sentences are most of it.)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -87,6 +87,8 @@ class LaneView:
     draining_s: float = 0.0
     # Its newest open runs, when the read asked for them (the lanes page does).
     open_runs: tuple[OpenRun, ...] = ()
+    # Unfinished tasks on its queue that lane-worker did not create (another system's).
+    foreign_tasks: int = 0
 
     @property
     def claiming_workers(self) -> int:
@@ -145,6 +147,8 @@ class LaneView:
             },
             "asOf": self.as_of.isoformat() if self.as_of else None,
             "drainingSeconds": self.draining_s,
+            # Information only: another system's tasks never keep a lane draining.
+            "foreignTasks": self.foreign_tasks,
             "sandboxCleanup": {
                 "pending": self.cleanups_pending,
                 "failed": len(self.cleanups_failed),
@@ -434,7 +438,20 @@ async def read_report(
                 open_runs=tuple(listed.get(queue, ())),
             )
         )
-    return views
+    foreign = await _foreign_tasks(conn, store, [v.queue for v in views])
+    return [replace(v, foreign_tasks=foreign[v.queue]) if v.queue in foreign else v for v in views]
+
+
+FOREIGN_BATCH = 50  # queues per statement: its locks on engine tables end with it
+
+
+async def _foreign_tasks(conn: Connection, store: Store, queues: list[str]) -> dict[str, int]:
+    """Unfinished tasks lane-worker did not create, per queue that has any."""
+    found: dict[str, int] = {}
+    for at in range(0, len(queues), FOREIGN_BATCH):
+        batch = queues[at : at + FOREIGN_BATCH]
+        found.update(await store.report.foreign_tasks(conn, queues=batch))
+    return found
 
 
 async def _open_runs(
@@ -479,7 +496,18 @@ def lanes_table(views: list[LaneView]) -> list[str]:
         lines += not_claiming_lines(v.release_id, v.workers)
         if v.status != "claiming" or v.stranded:
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
+        if v.foreign_tasks:
+            lines.append(f"{v.release_id}: {foreign_line(v)}")
     return lines
+
+
+def foreign_line(view: LaneView) -> str:
+    """Say what the lane's foreign tasks are and that they are left alone."""
+    return (
+        f"{view.foreign_tasks} unfinished task(s) on {view.queue} were not created by "
+        "lane-worker (another system shares this queue): left for their owner, never run "
+        "or cancelled, never counted above."
+    )
 
 
 def _blocker_lines(view: LaneView, *, ids: bool) -> list[str]:
@@ -521,7 +549,8 @@ def lane_detail(view: LaneView) -> list[str]:
         ("adopted by", ", ".join(f"{q}: {n}" for q, n in view.adopted_by.items()) or "(none)"),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)
-    return [f"{n.ljust(width)}  {v}" for n, v in rows] + _blocker_lines(view, ids=True)
+    foreign = [foreign_line(view)] if view.foreign_tasks else []
+    return [f"{n.ljust(width)}  {v}" for n, v in rows] + _blocker_lines(view, ids=True) + foreign
 
 
 def _seconds(value: float | None) -> str:

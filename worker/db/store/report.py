@@ -28,6 +28,11 @@ class ReportQueries(Queries):
         """Open runs adopted away from their stamped lane, per (stamped lane, adopter)."""
         return await self._rows(conn, AdoptedCount, "report_adopted")
 
+    async def foreign_tasks(self, conn: Connection, *, queues: list[str]) -> dict[str, int]:
+        """Unfinished engine tasks this store did not create, per queue of ``queues`` with any."""
+        rows = await self._records(conn, "report_foreign_tasks", queues)
+        return {r["queue"]: r["foreign_tasks"] for r in rows}
+
     async def deliveries(self, conn: Connection) -> list[DeliveryCount]:
         """Ledger facts not delivered to a runtime API, per stamped lane (pending, failed)."""
         return await self._rows(conn, DeliveryCount, "report_deliveries")

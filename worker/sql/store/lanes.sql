@@ -58,24 +58,32 @@ returning status;
 
 -- name: lane_names
 -- What `lanes retire`/`activate` accept without --force: every registered lane
--- (its first spelling, oldest first), then engine queues no lane row names.
+-- (its first spelling, oldest first), then engine queues no lane row names that
+-- hold runs of this store (an engine queue of another system is no lane).
 select name from (
   select coalesce(release_ids[1], queue) as name, 0 as kind, created_at
     from {schema}.releases
   union all
   -- A queue only a submit created: its runs carry the release id it was stamped with.
-  select coalesce((select r.release_id from {schema}.runs r
-                    where r.queue = q.queue_name limit 1), q.queue_name), 1, null
+  select r.release_id, 1, null
     from absurd.queues q
+    cross join lateral (select r.release_id from {schema}.runs r
+                         where r.queue = q.queue_name limit 1) r
    where not exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
 ) known
 order by kind, created_at, name;
 
 -- name: lane_known
--- Whether anything ever used this queue: a lane row (a worker booted, or an
--- operator retired it) or the engine queue (created by the first submit or boot).
+-- Whether lane-worker ever used this queue: a lane row (a worker booted, or an
+-- operator retired it), a run of this store submitted there (its first submit
+-- created the queue), or a task of such a run still in the engine queue (its
+-- runs were moved away). An engine queue alone may be another system's (the
+-- TypeScript app's): not a lane. Open runs first (their index).
 select exists (select 1 from {schema}.releases where queue = $1)
-    or exists (select 1 from absurd.queues where queue_name = $1);
+    or exists (select 1 from {schema}.runs
+                where queue = $1 and status not in ('completed', 'failed', 'cancelled'))
+    or exists (select 1 from {schema}.runs where queue = $1)
+    or {schema}.queue_holds_own_task($1);
 
 -- name: lane_registry
 -- Every lane with its status; whether it still holds non-terminal runs or
@@ -129,11 +137,18 @@ select l.queue, l.release_ids, l.retired_at,
    and not exists (select 1 from {schema}.runs r
                     where r.queue = l.queue
                       and r.status not in ('completed', 'failed', 'cancelled'))
+   -- nor any unfinished task of any kind: another system's, a sandbox cleanup
+   -- (migration 0020; dropping it leaked the sandbox unreported)
+   and not exists (select 1 from {schema}.run_sandboxes x
+                    where x.cleanup_queue = l.queue and x.cleanup = 'pending')
+   and (select f.open_tasks from {schema}.queue_open_tasks(l.queue) f) = 0
  order by l.retired_at, l.queue;
 
 -- name: prune_lane
 -- Under the lane row's lock, re-checked: still retired, still no open run, no
--- live worker of the lane.
+-- live worker of the lane, no pending sandbox cleanup; and last, with every
+-- writer of the queue's tasks held off until commit, no unfinished task of any
+-- kind (queue_idle_locked, migration 0020).
 update {schema}.releases l
    set pruned_at = now(), updated_at = now()
  where l.queue = $1 and l.status = 'retired' and l.pruned_at is null
@@ -143,6 +158,9 @@ update {schema}.releases l
    and not exists (select 1 from {schema}.workers w
                     where w.queue = l.queue
                       and {schema}.worker_live(w.heartbeat_at, w.stopped_at))
+   and not exists (select 1 from {schema}.run_sandboxes x
+                    where x.cleanup_queue = l.queue and x.cleanup = 'pending')
+   and {schema}.queue_idle_locked(l.queue)
 returning l.queue;
 
 -- name: heartbeat

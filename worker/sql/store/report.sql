@@ -103,3 +103,13 @@ select r.queue,
   join {schema}.runs r on r.run_id = l.run_id
  where l.delivery in ('pending', 'failed')
  group by r.queue;
+
+-- name: report_foreign_tasks
+-- Per queue in $1 that holds any: the unfinished engine tasks this store did
+-- not create (another system's on a shared queue; migration 0020). Read
+-- outside the report's snapshot, a batch of queues per statement, so the locks
+-- it takes on engine tables end with each statement.
+select l.queue, f.foreign_tasks
+  from unnest($1::text[]) as l(queue)
+  cross join lateral {schema}.queue_open_tasks(l.queue) f
+ where f.foreign_tasks > 0;
