@@ -79,6 +79,14 @@ async def test_each_worker_shows_its_build_and_an_older_builds_beat_still_works(
             releases, _ = await client.releases.list()
             [mine] = [r.as_json() for r in releases if r.release_id == A]
             assert mine["builds"] == {VERSION: 1, "before 0.2.0": 1}
+            assert (mine["liveWorkers"], mine["readyWorkers"]) == (2, 2)
+            # A worker whose claims keep failing is not ready for the scaler either.
+            await beat(conn, "new-worker", [FAILING])
+            releases, _ = await client.releases.list()
+            [mine] = [r.as_json() for r in releases if r.release_id == A]
+            assert (mine["liveWorkers"], mine["readyWorkers"]) == (2, 1)
+            [deployed] = await client.db.run(Store(SCHEMA).registry.deployments)
+            assert deployed.ready_machines == ["m-old"]
     finally:
         await conn.close()
 
