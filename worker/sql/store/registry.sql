@@ -20,10 +20,14 @@ select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deplo
   from {schema}.deployments d
   left join {schema}.releases l on l.queue = d.queue
   left join lateral (
-    select count(*) as live, count(*) filter (where x.ready_at is not null) as ready,
+    -- Ready: it has the ready mark and every loop of it claims (migration 0021), as its
+    -- /readyz says: a machine whose claims keep failing must not take over a release.
+    select count(*) as live,
+           count(*) filter (where x.ready_at is not null and x.claim_failures is null) as ready,
            array_agg(distinct x.machine_id) filter (where x.machine_id is not null) as machines,
            array_agg(distinct x.machine_id)
-             filter (where x.machine_id is not null and x.ready_at is not null) as ready_machines
+             filter (where x.machine_id is not null and x.ready_at is not null
+                       and x.claim_failures is null) as ready_machines
       from {schema}.workers x
      where x.queue = d.queue and {schema}.worker_live(x.heartbeat_at, x.stopped_at)
   ) w on true
