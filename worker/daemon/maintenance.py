@@ -1,4 +1,13 @@
-"""Maintenance: a bounded engine cleanup pass and the reconciler, one worker at a time.
+"""Maintenance: a bounded engine cleanup pass and the reconciler, in small transactions.
+
+A pass reads the engine's queues and the lane registry in one short transaction
+of its own, then cleans at most ``CLEANUP_PER_PASS`` queues, ``CLEANUP_BATCH`` to
+a transaction, and reconciles at most ``RECONCILE_PER_PASS`` lanes,
+``RECONCILE_GROUP`` to a transaction. A ``Rotation`` carries on where the last
+pass stopped, so with more queues than one pass takes, each comes round within
+a few passes. No transaction locks more than one batch's queues' tables: a
+single transaction over every queue held ~30 locks per queue until it committed
+and ran PostgreSQL out of shared memory at 700 queues (issue 35).
 
 Every queue is maintained on its own: a queue that fails is logged
 (``maintenance.queue_failed``) and counted (``lane_worker_maintenance_errors_total``),
@@ -8,7 +17,8 @@ raises), since every other queue would fail the same way.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import asyncpg
 import structlog
@@ -18,55 +28,125 @@ from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import MaintainedLane
 from worker.metrics import Metrics
-from worker.run.reconcile import reconcile_queue
+from worker.run.reconcile import RECONCILE_BATCH, reconcile_queue, settle_batch
 from worker.states import LaneStatus
 
 log = structlog.get_logger("lane_worker.maintenance")
 
-# pg_try_advisory_xact_lock key of the maintenance pass ("lwmaint"): transaction
-# scoped, so it also holds under PgBouncer transaction pooling.
+# pg_try_advisory_xact_lock key of a cleanup batch ("lwmaint"), the key older builds
+# held for their whole pass: one worker cleans at a time, and under PgBouncer too.
 _MAINTENANCE_LOCK_KEY = 0x6C77_6D61_696E_7400
 # Open attempts of dead workers closed per pass (a chaos roll leaves a handful).
 ATTEMPT_SWEEP_BATCH = 1000
+# A queue's cleanup locks ~30 relations (5 tables and their indexes) until commit.
+CLEANUP_BATCH = 10
+# Cleanup deletes what ended 6 hours ago: every queue once in a few passes is plenty.
+CLEANUP_PER_PASS = 100
+# A lane's reconcile read locks ~10 relations (its task and run tables, the store's runs).
+RECONCILE_GROUP = 25
+RECONCILE_PER_PASS = 200
+
+
+@dataclass
+class Rotation:
+    """Where each step of the next pass starts: after the last queue the step took."""
+
+    after: dict[str, str] = field(default_factory=dict)
+
+    def take(self, step: str, names: Sequence[str], most: int) -> list[str]:
+        """Return up to ``most`` of ``names``, starting after the last one ``step`` took."""
+        ordered = sorted(names)
+        last = self.after.get(step, "")
+        later = [n for n in ordered if n > last]
+        return (later + [n for n in ordered if n <= last])[:most]
+
+    def done(self, step: str, name: str) -> None:
+        """Record that ``step`` has dealt with ``name``: the next pass starts after it."""
+        self.after[step] = name
+
+
+def _batches(items: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
 
 
 async def maintain(
-    db: Database, store: Store, *, worker_id: str, metrics: Metrics | None = None
+    db: Database,
+    store: Store,
+    *,
+    worker_id: str,
+    metrics: Metrics | None = None,
+    rotation: Rotation | None = None,
 ) -> bool:
-    """Run one pass if no other worker is running one; return whether this one ran."""
+    """Run one pass; return False when another worker was cleaning (nothing done)."""
+    rotation = rotation if rotation is not None else Rotation()
 
-    async def cleanup(conn: Connection) -> tuple[list[tuple[str, str]], list[Any]] | None:
-        if not await conn.fetchval("select pg_try_advisory_xact_lock($1)", _MAINTENANCE_LOCK_KEY):
-            return None
-        failed: list[tuple[str, str]] = []
-        for queue in await engine.queue_names(conn):
-            try:
-                # A savepoint per queue: a broken queue's error leaves the others' cleanup.
-                async with conn.transaction():
-                    # Deletes at most the queue's cleanup_limit per call.
-                    for name, tasks, events in await engine.cleanup(conn, queue):
-                        if tasks or events:
-                            log.info("maintenance.cleaned", queue=name, tasks=tasks, events=events)
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                failed.append((queue, repr(exc)))
-        registry = await store.lanes.for_maintenance(conn)
-        return failed, registry
+    async def read(conn: Connection) -> tuple[list[str], list[MaintainedLane]]:
+        return await engine.queue_names(conn), await store.lanes.for_maintenance(conn)
 
-    outcome = await db.transaction(cleanup)
-    if outcome is None:
-        return False
-    failed_cleanups, registry = outcome
-    # Logged once the transaction committed: a retried transaction must not count twice.
-    for queue, error in failed_cleanups:
-        _queue_failed(metrics, queue, worker_id, "cleanup", error)
-    await reconcile_lanes(db, store, registry, worker_id=worker_id, metrics=metrics)
+    queues, registry = await db.transaction(read)
+    picked = rotation.take("cleanup", queues, CLEANUP_PER_PASS)
+    cleaned = 0
+    for index, batch in enumerate(_batches(picked, CLEANUP_BATCH)):
+        failed = await db.transaction(lambda c, b=batch: _clean(c, b))  # type: ignore[misc]
+        if failed is None:
+            # Another worker is cleaning: this batch waits for the next pass.
+            if index == 0:
+                return False
+            break
+        # Logged once the transaction committed: a retried transaction must not count twice.
+        for queue, error in failed:
+            _queue_failed(metrics, queue, worker_id, "cleanup", error)
+        rotation.done("cleanup", batch[-1])
+        cleaned += len(batch)
+    lanes = {lane.queue: lane for lane in registry}
+    chosen = rotation.take("reconcile", list(lanes), RECONCILE_PER_PASS)
+    await reconcile_lanes(
+        db, store, [lanes[q] for q in chosen], worker_id=worker_id, metrics=metrics
+    )
+    if chosen:
+        rotation.done("reconcile", chosen[-1])
     # After the reconcile: a run it just ended may leave a dead worker's attempt open.
     closed = await db.run(lambda c: store.attempts.close_abandoned(c, limit=ATTEMPT_SWEEP_BATCH))
     if closed:
         log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
+    # What this pass covered: with more queues than a pass takes, the rest come next.
+    log.info(
+        "maintenance.passed", worker_id=worker_id, engine_queues=len(queues),
+        cleaned=cleaned, lanes=len(registry), reconciled=len(chosen),
+    )  # fmt: skip
     return True
+
+
+async def _clean(conn: Connection, queues: list[str]) -> list[tuple[str, str]] | None:
+    """Clean one batch of queues under the cleanup lock; None when another worker holds it."""
+    if not await conn.fetchval("select pg_try_advisory_xact_lock($1)", _MAINTENANCE_LOCK_KEY):
+        return None
+    failed: list[tuple[str, str]] = []
+    for queue in queues:
+        try:
+            # A savepoint per queue: a broken queue's error leaves the others' cleanup.
+            async with conn.transaction():
+                # Deletes at most the queue's cleanup_limit per call.
+                for name, tasks, events in await engine.cleanup(conn, queue):
+                    if tasks or events:
+                        log.info("maintenance.cleaned", queue=name, tasks=tasks, events=events)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            if await engine.queue_exists(conn, queue):
+                failed.append((queue, repr(exc)))
+            # else `lanes prune` dropped it since the list was read: nothing to clean.
+    return failed
+
+
+@dataclass
+class _Settled:
+    """What one reconcile group found: failed queues, dropped ones, ones with more to settle."""
+
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    more: list[str] = field(default_factory=list)
 
 
 async def reconcile_lanes(
@@ -78,31 +158,61 @@ async def reconcile_lanes(
     metrics: Metrics | None = None,
 ) -> None:
     """Reconcile the queue of each lane in ``registry`` (maintenance's second step)."""
+    ready: list[str] = []
     for lane in registry:
-        queue = lane.queue
-        if not lane.engine_queue:
-            # Left by a `lanes retire` of an older build (usually a mistyped release
-            # id): there are no engine tables, so nothing can end there.
-            command = "retire" if lane.status == LaneStatus.RETIRED else "activate"
-            release_id = (lane.release_ids or [queue])[0]
-            _queue_failed(
-                metrics, queue, worker_id, "reconcile", "the lane has no engine queue",
-                remedy=f"`lane-worker lanes {command} {release_id}` creates it",
-            )  # fmt: skip
+        if lane.engine_queue:
+            ready.append(lane.queue)
             continue
-        try:
-            await reconcile_queue(db, store, queue, worker_id=worker_id)
-        except asyncpg.UndefinedTableError as exc:
-            if await db.run(lambda c, q=queue: engine.queue_exists(c, q)):  # type: ignore[misc]
+        # Left by a `lanes retire` of an older build (usually a mistyped release
+        # id): there are no engine tables, so nothing can end there.
+        command = "retire" if lane.status == LaneStatus.RETIRED else "activate"
+        release_id = (lane.release_ids or [lane.queue])[0]
+        _queue_failed(
+            metrics, lane.queue, worker_id, "reconcile", "the lane has no engine queue",
+            remedy=f"`lane-worker lanes {command} {release_id}` creates it",
+        )  # fmt: skip
+    for group in _batches(ready, RECONCILE_GROUP):
+        outcome = await db.transaction(
+            lambda c, g=group: _settle_group(c, store, g, worker_id)  # type: ignore[misc]
+        )
+        for queue, error in outcome.failed:
+            _queue_failed(metrics, queue, worker_id, "reconcile", error)
+        for queue in outcome.dropped:
+            # `lanes prune` dropped the queue since the registry was read: its
+            # runs were all settled, so there is nothing to reconcile.
+            log.info("maintenance.queue_dropped", queue=queue, worker_id=worker_id)
+        for queue in outcome.more:
+            # A mass lease expiry: the rest of this queue's batches, one transaction each.
+            try:
+                await reconcile_queue(db, store, queue, worker_id=worker_id)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
                 _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
+
+
+async def _settle_group(
+    conn: Connection, store: Store, queues: list[str], worker_id: str
+) -> _Settled:
+    outcome = _Settled()
+    for queue in queues:
+        try:
+            async with conn.transaction():  # a savepoint: one queue's error is its own
+                found, settled = await settle_batch(conn, store, queue, worker_id=worker_id)
+        except asyncpg.UndefinedTableError as exc:
+            if await engine.queue_exists(conn, queue):
+                outcome.failed.append((queue, repr(exc)))
             else:
-                # `lanes prune` dropped the queue since the registry was read: its
-                # runs were all settled, so there is nothing to reconcile.
-                log.info("maintenance.queue_dropped", queue=queue, worker_id=worker_id)
+                outcome.dropped.append(queue)
+            continue
         except Exception as exc:
             if is_transient(exc):
                 raise
-            _queue_failed(metrics, queue, worker_id, "reconcile", repr(exc))
+            outcome.failed.append((queue, repr(exc)))
+            continue
+        if found == RECONCILE_BATCH and settled:
+            outcome.more.append(queue)
+    return outcome
 
 
 def _queue_failed(

@@ -37,7 +37,7 @@ from worker.daemon import boot
 from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry, wanted_continuations
-from worker.daemon.maintenance import maintain
+from worker.daemon.maintenance import Rotation, maintain
 from worker.daemon.processes import EXIT_NOW, PARENT_GONE
 from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import (
@@ -509,10 +509,18 @@ class Supervisor:
         return frozenset((v.queue, v.loop) for v in self.loops.not_claiming())
 
     async def _maintenance(self, db: Database) -> None:
+        # Each pass takes the next slice of queues: a pass is bounded whatever their number.
+        rotation = Rotation()
         while True:
             if not await self._side_pass(
                 "maintenance",
-                lambda: maintain(db, self.store, worker_id=self.worker_id, metrics=self.metrics),
+                lambda: maintain(
+                    db,
+                    self.store,
+                    worker_id=self.worker_id,
+                    metrics=self.metrics,
+                    rotation=rotation,
+                ),
             ):
                 return
             failed = "maintenance" in self.side_loop_outages
