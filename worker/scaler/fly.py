@@ -284,8 +284,9 @@ class FlyBackend:
         await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
 
     async def destroy(self, machine: Machine) -> None:
-        # Forced only for a machine that is not stopped (a dead or stuck one).
-        force = "true" if machine.running else "false"
+        # Forced for any machine that is not stopped (a dead one, or one stuck stopping:
+        # the API refuses to remove an active machine without it).
+        force = "false" if machine.state == STOPPED else "true"
         await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
 
     def where_logs(self, machine_id: str) -> str:
