@@ -153,3 +153,29 @@ async def test_a_401_echoing_the_token_keeps_none_of_it(database_url: str, clock
     kept = json.dumps({k: v.as_json() for k, v in seen.items()})
     for part in (wrong, "revoked0token", json.dumps(wrong)[1:-1]):
         assert part not in kept, kept
+
+
+async def test_a_machine_stuck_stopping_is_removed_past_its_deadline(
+    database_url: str, clock: Clock
+) -> None:
+    """Scaled to none, a machine that stays `stopping` (Fly says not since when) drains until
+    the stop deadline, then is removed, forced (the API refuses an active one otherwise)."""
+    async with fly_api(database_url, "fly-stuck") as (fly, backend, client):
+        await client.releases.deploy("fly-stuck", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [machine_id] = fly.records
+        fly.states[machine_id] = "started"
+        fly.stuck_stopping.add(machine_id)
+        await worker_on(client, "fly-stuck", machine_id, live=True)
+        await client.releases.deploy("fly-stuck", image="img:1", machines=0)
+        await reconciler.once()
+        assert fly.records[machine_id]["state"] == "stopping"
+        clock.now += backend.stop_deadline_s - 5
+        await reconciler.once()
+        assert fly.records[machine_id]["state"] == "stopping", "removed while it could drain"
+        clock.now += 10
+        await reconciler.once()
+    deletes = [(p, status) for m, p, status in fly.calls if m == "DELETE"]
+    assert deletes == [(f"/v1/apps/lw-api/machines/{machine_id}?force=true", 200)], fly.calls
+    assert fly.records[machine_id]["state"] == "destroyed"

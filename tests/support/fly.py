@@ -118,7 +118,7 @@ class FakeFly(LocalServer):
         if machine_id in self.foreign:
             self.touched_foreign.append(f"{request.method} {request.path}")
             return 200, {}
-        return await self._act(request.method, machine_id, rest[1:])
+        return await self._act(request.method, machine_id, rest[1:], request.query)
 
     async def _listed(self) -> list[dict[str, Any]]:
         listed = [*self.records.values()]
@@ -171,7 +171,9 @@ class FakeFly(LocalServer):
             return 500, {"error": "internal error (the machine was created)"}
         return 200, shown
 
-    async def _act(self, method: str, machine_id: str, rest: list[str]) -> tuple[int, Any]:
+    async def _act(
+        self, method: str, machine_id: str, rest: list[str], query: Mapping[str, str]
+    ) -> tuple[int, Any]:
         if machine_id in self.records:
             record = self.records[machine_id]
             if method == "POST" and rest == ["stop"]:
@@ -180,6 +182,9 @@ class FakeFly(LocalServer):
                 record["state"] = "stopping" if stuck else "stopped"
                 return 200, {"ok": True}
             if method == "DELETE":
+                listed = self.states.get(machine_id, record["state"])
+                if listed in _ACTIVE and query.get("force") != "true":
+                    return 412, {"error": f"machine is {listed}: refusing to delete it unforced"}
                 self.states.pop(machine_id, None)
                 record["state"] = "destroyed"  # listed a while longer, as Fly does
                 return 200, {"ok": True}
@@ -201,6 +206,9 @@ class FakeFly(LocalServer):
 def _now(age_s: float) -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=age_s)
 
+
+# A machine in these states is removed only with force=true, as Fly does.
+_ACTIVE = frozenset({"started", "starting", "stopping", "replacing", "created"})
 
 _FLY_STATES = {"started": "started", "starting": "starting", "stopping": "stopping",
                "failed": "failed"}  # fmt: skip

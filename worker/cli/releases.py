@@ -48,11 +48,11 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
 
 
 def _scaler_sees(said: dict[str, Any]) -> str:
-    """The scaler's last word on a release's machines: running, stopping, outdated."""
+    """The scaler's last word on a release's machines: running, stopping, outdated, unlisted."""
     if not said:
         return "-"
     parts = [f"{said.get('running', 0)} running"]
-    parts += [f"{said[k]} {k}" for k in ("stopping", "outdated") if said.get(k)]
+    parts += [f"{said[k]} {k}" for k in ("stopping", "outdated", "unlisted") if said.get(k)]
     # Why it is not at its count, in the table too (not only in --json).
     parts += [a for a in said.get("actions") or [] if str(a).startswith("waiting")]
     parts += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]

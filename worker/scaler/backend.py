@@ -54,6 +54,21 @@ class Machine:
         return self.state in RUNNING_STATES
 
 
+# Which of two listings of one machine is believed: the more alive (a stale "stopped"
+# must not get a running machine destroyed; one pass later the listing agrees).
+_ALIVE_FIRST = {STARTED: 0, STARTING: 1, STOPPING: 2, STOPPED: 3, FAILED: 4}
+
+
+def one_per_id(machines: list[Machine]) -> list[Machine]:
+    """One entry per machine id (a listing may name a machine twice): the more alive one."""
+    best: dict[str, Machine] = {}
+    for m in machines:
+        had = best.get(m.machine_id)
+        if had is None or _ALIVE_FIRST.get(m.state, 5) < _ALIVE_FIRST.get(had.state, 5):
+            best[m.machine_id] = m
+    return list(best.values())
+
+
 def machine_stop_s(env: Mapping[str, str]) -> float:
     """The longest a machine's worker takes to stop on SIGTERM, with the drain window that
     ``env`` sets (``LANE_WORKER_DRAIN_SECONDS``; what the machines get must match)."""

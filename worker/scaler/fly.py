@@ -54,6 +54,7 @@ from worker.scaler.backend import (
     BackendError,
     Machine,
     machine_stop_s,
+    one_per_id,
 )
 
 DEFAULT_API_URL = "https://api.machines.dev"
@@ -209,7 +210,7 @@ class FlyBackend:
         raise BackendError(f"Fly Machines API GET /machines: more than {_MAX_PAGES} pages")
 
     async def list(self) -> list[Machine]:
-        machines: dict[str, Machine] = {}
+        machines: list[Machine] = []
         for m in await self._listing():
             config = m.get("config") or {}
             metadata = config.get("metadata") or {}
@@ -218,10 +219,9 @@ class FlyBackend:
                 continue  # not the scaler's (or on its way out): never touched
             if metadata.get(STORE_METADATA) != self.store_id:
                 continue  # a scaler of another database shares this app: its machines
-            machine = _machine(m, str(release), metadata, config)
-            # Listed twice (pages that overlap, eventual consistency): one machine.
-            machines[machine.machine_id] = machine
-        return list(machines.values())
+            machines.append(_machine(m, str(release), metadata, config))
+        # Listed twice (pages that overlap, eventual consistency): one machine.
+        return one_per_id(machines)
 
     async def create(self, release_id: str, image: str) -> Machine:
         if not self.store_id:
@@ -284,8 +284,9 @@ class FlyBackend:
         await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
 
     async def destroy(self, machine: Machine) -> None:
-        # Forced only for a machine that is not stopped (a dead or stuck one).
-        force = "true" if machine.running else "false"
+        # Forced for any machine that is not stopped (a dead one, or one stuck stopping:
+        # the API refuses to remove an active machine without it).
+        force = "false" if machine.state == STOPPED else "true"
         await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
 
     def where_logs(self, machine_id: str) -> str:

@@ -50,16 +50,7 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.report import LaneView, read_report
-from worker.scaler.backend import (
-    FAILED,
-    STARTED,
-    STARTING,
-    STOPPED,
-    STOPPING,
-    Backend,
-    BackendError,
-    Machine,
-)
+from worker.scaler.backend import STOPPING, Backend, BackendError, Machine, one_per_id
 
 # A machine whose worker has not been live this long, as this scaler watched it
 # (and at least this long after it was created), is dead: a boot takes seconds.
@@ -74,9 +65,6 @@ MAX_CREATES_PER_PASS = 3  # per release: a wrong count or listing costs a few ma
 # A machine this scaler created that the backend has not listed for this long: the
 # listing is wrong (Fly lists a new machine within a pass or two).
 UNLISTED_AFTER_S = 30.0
-# Which of two listings of one machine is believed: the more alive (a stale "stopped"
-# must not get a running machine destroyed; one pass later the listing agrees).
-_ALIVE_FIRST = {STARTED: 0, STARTING: 1, STOPPING: 2, STOPPED: 3, FAILED: 4}
 
 log = structlog.get_logger("lane_worker.scaler")
 
@@ -143,6 +131,8 @@ class Reconciler:
         self._not_live_since.clear()
         self._stop_sent.clear()
         self._stopping_seen.clear()
+        # Another scaler may have listed and removed them meanwhile: not this one's word.
+        self._created.clear()
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
@@ -160,7 +150,7 @@ class Reconciler:
             log.error("scaler.backend_failed", error=str(exc), retry_in_s=wait_s)
             return self._backend_down(deployments)
         self._backend_failures, self._backend_retry_at = 0, 0.0
-        machines = _one_per_id(machines)
+        machines = one_per_id(machines)
         listed = {m.machine_id for m in machines}
         for memory in (self._not_live_since, self._stop_sent, self._stopping_seen):
             for gone in set(memory) - listed:
@@ -385,13 +375,3 @@ class Reconciler:
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)
-
-
-def _one_per_id(machines: list[Machine]) -> list[Machine]:
-    """One entry per machine id (a listing may name a machine twice): the more alive one."""
-    best: dict[str, Machine] = {}
-    for m in machines:
-        had = best.get(m.machine_id)
-        if had is None or _ALIVE_FIRST.get(m.state, 5) < _ALIVE_FIRST.get(had.state, 5):
-            best[m.machine_id] = m
-    return list(best.values())
