@@ -24,6 +24,7 @@ MAX_INTEGER_DIGITS = 4300
 
 
 _KEY_SHOWN = 40  # a path names its keys, not a megabyte of one
+_PATH_SHOWN = 120  # nor 513 levels of [0]
 
 
 def _path(parent: str, key: object) -> str:
@@ -64,7 +65,8 @@ def json_problem(value: Any) -> str | None:
     while stack:
         item, where, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return f"it nests deeper than {MAX_DEPTH} levels at {where}"
+            shown = where if len(where) <= _PATH_SHOWN else where[:_PATH_SHOWN] + "..."
+            return f"a value that nests deeper than {MAX_DEPTH} levels at {shown}"
         if item is None or isinstance(item, bool):
             continue
         if isinstance(item, int):

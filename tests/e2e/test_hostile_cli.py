@@ -53,6 +53,7 @@ TYPO_SCHEMA = "runtime_scheduler_typo"
 LONG_RELEASE = "a" * 201
 LONG_KEY = "k" * 256
 FIVE_THOUSAND_DIGITS = "9" * 5000
+DEEP_3000 = "[" * 3000 + "]" * 3000  # 6 KB of JSON text
 MIGRATE_PHRASE = "run `lane-worker migrate` first"
 ISOLATED_PHRASE = (
     "is an isolated topology, which needs its own queue: set DEEPLINE_ABSURD_QUEUE_SUFFIX"
@@ -92,7 +93,7 @@ def usage_error(stderr: str) -> str:
     lines = stderr.splitlines()
     assert len(lines) == 4, f"not click's usage error:\n{stderr}"
     assert lines[0].startswith("Usage: lane-worker "), stderr
-    assert re.fullmatch(r"Try 'lane-worker [a-z ]*--help' for help\.", lines[1]), stderr
+    assert re.fullmatch(r"Try 'lane-worker [a-z -]*--help' for help\.", lines[1]), stderr
     assert lines[2] == "", stderr
     assert lines[3].startswith("Error: "), stderr
     return lines[3]
@@ -396,6 +397,10 @@ def _cases() -> Iterator[Case]:
         ("not-json", "{not json", "--input is not valid JSON"),
         ("trailing-garbage", '{"a": 1} x', "--input is not valid JSON (Extra data"),
         ("empty", "", "--input is not valid JSON"),
+        # What JSON.stringify writes and no worker could read back (issue 29 §3).
+        ("3000-deep", '{"a": ' + DEEP_3000 + "}", "--input is nested too deeply"),
+        ("513-deep", '{"a": ' + "[" * 513 + "]" * 513 + "}", "nests deeper than 512 levels"),
+        ("5001-digits", '{"a": ' + "1" * 5001 + "}", "an integer with more than 4300 digits"),
     ]:
         yield Case(f"input-{name}", ("submit", "p", "--input", text), 2, ("'--input'", says))
     yield Case(
@@ -452,6 +457,17 @@ def _cases() -> Iterator[Case]:
         ("signal", "{run}", "approved", "--data", '{"by": NaN}'),
         2,
         ("'--data'", "NaN is not JSON"),
+    )
+    for name, args in [
+        ("data-3000-deep", ("signal", "{run}", "approved", "--data", DEEP_3000)),
+        ("runner-result-3000-deep", ("runner-result", "{run}", "1", "--data", DEEP_3000)),
+    ]:
+        yield Case(name, args, 2, ("'--data'", "is nested too deeply"))
+    yield Case(
+        "data-5001-digits",
+        ("signal", "{run}", "approved", "--data", "1" * 5001),
+        2,
+        ("'--data'", "an integer with more than 4300 digits"),
     )
     yield Case(
         "data-nul",

@@ -70,6 +70,13 @@ async def test_node_submits_signals_reads_and_cancels_through_the_sql_api(
     assert seen["badInput"]["code"] == "22023"
     assert "must be a JSON object, not a JSON array" in seen["badInput"]["message"]
     assert seen["badRelease"]["code"] == "22023"
+    for refused, says in (
+        ("deepInput", "the run's input nests deeper than 512 levels"),
+        ("longNumber", "the run's input holds a number of 5001 digits"),
+        ("deepSignal", "the event's payload nests deeper than 512 levels"),
+    ):
+        assert seen[refused]["code"] == "22023", seen[refused]
+        assert says in seen[refused]["message"]
     assert seen["noSuchRun"]["code"] == "P0002"
     assert seen["noRunner"]["code"] == "P0002"
     assert "has no runner attempt 1" in seen["noRunner"]["message"]

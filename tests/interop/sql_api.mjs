@@ -48,9 +48,15 @@ try {
   );
   seen.badInput = await refusal('submit_run', 'greet', JSON.stringify([1, 2]), 'rel-node');
   seen.badRelease = await refusal('submit_run', 'greet', JSON.stringify({}), '???');
+  // What JSON.stringify writes happily and no worker could read back.
+  let deep = 1;
+  for (let level = 0; level < 3000; level += 1) deep = [deep];
+  seen.deepInput = await refusal('submit_run', 'greet', JSON.stringify({ v: deep }), 'rel-node');
+  seen.longNumber = await refusal('submit_run', 'greet', `{"n": ${'1'.repeat(5001)}}`, 'rel-node');
   const runId = seen.submitted.runId;
   seen.signalled = await call('signal_run', runId, 'approved', JSON.stringify({ by: 'node' }));
   seen.signalledAgain = await call('signal_run', runId, 'approved', JSON.stringify({ by: 'x' }));
+  seen.deepSignal = await refusal('signal_run', runId, 'deep', JSON.stringify(deep));
   seen.status = await call('run_status', runId);
   seen.noSuchRun = await refusal('run_status', '00000000-0000-4000-8000-000000000000');
   seen.noRunner = await refusal('report_runner_result', runId, 1, JSON.stringify({ ok: true }));

@@ -28,7 +28,7 @@ from worker import checkpoint
 from worker.db import engine
 from worker.db.pool import Connection
 from worker.errors import FatalRunError
-from worker.jsonvalue import require_json
+from worker.jsonvalue import require_json, require_readable
 from worker.run.attempt import Attempt
 from worker.run.handle import STEP_KEYS_LEGACY
 from worker.run.threads import run_in_daemon_thread
@@ -36,6 +36,9 @@ from worker.run.threads import run_in_daemon_thread
 _log = structlog.get_logger("lane_worker.runtime")
 
 ARMED_WAITS = "armedWaits"  # our envelope key; unknown to other builds, so kept by them
+# The engine counts a wait's timeout in int32 seconds: a longer one failed every
+# attempt without parking. Longer durations are clamped to it (about 68 years).
+MAX_WAIT_S = 2**31 - 1
 
 
 class Suspended(BaseException):
@@ -43,6 +46,13 @@ class Suspended(BaseException):
 
     A BaseException so that a play's ``except Exception`` cannot swallow it.
     """
+
+
+def _duration_s(value: Any, what: str) -> float:
+    """Return ``value`` as seconds within [0, MAX_WAIT_S] (below 0 is 0); refuse a non-number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{what} needs a number of seconds, not {value!r}")
+    return float(min(max(value, 0), MAX_WAIT_S))
 
 
 def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
@@ -68,6 +78,7 @@ class TaskContext:
         self._envelope = checkpoint.checkpoint_base(attempt.envelope or {})
         self._checkpoints = checkpoints
         self._step_uses: dict[str, int] = {}
+        self._detached_uses: dict[str, int] = {}
         self.run_id = str(handle.run_id)
         self.release_id = release_id
         self.attempt = handle.attempt
@@ -92,7 +103,10 @@ class TaskContext:
         uses = self._step_uses.get(name, 0) + 1
         self._step_uses[name] = uses
         # A name used twice in one run names two steps, in order.
-        key = step_checkpoint_name(name, uses, self._h.step_keys)
+        return await self._step_at(step_checkpoint_name(name, uses, self._h.step_keys), name, fn)
+
+    async def _step_at(self, key: str, name: str, fn: Callable[[], Any]) -> Any:
+        """Run step ``name`` under checkpoint ``key``, or return its committed result."""
         if key in self._checkpoints:
             return self._checkpoints[key]
         if inspect.iscoroutinefunction(fn):
@@ -129,7 +143,7 @@ class TaskContext:
         """Sleep durably: the run parks and resumes after ``seconds``, surviving restarts."""
         if checkpoint.boundary_resolved(self._envelope, boundary_id):
             return
-        delay_ms = max(0, round(seconds * 1000))
+        delay_ms = round(_duration_s(seconds, "sleep") * 1000)
         armed = self._armed(boundary_id, checkpoint.SLEEP_BOUNDARY)
         now_ms = self._now_ms()
         if armed is None:
@@ -171,7 +185,11 @@ class TaskContext:
         armed = self._armed(boundary_id, checkpoint.INTEGRATION_EVENT_BOUNDARY)
         if armed is None:
             now_ms = self._now_ms()
-            deadline = None if timeout is None else now_ms + max(0, round(timeout * 1000))
+            deadline = (
+                None
+                if timeout is None
+                else now_ms + round(_duration_s(timeout, "wait_for_event's timeout") * 1000)
+            )
             armed = {
                 "kind": "integration_event",
                 "eventKey": event_key,
@@ -286,6 +304,7 @@ class TaskContext:
                     return None
                 self._log.warning("wait.event_without_signal_row", event_key=event_key)
                 payload = engine_payload
+            require_readable(payload, f"the payload of event {event_key!r}")
             output = checkpoint.integration_event_boundary_output(
                 event_key=event_key,
                 # Signal data that is not an object is offered under "value".
@@ -354,7 +373,7 @@ class TaskContext:
         remaining_s = (
             None
             if deadline_ms is None
-            else max(1, math.ceil((deadline_ms - self._now_ms()) / 1000))
+            else min(MAX_WAIT_S, max(1, math.ceil((deadline_ms - self._now_ms()) / 1000)))
         )
         envelope = self._arm(boundary_id, armed)
 
@@ -410,10 +429,18 @@ class TaskContext:
         ``{"runnerAttempt", "result", "timedOut", "launched"}``.
         """
         if not isinstance(name, str) or not name.strip():
-            raise ValueError("run_detached needs a name (a non-blank string), unique in the run")
+            raise ValueError("run_detached needs a name (a non-blank string)")
         if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"run_detached needs a timeout in seconds above 0, not {timeout!r}")
-        boundary_id = f"runner:{name}"
+        # A name used again is the next call, as a step name is the next step
+        # (a loop that relaunches until a runner reports in time): its own launch
+        # step and boundary. The first use keeps the keys it always had; later
+        # ones cannot meet any first one (`runner#2:` is no `runner:` prefix).
+        uses = self._detached_uses.get(name, 0) + 1
+        self._detached_uses[name] = uses
+        boundary_id = f"runner:{name}" if uses == 1 else f"runner#{uses}:{name}"
+        launch_name = f"runner-launch:{name}"
+        launch_key = step_checkpoint_name(launch_name, uses, self._h.step_keys)
         resolved = self._resolved_output(boundary_id, checkpoint.RUNNER_BOUNDARY)
         if resolved is not None:
             return resolved
@@ -429,7 +456,7 @@ class TaskContext:
                 said = await said
             return {"runnerAttempt": number, "launched": said}
 
-        launched = await self.step(f"runner-launch:{name}", start)
+        launched = await self._step_at(launch_key, launch_name, start)
         number = int(launched["runnerAttempt"])
         armed = self._armed(boundary_id, checkpoint.RUNNER_BOUNDARY)
         if armed is None:
@@ -437,7 +464,7 @@ class TaskContext:
             armed = {
                 "kind": checkpoint.RUNNER_BOUNDARY,
                 "runnerAttempt": number,
-                "deadlineMs": now_ms + max(1, round(timeout * 1000)),
+                "deadlineMs": now_ms + max(1, round(min(timeout, MAX_WAIT_S) * 1000)),
                 "armedAtMs": now_ms,
             }
         wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,
@@ -482,6 +509,8 @@ class TaskContext:
                     reported, result = True, engine_payload
                 if not reported:
                     return None
+            if reported:
+                require_readable(result, f"the result of runner attempt {number}")
             output = {
                 "runnerAttempt": number,
                 "result": result if reported else None,

@@ -1,0 +1,160 @@
+"""What a play hands the engine and what it is handed back, at their limits, on real Postgres.
+
+Durations past the engine's int32 seconds park (clamped to about 68 years)
+instead of failing every attempt (issue 34 item 6); a duration that is no number
+fails the attempt at the call, saying so. A reused ``run_detached`` name is the
+next call, as a reused step name is the next step (issue 29 §4). A payload the
+engine hands back that a run could not keep fails that run for good.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from support.runtime import (
+    SCHEMA,
+    connect,
+    env_of,
+    eventually,
+    open_client,
+    open_runtime,
+    queue_of,
+    work_once,
+)
+from worker import App, DetachedRunner, TaskContext
+
+REL = "rel-values"
+
+
+def values_app(launched: list[DetachedRunner]) -> App:
+    """Plays that wait very long, sleep for no number, and relaunch under one name."""
+    app = App()
+
+    @app.play("wait-long")
+    async def wait_long(ctx: TaskContext, params: Any) -> Any:
+        return await ctx.wait_for_event("gate", "go", timeout=params["timeout"])
+
+    @app.play("sleep-long")
+    async def sleep_long(ctx: TaskContext, params: Any) -> None:
+        await ctx.sleep("nap", params["seconds"])
+
+    @app.play("sleep-nan")
+    async def sleep_nan(ctx: TaskContext, params: Any) -> None:
+        await ctx.sleep("nap", float("nan"))
+
+    @app.play("detached-long")
+    async def detached_long(ctx: TaskContext, params: Any) -> Any:
+        return await ctx.run_detached("job", launch, timeout=1e10)
+
+    def launch(runner: DetachedRunner) -> dict[str, Any]:
+        launched.append(runner)
+        return {"ticket": runner.runner_attempt}
+
+    @app.play("relaunch")
+    async def relaunch(ctx: TaskContext, params: Any) -> Any:
+        # The loop of the issue: until a runner reports in time, under one name.
+        done = await ctx.run_detached("job", launch, timeout=params["timeout"])
+        tries = 1
+        while done["timedOut"] and tries < 3:
+            done = await ctx.run_detached("job", launch, timeout=600)
+            tries += 1
+        return {"tries": tries, "done": done}
+
+    return app
+
+
+async def test_waits_longer_than_the_engine_counts_park(database_url: str) -> None:
+    """A 1e10 s event timeout, a 1e13 s sleep and a 1e10 s runner wait each park at once."""
+    launched: list[DetachedRunner] = []
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app(launched), REL) as rt,
+    ):
+        waiter = (await client.submit("wait-long", {"timeout": 1e10})).run_id
+        sleeper = (await client.submit("sleep-long", {"seconds": 1e13})).run_id
+        detached = (await client.submit("detached-long", {})).run_id
+        assert sorted(await work_once(rt)) == ["parked"] * 3
+        for run_id in (waiter, sleeper, detached):
+            assert (await client.status(run_id)).status == "waiting"
+        # The event still wakes the run, which resumes from the store's signal.
+        await client.signal(waiter, "go", {"by": "ada"})
+        assert await work_once(rt) == ["completed"]
+        output = (await client.status(waiter)).output
+    assert (output["timed_out"], output["by"]) == (False, "ada")
+
+
+async def test_a_sleep_of_no_number_fails_the_attempt_saying_so(database_url: str) -> None:
+    """sleep(nan) raises at the call: the attempt fails with the reason, nothing parks."""
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app([]), REL) as rt,
+    ):
+        run_id = (await client.submit("sleep-nan", {})).run_id
+        assert await work_once(rt) == ["retrying"]
+        conn = await connect(database_url)
+        try:
+            error = await conn.fetchval(
+                f"select error from {SCHEMA}.attempts where run_id = $1", uuid.UUID(run_id)
+            )
+        finally:
+            await conn.close()
+    assert "sleep needs a number of seconds, not nan" in error["message"]
+
+
+async def test_a_reused_detached_name_is_the_next_call(database_url: str) -> None:
+    """After a timeout, run_detached("job") again launches runner attempt 2 and waits for it."""
+    launched: list[DetachedRunner] = []
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app(launched), REL) as rt,
+    ):
+        run_id = (await client.submit("relaunch", {"timeout": 0.2})).run_id
+        assert await work_once(rt) == ["parked"]
+
+        async def relaunched() -> bool:
+            await work_once(rt)
+            return len(launched) >= 2
+
+        await eventually(relaunched, what="runner attempt 2 launched after the timeout")
+        assert [r.runner_attempt for r in launched] == [1, 2]
+        assert (await client.status(run_id)).status == "waiting"
+        late = await client.report_runner_result(run_id, 1, {"late": True})
+        assert late.woke is False
+        said = await client.report_runner_result(run_id, 2, {"ok": 2})
+        assert said.woke is True
+        assert await work_once(rt) == ["completed"]
+        output = (await client.status(run_id)).output
+    assert output["tries"] == 2
+    assert output["done"] == {
+        "runnerAttempt": 2,
+        "result": {"ok": 2},
+        "timedOut": False,
+        "launched": {"ticket": 2},
+    }
+    assert len(launched) == 2  # a replay launched nothing again
+
+
+async def test_an_engine_payload_the_run_cannot_keep_fails_it_for_good(database_url: str) -> None:
+    """An event emitted straight to the engine, 600 levels deep: the run fails, saying why."""
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app([]), REL) as rt,
+    ):
+        run_id = (await client.submit("wait-long", {"timeout": 600})).run_id
+        assert await work_once(rt) == ["parked"]
+        conn = await connect(database_url)
+        try:
+            await conn.execute(
+                "select absurd.emit_event($1, $2, $3::text::jsonb)",
+                queue_of(REL),
+                f"evt:{run_id}:go",
+                '{"deep": ' + "[" * 600 + "]" * 600 + "}",
+            )
+        finally:
+            await conn.close()
+        assert await work_once(rt) == ["failed"]
+        final = await client.status(run_id)
+    assert final.status == "failed"
+    assert "the payload of event 'go' cannot be stored" in final.error["message"]
+    assert "deeper than 512 levels" in final.error["message"]
