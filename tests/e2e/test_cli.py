@@ -301,6 +301,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "release": {"role": None, "machinesDesired": None, "machinesLive": 0, "scaler": None},
         "asOf": row["asOf"],
         "drainingSeconds": row["drainingSeconds"],
+        "foreignTasks": 0,  # no other system's task on its queue
     }
     assert row["drainingSeconds"] >= 0  # since the retire a moment ago
     assert "no live worker of" in row["blockedBy"][0]["remedy"]

@@ -63,3 +63,17 @@ async def test_a_daemon_leaves_the_typescript_apps_tasks_on_its_lane_to_their_ow
     assert (own["state"], own["claimed_by"], own["attempt"]) == ("pending", None, 1)
     assert len(daemon.events("run.foreign_left")) == 1
     assert daemon.events("run.orphan_cancelled") == []
+
+
+async def test_a_worker_boot_refuses_to_replace_the_typescript_apps_patched_engine(
+    database_url: str,
+) -> None:
+    """An older engine with the TS app's patched claim_task: exit 78, one sentence, unchanged."""
+    await ts.install_engine(database_url, "0.5.0", patch=True)
+    async with Daemons(database_url) as pool:
+        daemon = pool.start(RELEASE)
+        assert await daemon.wait_exit() == 78, daemon.tail()
+    (line,) = [ln for ln in daemon.stderr.splitlines() if ln.strip()]
+    assert "absurd.claim_task" in line
+    assert "--replace-engine-functions" in line
+    assert await ts.engine_state(database_url) == ("0.5.0", True)

@@ -9,9 +9,11 @@ keeps store tables named like lane-worker's, and patches ``absurd.claim_task``.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
+import absurdctl
 import asyncpg
 
 from support.db import connect
@@ -78,5 +80,59 @@ async def complete(database_url: str, queue: str, run_id: uuid.UUID) -> None:
         await conn.execute(
             "select absurd.complete_run($1, $2, $3::jsonb)", queue, run_id, '{"ok": true}'
         )
+    finally:
+        await conn.close()
+
+
+# -- the TS app's vendored engine ----------------------------------------------------------
+
+# The TS app's patch of claim_task (its continuation fence), as one added statement.
+FENCE_MARK = "continuation fence (vendored patch g)"
+_CREATE = r"create\s+(?:or\s+replace\s+)?function\s+absurd\.{name}\s*\(.*?\$\$.*?\$\$;"
+# What absurdctl's migration to the newest engine replaces: an engine "at" an older
+# version has Absurd's own bodies of these (the test database is at the newest).
+UPGRADED = ("get_schema_version", "ensure_queue_tables", "claim_task")
+
+
+def stock_sql(name: str, version: str) -> str:
+    """Return Absurd's own ``create function absurd.NAME`` statement at ``version``."""
+    steps = absurdctl.discover_bundled_migrations()
+    path = absurdctl.resolve_migration_path("0.0.8", version, steps) or []
+    pattern = re.compile(_CREATE.format(name=name), re.IGNORECASE | re.DOTALL)
+    found = [m.group(0) for step in path for m in pattern.finditer(step["sql"])]
+    return re.sub(r"^create\s+function", "create or replace function", found[-1], flags=re.I)
+
+
+def patched(statement: str) -> str:
+    """Return ``statement`` with the TS app's fence added at the start of its body."""
+    fence = (
+        f"begin\n  -- {FENCE_MARK}\n"
+        "  if p_worker_id like '%:continuations' and p_qty > 1000 then\n"
+        "    raise exception 'fenced';\n  end if;\n"
+    )
+    return statement.replace("begin\n", fence, 1)
+
+
+async def install_engine(database_url: str, version: str, *, patch: bool) -> None:
+    """Make the engine look as the TS app left it: Absurd ``version``, claim_task patched or not."""
+    conn = await connect(database_url)
+    try:
+        for name in UPGRADED:
+            statement = stock_sql(name, version)
+            await conn.execute(patched(statement) if patch and name == "claim_task" else statement)
+    finally:
+        await conn.close()
+
+
+async def engine_state(database_url: str) -> tuple[str, bool]:
+    """Return the engine's version and whether its claim_task carries the TS app's fence."""
+    conn = await connect(database_url)
+    try:
+        version: str = await conn.fetchval("select absurd.get_schema_version()")
+        body: str = await conn.fetchval(
+            "select prosrc from pg_proc where oid = 'absurd.claim_task(text,text,integer,integer)'"
+            "::regprocedure"
+        )
+        return version, FENCE_MARK in body
     finally:
         await conn.close()

@@ -77,12 +77,25 @@ def doctor(as_json: bool) -> None:
 
 
 @cli.command()
+@click.option(
+    "--replace-engine-functions",
+    "replace_engine_functions",
+    is_flag=True,
+    help="Let an engine upgrade replace Absurd functions another system patched (the "
+    "TypeScript app's vendored claim_task); without it such an upgrade is refused.",
+)
 @json_option
-def migrate(as_json: bool) -> None:
-    """Install or upgrade the engine schema and the run-state store."""
+def migrate(replace_engine_functions: bool, as_json: bool) -> None:
+    """Install or upgrade the engine schema and the run-state store.
+
+    An engine upgrade never silently replaces an Absurd function that differs from
+    Absurd's own (another system patched it): it names the function and stops,
+    unless --replace-engine-functions is given.
+    """
 
     async def action(client: LaneClient) -> tuple[str, MigrationReport, str]:
-        return (*await client.migrate(), client.store.schema)
+        done = await client.migrate(replace_engine_functions=replace_engine_functions)
+        return (*done, client.store.schema)
 
     engine, store, schema = with_client(action)
     applied = ", ".join(f"{v:04d}" for v in store.applied) or "nothing (current)"

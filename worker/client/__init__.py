@@ -207,9 +207,19 @@ class LaneClient:
                 "`lane-worker migrate` first."
             )
 
-    async def migrate(self) -> tuple[str, MigrationReport]:
-        """Install or upgrade the engine schema and the store; say what was done."""
-        engine_outcome = await self.db.run(engine_schema.ensure_engine_schema)
+    async def migrate(
+        self, *, replace_engine_functions: bool = False
+    ) -> tuple[str, MigrationReport]:
+        """Install or upgrade the engine schema and the store; say what was done.
+
+        An engine upgrade that would replace a function another system patched is
+        refused (``EngineSchemaError``) unless ``replace_engine_functions``.
+        """
+        engine_outcome = await self.db.run(
+            lambda c: engine_schema.ensure_engine_schema(
+                c, replace_foreign=replace_engine_functions
+            )
+        )
         return engine_outcome, await self.db.run(self.store.migrate)
 
     async def ensure_queue(self, queue: str) -> None:

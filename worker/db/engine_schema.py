@@ -19,6 +19,7 @@ from typing import Any
 
 import absurdctl
 
+from worker.db import engine_functions
 from worker.db.pool import Connection
 from worker.db.sql import engine_query, sql_text
 from worker.errors import EngineSchemaError
@@ -86,7 +87,7 @@ async def engine_schema_current(conn: Connection) -> bool:
     return present == len(CONTRACTS)
 
 
-async def _upgrade(conn: Connection, version: str) -> None:
+async def _upgrade(conn: Connection, version: str, *, replace_foreign: bool) -> list[str]:
     _refuse_newer(version)
     steps = absurdctl.resolve_migration_path(
         version, ENGINE_SCHEMA_VERSION, absurdctl.discover_bundled_migrations()
@@ -98,27 +99,39 @@ async def _upgrade(conn: Connection, version: str) -> None:
             found=version,
             expected=ENGINE_SCHEMA_VERSION,
         )
+    # Never a silent replacement of a function another system patched.
+    replaced = await engine_functions.check_upgrade(conn, version, steps, replace=replace_foreign)
     for step in steps:
         await conn.execute(absurdctl.get_migration_sql(step))
+    return replaced
 
 
-async def ensure_engine_schema(conn: Connection) -> str:
+async def ensure_engine_schema(conn: Connection, *, replace_foreign: bool = False) -> str:
     """Install or upgrade the engine schema and the continuation claim; return what was done.
 
     Safe when many workers boot at once: one transaction-scoped advisory lock
     (it survives PgBouncer transaction pooling) serialises the check and the install.
+    An upgrade that would replace an engine function another system patched
+    raises ``EngineSchemaError`` unless ``replace_foreign`` (``engine_functions``).
     """
     async with conn.transaction():
         await conn.execute(engine_query("install_lock"), _INSTALL_LOCK_KEY)
         version = await installed_engine_version(conn)
         if version is None:
+            await engine_functions.refuse_partial_engine(conn)
             await conn.execute(absurdctl.BUNDLED_SCHEMA_SQL)
             outcome = f"installed {ENGINE_SCHEMA_VERSION}"
         elif version != ENGINE_SCHEMA_VERSION:
-            await _upgrade(conn, version)
+            replaced = await _upgrade(conn, version, replace_foreign=replace_foreign)
             outcome = f"upgraded {version} -> {ENGINE_SCHEMA_VERSION}"
+            if replaced:
+                outcome += f" (replaced {', '.join(f'absurd.{n}' for n in replaced)}, as asked)"
         else:
             outcome = "current"
+            patched = await engine_functions.differing(conn, version)
+            if patched:
+                names = ", ".join(f"absurd.{n}" for n in patched)
+                outcome += f" ({names} differ from Absurd {version}'s own: left as they are)"
         await conn.execute(engine_query("contracts_table"))
         for contract in CONTRACTS:
             await _install_contract(conn, contract)
