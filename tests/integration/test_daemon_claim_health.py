@@ -29,11 +29,11 @@ QUEUE = "runs_rel_a"
 
 
 @asynccontextmanager
-async def supervisor(database_url: str) -> AsyncIterator[Supervisor]:
-    """A daemon of RELEASE in this process, ready; drained on the way out."""
+async def supervisor(database_url: str, release: str = RELEASE) -> AsyncIterator[Supervisor]:
+    """A daemon of ``release`` in this process, ready; drained on the way out."""
     settings = Settings.from_env({
         "WORKFLOW_RUNTIME_POSTGRES": database_url,
-        "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE,
+        "DEEPLINE_RUNTIME_DEPLOY_VERSION": release,
         "LANE_WORKER_HEALTH_PORT": "0",
         "LANE_WORKER_HEALTH_HOST": "127.0.0.1",
         "LANE_WORKER_POLL_INTERVAL": "0.5",
@@ -155,5 +155,48 @@ async def test_a_loop_whose_claims_keep_failing_is_not_ready_until_a_claim_succe
             _, metrics = await get(port, "/metrics")
             assert gauge(metrics, "lane_worker_loop_claim_failing") == 0
             assert gauge(metrics, "lane_worker_loop_claim_failing_seconds") == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_continuation_loop_that_cannot_claim_counts_too(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's loop on retired A's queue fails like its own: both are listed, both recover."""
+    monkeypatch.setattr(claim_health, "FAILING_AFTER_S", 1.0)
+    async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}) as client:
+        await client.activate_release(RELEASE, force=True)  # A's lane, older than B's
+        await client.submit("plain")
+        await client.retire_release(RELEASE)
+    conn = await connect(database_url)
+    try:
+        async with supervisor(database_url, "rel-b") as sup:
+            assert sup.health_port is not None
+            port = sup.health_port
+
+            async def attached() -> bool:
+                return QUEUE in sup.loops.continuations()
+
+            await eventually(attached, what="B's continuation loop on A's queue")
+            originals = await break_claims(conn)
+
+            async def both_failing() -> list[tuple[str, str]] | None:
+                for queue in (QUEUE, "runs_rel_b"):
+                    sup.wakeups.poke(queue)
+                _, body = await readyz(port)
+                loops = sorted((f["queue"], f["loop"]) for f in body["notClaiming"])
+                return loops if len(loops) == 2 else None
+
+            loops = await eventually(both_failing, what="both loops to be not claiming")
+            assert loops == [(QUEUE, "continuation"), ("runs_rel_b", "own")]
+            await restore_claims(conn, originals)
+
+            async def ready_again() -> bool:
+                for queue in (QUEUE, "runs_rel_b"):
+                    sup.wakeups.poke(queue)
+                status, body = await readyz(port)
+                return status == 200 and body["notClaiming"] == []
+
+            await eventually(ready_again, what="/readyz to recover")
     finally:
         await conn.close()

@@ -16,8 +16,9 @@ BROKEN_REASON = "unknown claim mode all"  # what an older build's claim_lane rai
 
 def claim_function() -> str:
     """Return the schema-qualified name of the function a loop's claim calls."""
-    found = re.search(r"from\s+(lane_worker\.\w+)\s*\(", engine_query("claim_next"))
-    assert found, "the claim query calls no lane_worker function"
+    # `select * from <schema>.<function>(...)`: whatever schema a versioned build puts it in.
+    found = re.search(r"from\s+([A-Za-z_]\w*\.\w+)\s*\(", engine_query("claim_next"))
+    assert found, "the claim query calls no schema-qualified function"
     return found[1]
 
 

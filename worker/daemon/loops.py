@@ -106,8 +106,8 @@ class LoopRegistry:
 
     def not_claiming(self) -> list[NotClaiming]:
         """Return the running loops whose claims keep failing (readiness, the heartbeat row)."""
-        found = (p.health.verdict() for q, p in sorted(self.pollers.items())
-                 if not p.stopped.is_set())  # fmt: skip
+        running = [self.pollers[q] for q in sorted(self.pollers)]
+        found = (p.health.verdict() for p in running if not p.stopped.is_set())
         return [v for v in found if v is not None]
 
     def claim_gauges(self) -> None:

@@ -97,8 +97,7 @@ class LaneView:
 
     @property
     def stranded(self) -> bool:
-        """Work only its release may run, and no live worker of it that claims: nothing
-        finishes it.
+        """Tell whether it holds work only its release may run and no live worker that claims.
 
         A claiming lane counts too: its open runs are its own (a release rolled back
         to, or scaled to 0, whose machines do not run, or whose claims keep failing).
