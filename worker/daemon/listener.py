@@ -47,10 +47,18 @@ class Wakeups:
 class Listener:
     """Keeps one LISTEN connection for a changing set of queues, reconnecting with backoff."""
 
-    def __init__(self, url: str, wakeups: Wakeups, queues: Callable[[], set[str]]) -> None:
+    def __init__(
+        self,
+        url: str,
+        wakeups: Wakeups,
+        queues: Callable[[], set[str]],
+        poke_loops: Callable[[], None] | None = None,
+    ) -> None:
         self._url = url
         self._wakeups = wakeups
         self._queues = queues
+        # How every claim loop is told to claim again (by default: poke each queue).
+        self._poke_loops = poke_loops
         self._changed = asyncio.Event()
         self.connected = False
 
@@ -68,8 +76,11 @@ class Listener:
 
     def _wake_everyone(self) -> None:
         # Whatever was notified while LISTEN was not up is found by a claim now.
-        for queue in self._queues():
-            self._wakeups.poke(queue)
+        if self._poke_loops is not None:
+            self._poke_loops()
+        else:
+            for queue in self._queues():
+                self._wakeups.poke(queue)
         self._wakeups.lanes_changed.set()
         self._wakeups.ledger.set()
 

@@ -9,15 +9,18 @@ attached, and handed to the ``Poller``; readiness reads its facts from here.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterable, Mapping
 
+import anyio
 import structlog
 from anyio.abc import TaskGroup
 
 from worker import lanes
 from worker.daemon.listener import Listener, Wakeups
 from worker.db import engine
-from worker.db.pool import Database
+from worker.db.pool import Connection, Database
 from worker.db.store.rows import RegistryLane
 from worker.metrics import Metrics
 from worker.run.claim import Capacity, LoopShared, Poller
@@ -47,6 +50,18 @@ def wanted_continuations(
             lanes.adoption_queues(release_id, [i for r in adoptable for i in r.release_ids])
         )
     return wanted
+
+
+# The safety net's statement reads at most this many queues: each one's run table
+# and its indexes (5 relations) stay locked until it commits.
+SWEEP_BATCH = 100
+
+
+async def _prepare(conn: Connection, queue: str) -> None:
+    """Create ``queue`` with its policy and NOTIFY trigger, in one transaction."""
+    async with conn.transaction():
+        await engine.ensure_queue(conn, queue)
+        await engine.watch_queue(conn, queue)
 
 
 def _detach_reason(lane: RegistryLane | None) -> str:
@@ -81,6 +96,9 @@ class LoopRegistry:
         self.pollers: dict[str, Poller] = {}
         self.polled_queues: set[str] = set()  # every queue a loop claimed from
         self.listener: Listener | None = None
+        self._unswept: set[str] = set()  # quiet loops attached since the last sweep
+        self._sweep_now = asyncio.Event()
+        self._sweep_after = ""  # the rotation of the listening safety net
 
     def queues(self) -> set[str]:
         """Return the queues whose loops still claim (what LISTEN follows)."""
@@ -91,9 +109,18 @@ class LoopRegistry:
         return self.listener is not None and self.listener.connected
 
     def poke_all(self) -> None:
-        """Wake every loop to claim again (what it may claim changed)."""
-        for queue in self.pollers:
-            self.wakeups.poke(queue)
+        """Wake every loop to claim again (what it may claim changed).
+
+        A quiet loop is checked by the safety net's next statement instead, at
+        once: a thousand loops claiming at every lane change cost a thousand
+        transactions, where their batched check costs ten.
+        """
+        for queue, poller in self.pollers.items():
+            if poller.quiet:
+                self._unswept.add(queue)
+            else:
+                self.wakeups.poke(queue)
+        self._sweep_now.set()
 
     def continuations(self) -> list[str]:
         """Return the queues with a continuation loop."""
@@ -124,9 +151,11 @@ class LoopRegistry:
 
     def attach(self, runtime: Runtime, queue: str, runs: TaskGroup, side: TaskGroup) -> Poller:
         """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""
+        quiet = lanes.loop_kind(queue, self.own_queue) == "continuation"
         shared = LoopShared(
             self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure,
             listen_poll_interval_s=self.listen_poll_interval_s, listening=self.listening,
+            quiet=quiet,
         )  # fmt: skip
         poller = Poller(runtime, queue, self.wakeups.for_queue(queue), shared)
         self.pollers[queue] = poller
@@ -135,6 +164,10 @@ class LoopRegistry:
         if poller.kind == "continuation":
             self.metrics.adoptable_queues.set(len(self.continuations()))
             self.log.info("loop.attached", queue=queue)
+        if quiet:
+            # It starts idle: the safety net's next statement says what is due there.
+            self._unswept.add(queue)
+            self._sweep_now.set()
         self._queues_changed()
         return poller
 
@@ -164,14 +197,88 @@ class LoopRegistry:
     ) -> None:
         """Attach a loop on each wanted queue that lacks one; stop the loops no longer wanted."""
         wanted = set(wanted)
-        for queue in sorted(wanted - set(self.continuations())):
-            if not stopping:
-                await db.run(lambda c, q=queue: engine.ensure_queue(c, q))  # type: ignore[misc]
-                await db.run(lambda c, q=queue: engine.watch_queue(c, q))  # type: ignore[misc]
+        new = sorted(wanted - set(self.continuations()))
+        if new and not stopping:
+            # One read for all of them: a refresh that attaches a thousand loops
+            # (a boot among a week's retired lanes) must not cost two transactions each.
+            missing = await db.run(lambda c: engine.queues_unprepared(c, new))
+            for queue in missing:
+                await db.run(lambda c, q=queue: _prepare(c, q))  # type: ignore[misc]
+            for queue in new:
                 self.attach(runtime, queue, runs, side)
         for queue in self.continuations():
             if queue not in wanted:
                 self.pollers[queue].stop(_detach_reason(registry.get(queue)))
+
+    async def sweep(self, db: Database, runtime: Runtime) -> None:
+        """Be the quiet loops' safety net, until cancelled: one statement per batch of queues.
+
+        Each new quiet loop is checked at once. Then every poll period: while
+        LISTEN is connected, the next ``SWEEP_BATCH`` idle quiet loops in turn
+        (every way a run becomes claimable sends a NOTIFY or has a due time the
+        loop waits for, so this only catches what those miss); without it, all of
+        them, ``SWEEP_BATCH`` to a statement. A loop with a run due is poked, one
+        with a run due later is told when. The cost is one transaction per batch,
+        not one poll per loop: a thousand idle loops polled 33 times a second.
+        """
+        next_tick = time.monotonic()
+        while True:
+            listening = self.listening()
+            period = self.listen_poll_interval_s if listening else self.poll_interval_s
+            with anyio.move_on_after(max(0.0, next_tick - time.monotonic())):
+                await self._sweep_now.wait()
+            self._sweep_now.clear()
+            fresh = sorted(self._unswept)
+            self._unswept.clear()
+            queues = fresh
+            if time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + period
+                queues = fresh + [
+                    q for q in self._idle_quiet(every=not listening) if q not in fresh
+                ]
+            for start in range(0, len(queues), SWEEP_BATCH):
+                await self._check(db, runtime, queues[start : start + SWEEP_BATCH])
+
+    def _idle_quiet(self, *, every: bool) -> list[str]:
+        """The idle quiet loops' queues: all of them, or the next ``SWEEP_BATCH`` in turn."""
+        idle = sorted(q for q, p in self.pollers.items() if p.quiet and p.idle)
+        if every:
+            return idle
+        after = [q for q in idle if q > self._sweep_after] + [
+            q for q in idle if q <= self._sweep_after
+        ]
+        chosen = after[:SWEEP_BATCH]
+        if chosen:
+            self._sweep_after = chosen[-1]
+        return chosen
+
+    async def _check(self, db: Database, runtime: Runtime, queues: list[str]) -> None:
+        modes = [runtime.claim_mode(q) for q in queues]
+        try:
+            checks = await db.run(
+                lambda c: engine.next_due_many(
+                    c,
+                    queues,
+                    modes,
+                    store_schema=runtime.store.schema,
+                    own_queue=runtime.queue,
+                    plays=runtime.plays,
+                )
+            )
+        except Exception as exc:
+            # The loops claim for themselves then (a claim that fails backs off).
+            self.log.warning("loop.sweep_failed", queues=len(queues), error=repr(exc))
+            for queue in queues:
+                self.wakeups.poke(queue)
+            return
+        for check in checks:
+            poller = self.pollers.get(check.queue)
+            if poller is None or poller.stopped.is_set():
+                continue
+            if not check.present:
+                self.wakeups.poke(check.queue)  # its claim finds the queue dropped and detaches
+            elif check.due_in_s is not None:
+                poller.hint(check.due_in_s)
 
     def stop_all(self, reason: str) -> None:
         """Stop every loop claiming (in-flight runs go on)."""

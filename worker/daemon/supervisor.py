@@ -234,7 +234,9 @@ class Supervisor:
                 # orchestrator may send SIGTERM the moment it reads that line.
                 await side.start(self._signals)
                 if not s.tuning.pgbouncer:
-                    listener = Listener(s.database_url, self.wakeups, self.loops.queues)
+                    listener = Listener(
+                        s.database_url, self.wakeups, self.loops.queues, self.loops.poke_all
+                    )
                     self.loops.listener = listener
                     # It reconnects through outages by itself; only a crash comes out.
                     side.start_soon(self._side_pass, "listener", listener.run)
@@ -243,6 +245,7 @@ class Supervisor:
                 side.start_soon(self._ledger_relay, db)
                 async with anyio.create_task_group() as runs:
                     self.loops.attach(runtime, s.queue, runs, side)
+                    side.start_soon(self.loops.sweep, db, runtime)
                     side.start_soon(self._adoption_refresh, db, runtime, runs, side)
                     self.log.info(
                         "worker.ready",

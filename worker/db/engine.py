@@ -62,6 +62,14 @@ async def watch_queue(conn: Connection, queue: str) -> bool:
     return installed
 
 
+async def queues_unprepared(conn: Connection, queues: list[str]) -> list[str]:
+    """Return those of ``queues`` that ``ensure_queue`` or ``watch_queue`` has not set up."""
+    rows = await conn.fetch(
+        engine_query("queues_unprepared"), queues, QUEUE_CLEANUP_TTL, QUEUE_CLEANUP_LIMIT
+    )
+    return [r["queue"] for r in rows]
+
+
 async def queue_exists(conn: Connection, queue: str) -> bool:
     """Tell whether the engine has queue ``queue`` (``lanes prune`` drops a drained one)."""
     found: bool = await conn.fetchval(engine_query("queue_exists"), queue)
@@ -248,6 +256,34 @@ async def next_due_in_s(
             engine_query("next_due_in"), queue, store_schema, own_queue, mode, plays or []
         )
     return due
+
+
+@dataclass(frozen=True)
+class DueCheck:
+    """One queue of the claim loops' safety net: is it there, and when is a run claimable."""
+
+    queue: str
+    present: bool
+    due_in_s: float | None  # as ``next_due_in_s``: negative, due already; None, none
+
+
+async def next_due_many(
+    conn: Connection,
+    queues: list[str],
+    modes: list[str | None],
+    *,
+    store_schema: str,
+    own_queue: str,
+    plays: list[str],
+) -> list[DueCheck]:
+    """Return ``next_due_in_s`` of each of ``queues`` (claimed in ``modes``) in one statement.
+
+    Keep ``queues`` to a bounded batch: each queue's run table stays locked until commit.
+    """
+    rows = await conn.fetch(
+        engine_query("next_due_many"), queues, store_schema, own_queue, plays, modes
+    )
+    return [DueCheck(r["queue"], r["present"], r["due_in_s"]) for r in rows]
 
 
 @dataclass(frozen=True)

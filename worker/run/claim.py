@@ -2,17 +2,20 @@
 
 The loop claims only what there is capacity for, hands each run to the
 supervisor's run group, and when idle waits for the first of: a NOTIFY on its
-queue, the next due sleeper, the poll interval, or stop.
+queue, the next due sleeper, the poll interval, or stop. A quiet loop (a
+``:continuations`` one) has no poll interval of its own: the loop registry's
+safety net checks every quiet loop's queue, a batch to a statement, and pokes
+or ``hint``s it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import anyio
 import asyncpg
 import structlog
 from anyio.abc import TaskGroup
@@ -120,6 +123,11 @@ class LoopShared:
     # trigger) or has a due time the loop waits for (a sleep, a retry, a lease).
     listen_poll_interval_s: float = 0.0
     listening: Callable[[], bool] = lambda: False
+    # A quiet loop never polls by itself: idle, it waits for a NOTIFY, its known
+    # next due time, a poke or ``hint`` from the registry's one safety-net
+    # statement for all such loops (``loops.LoopRegistry.sweep``), or stop; and it
+    # starts idle, for that statement to say whether anything is due.
+    quiet: bool = False
 
 
 class Poller:
@@ -139,11 +147,17 @@ class Poller:
         self.metrics = shared.metrics
         self.runs = shared.runs
         self.on_guard_failure = shared.on_guard_failure
+        self.quiet = shared.quiet
         self.stopped = asyncio.Event()
         self.finished = asyncio.Event()
         self.detach_reason: str | None = None
         # Whether its claims keep failing: readiness, the heartbeat row and /metrics read it.
         self.health = ClaimHealth(queue, self.kind, secrets=url_secrets(runtime.db.options.url))
+        # While idle: when the wait ends (monotonic; inf: only a wake-up ends it),
+        # and an event that makes the wait read that time again (``hint``).
+        self.idle = False
+        self._wake_at = math.inf
+        self._rearm = asyncio.Event()
         self.log = log.bind(
             queue=queue,
             loop=self.kind,
@@ -157,12 +171,24 @@ class Poller:
             self.detach_reason = reason
             self.stopped.set()
 
+    def hint(self, due_in_s: float) -> None:
+        """Have the idle wait end ``due_in_s`` from now at the latest (at once when <= 0)."""
+        if due_in_s <= 0:
+            self.wakeup.set()
+            return
+        at = time.monotonic() + due_in_s
+        if at < self._wake_at:
+            self._wake_at = at
+            self._rearm.set()
+
     async def run(self) -> None:
         """Claim until stopped."""
         failures = 0
         backlog = False
         empty = 0  # claims in a row that found nothing
         try:
+            if self.quiet:
+                await self._idle(math.inf, due_in=None)
             while not self.stopped.is_set():
                 slots = await self._reserve(backlog)
                 if slots == 0:
@@ -197,6 +223,8 @@ class Poller:
                 if len(batch.runs) < slots:
                     listening = self.listening()
                     poll_s = self.listen_poll_interval_s if listening else self.poll_interval_s
+                    if self.quiet:
+                        poll_s = math.inf  # the registry's safety net polls for it
                     # The claim read the next due time itself, unless it could not tell.
                     due = batch.due_in_s if batch.due_known else await self._next_due_in_s()
                     await self._idle(poll_s, due_in=due, empty_claims=empty)
@@ -239,7 +267,7 @@ class Poller:
         return 0
 
     async def _idle(self, cap_s: float, *, due_in: float | None, empty_claims: int = 0) -> None:
-        """Wait for a NOTIFY, the next due run (``due_in`` seconds), ``cap_s``, or stop."""
+        """Wait for a NOTIFY, the next due run (``due_in`` seconds), ``cap_s``, a hint, or stop."""
         wait_s = cap_s
         if due_in is not None and due_in > 0:
             wait_s = min(wait_s, due_in)
@@ -249,14 +277,30 @@ class Poller:
             # empty claims pile up in normal work too (a NOTIFY for each run that
             # parks), and a floor on a future due time made sleeps start late.
             wait_s = min(wait_s, 0.005 if empty_claims <= 1 else 0.05 * 2 ** min(empty_claims, 5))
-        with anyio.move_on_after(wait_s):
-            wake = asyncio.ensure_future(self.wakeup.wait())
-            stop = asyncio.ensure_future(self.stopped.wait())
-            try:
-                await asyncio.wait({wake, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wake.cancel()
-                stop.cancel()
+        self._wake_at = time.monotonic() + wait_s
+        self.idle = True
+        wake = asyncio.ensure_future(self.wakeup.wait())
+        stop = asyncio.ensure_future(self.stopped.wait())
+        try:
+            while not (wake.done() or stop.done()):
+                left = self._wake_at - time.monotonic()
+                if left <= 0:
+                    return
+                self._rearm.clear()
+                rearm = asyncio.ensure_future(self._rearm.wait())
+                try:
+                    await asyncio.wait(
+                        {wake, stop, rearm},
+                        timeout=None if math.isinf(left) else left,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    rearm.cancel()
+        finally:
+            self.idle = False
+            self._wake_at = math.inf
+            wake.cancel()
+            stop.cancel()
 
     async def _next_due_in_s(self) -> float | None:
         """Return seconds until the next run on this queue becomes claimable, if any."""
