@@ -4,7 +4,8 @@ A 401 whose body echoes the token: `releases`, `releases --json`, `releases depl
 --wait`, the scaler's stored word and its log say 401 and none of the token. A
 listing that names the only machine twice, in overlapping pages, after creates that
 answered 500 once the machine was made: the release of one gets one machine,
-whose worker serves, and it is never stopped.
+whose worker serves, and it is never stopped. Machines listed without their
+metadata: one create, said in `releases`, `lanes --json` and a metric.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import json
 import signal
 from pathlib import Path
 
+import aiohttp
+
 from support.cli import lane_worker
 from support.daemon import base_env
 from support.db import sql
 from support.fly import FakeFly
 from support.runtime import SCHEMA, eventually, open_client
-from support.scaler import machine_events, passes_seen, start_fly_scaler
+from support.scaler import events, machine_events, passes_seen, start_fly_scaler
 
 APP = "support.apps.basic:app"
 TOKEN = "fm2_right0token0c4d2"
@@ -97,3 +100,42 @@ async def test_a_listing_with_twins_in_pages_and_creates_answered_500_keep_one_m
     assert len(alive) == 1
     assert stopped == []
     assert final.status == "completed"
+
+
+async def test_machines_listed_without_metadata_are_said_loudly_and_not_created_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The API lists the scaler's machines without their metadata: one machine is created for
+    a release of one, and `releases`, `lanes --json` and the scaler's metrics say so."""
+    fly = FakeFly(None, {}, TOKEN, "lw-meta")
+    fly.without_metadata = True
+    await fly.start()
+    log = tmp_path / "scaler.log"
+    scaler = start_fly_scaler(database_url, fly.env(), log)
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "fly-meta"}) as c:
+            await c.releases.deploy("fly-meta", image="img:1", machines=1)
+
+            async def said_unlisted() -> bool:
+                views, _ = await c.releases.list()
+                return any(v.scaler.get("unlisted") for v in views)
+
+            await eventually(said_unlisted, timeout_s=90, what="the scaler saying it")
+        await passes_seen(database_url, 3)
+        listed = await lane_worker(database_url, "releases")
+        lanes = await lane_worker(database_url, "lanes", "--json")
+        port = next(e["health_port"] for e in events(log) if e.get("event") == "scaler.started")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/metrics") as response,
+        ):
+            metrics = await response.text()
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(timeout=30)
+        await fly.stop()
+    assert fly.creates() == 1, fly.calls
+    assert "1 unlisted" in listed.stdout, listed.stdout
+    assert "does not list" in listed.stdout
+    assert "does not list" in lanes.stdout, lanes.stdout
+    assert 'lane_worker_scaler_machines_unlisted{release="fly-meta"} 1.0' in metrics
