@@ -43,9 +43,9 @@ def values_app(launched: list[DetachedRunner]) -> App:
     async def sleep_nan(ctx: TaskContext, params: Any) -> None:
         await ctx.sleep("nap", float("nan"))
 
-    @app.play("detached-long")
-    async def detached_long(ctx: TaskContext, params: Any) -> Any:
-        return await ctx.run_detached("job", launch, timeout=1e10)
+    @app.play("detached")
+    async def detached(ctx: TaskContext, params: Any) -> Any:
+        return await ctx.run_detached("job", launch, timeout=params.get("timeout", 600))
 
     def launch(runner: DetachedRunner) -> dict[str, Any]:
         launched.append(runner)
@@ -73,7 +73,7 @@ async def test_waits_longer_than_the_engine_counts_park(database_url: str) -> No
     ):
         waiter = (await client.submit("wait-long", {"timeout": 1e10})).run_id
         sleeper = (await client.submit("sleep-long", {"seconds": 1e13})).run_id
-        detached = (await client.submit("detached-long", {})).run_id
+        detached = (await client.submit("detached", {"timeout": 1e10})).run_id
         assert sorted(await work_once(rt)) == ["parked"] * 3
         for run_id in (waiter, sleeper, detached):
             assert (await client.status(run_id)).status == "waiting"
@@ -158,3 +158,33 @@ async def test_an_engine_payload_the_run_cannot_keep_fails_it_for_good(database_
     assert final.status == "failed"
     assert "the payload of event 'go' cannot be stored" in final.error["message"]
     assert "deeper than 512 levels" in final.error["message"]
+
+
+async def test_a_runner_result_no_worker_can_read_fails_its_run_alone(database_url: str) -> None:
+    """A report written straight to its row, 3,000 deep: that run fails for good, saying which."""
+    launched: list[DetachedRunner] = []
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app(launched), REL) as rt,
+    ):
+        run_id = (await client.submit("detached", {})).run_id
+        assert await work_once(rt) == ["parked"]
+        conn = await connect(database_url)
+        try:
+            # As report_runner_result recorded it before store migration 0019.
+            await conn.execute(
+                f"update {SCHEMA}.runner_attempts set result = $2::text::jsonb,"
+                " reported_at = now() where run_id = $1 and runner_attempt = 1",
+                uuid.UUID(run_id),
+                "[" * 3000 + "]" * 3000,
+            )
+            await conn.execute(
+                "select absurd.emit_event($1, $2, null)",
+                queue_of(REL),
+                f"runner-terminal:{run_id}:1",
+            )
+        finally:
+            await conn.close()
+        assert await work_once(rt) == ["failed"]
+        final = await client.status(run_id)
+    assert "the result of runner attempt 1 cannot be read back" in final.error["message"]
