@@ -98,6 +98,15 @@ class StoreSchemaError(LaneWorkerError):
         self.known = known
 
 
+class StoreSchemaConflictError(StoreSchemaError):
+    """The store schema holds objects another system made, named like the store's own."""
+
+    def __init__(self, message: str, *, schema: str, objects: tuple[str, ...]) -> None:
+        super().__init__(message, found=0, known=0)
+        self.schema = schema
+        self.objects = objects
+
+
 class FatalRunError(LaneWorkerError):
     """The run cannot make progress on this build: it fails for good, with no retry."""
 

@@ -264,3 +264,19 @@ def test_suffix_cut_before_an_underscore_is_a_warning() -> None:
     assert diagnosis.exit_code == EXIT_OK
     assert diagnosis.queue == "runs_" + "a" * 31
     assert any("at most 31 characters" in w for w in diagnosis.warnings)
+
+
+def test_the_store_schema_is_the_scheduler_schema_unless_lane_worker_store_schema_is_set() -> None:
+    """A store of its own changes where the tables live, never the lane rules."""
+    base = {"WORKFLOW_RUNTIME_POSTGRES": "postgresql://u@h/db"}
+    default = diagnose(base)
+    assert (default.scheduler_schema, default.store_schema) == ("runtime_scheduler",) * 2
+    own = diagnose({**base, "LANE_WORKER_STORE_SCHEMA": "lane_worker_store"})
+    assert (own.store_schema, own.scheduler_schema, own.isolated, own.queue) == (
+        "lane_worker_store", "runtime_scheduler", False, "runs",
+    )  # fmt: skip
+    assert (own.errors, own.warnings) == ((), ())
+    for bad in ("absurd", "1abc", "a-b", "pg_x"):
+        (error,) = diagnose({**base, "LANE_WORKER_STORE_SCHEMA": bad}).errors
+        assert error.variable == "LANE_WORKER_STORE_SCHEMA"
+        assert str(error).startswith(f"LANE_WORKER_STORE_SCHEMA={bad!r} is ")

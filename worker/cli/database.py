@@ -34,6 +34,7 @@ def _render(diagnosis: settings.Diagnosis) -> str:
         ("launch release id", diagnosis.launch_release_id or "(unresolved)"),
         ("queue", diagnosis.queue or "(unresolved)"),
         ("scheduler schema", schema),
+        ("store schema", diagnosis.store_schema + _store_source(diagnosis)),
         ("queue suffix", f"{suffix} (lane from {diagnosis.suffix_source})"),
         ("database", diagnosis.database_url_redacted or _no_url(diagnosis)),
         ("pool", f"worker 2 connections{listen}; client {diagnosis.client_pool_size}"),
@@ -55,6 +56,12 @@ def _render(diagnosis: settings.Diagnosis) -> str:
     lines += [f"  error ({e.variable}): {e}" for e in diagnosis.errors]
     lines += [f"  warning: {w}" for w in diagnosis.warnings]
     return "\n".join(lines)
+
+
+def _store_source(diagnosis: settings.Diagnosis) -> str:
+    if diagnosis.store_schema == diagnosis.scheduler_schema:
+        return " (the scheduler schema)"
+    return f" ({settings.STORE_SCHEMA_ENV}; the lanes follow the scheduler schema)"
 
 
 def _no_url(diagnosis: settings.Diagnosis) -> str:

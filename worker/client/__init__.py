@@ -64,6 +64,7 @@ from worker.ops.report import lanes_table as lanes_table
 CONNECT_VARIABLES = (
     settings.DATABASE_URL_ENV,
     lanes.SCHEDULER_SCHEMA_ENV,
+    settings.STORE_SCHEMA_ENV,
     lanes.QUEUE_SUFFIX_ENV,
     settings.PGBOUNCER_ENV,
     settings.SERVERLESS_ENV,
@@ -145,7 +146,7 @@ class LaneClient:
                 retry_for_s=retry_for_s,
             )
         )
-        return cls(db, Store(diagnosis.scheduler_schema), env=values, diagnosis=diagnosis)
+        return cls(db, Store(diagnosis.store_schema), env=values, diagnosis=diagnosis)
 
     async def close(self) -> None:
         """Close the client's pool."""
@@ -215,6 +216,8 @@ class LaneClient:
         An engine upgrade that would replace a function another system patched is
         refused (``EngineSchemaError``) unless ``replace_engine_functions``.
         """
+        # First: a store schema of another system's refuses before anything is made.
+        await self.db.run(self.store.refuse_conflicts)
         engine_outcome = await self.db.run(
             lambda c: engine_schema.ensure_engine_schema(
                 c, replace_foreign=replace_engine_functions

@@ -52,6 +52,9 @@ LEDGER_CONCURRENCY_ENV = "LANE_WORKER_LEDGER_CONCURRENCY"
 LEDGER_PER_ENDPOINT_ENV = "LANE_WORKER_LEDGER_PER_ENDPOINT"
 LEDGER_TIMEOUT_ENV = "LANE_WORKER_LEDGER_TIMEOUT"
 LEDGER_RETRY_FOR_ENV = "LANE_WORKER_LEDGER_RETRY_FOR"
+# Where lane-worker's run-state store lives when it must not be the scheduler schema
+# (another system's tables there); the lane rules never read it.
+STORE_SCHEMA_ENV = "LANE_WORKER_STORE_SCHEMA"
 # Read by the test suite only; listed so doctor does not call it a typo.
 TEST_DATABASE_URL_ENV = "LANE_WORKER_TEST_DATABASE_URL"
 

@@ -43,6 +43,7 @@ from worker.config.env import MAX_RELEASE_ID_CHARS as MAX_RELEASE_ID_CHARS
 from worker.config.env import PGBOUNCER_ENV as PGBOUNCER_ENV
 from worker.config.env import POLL_INTERVAL_ENV as POLL_INTERVAL_ENV
 from worker.config.env import SERVERLESS_ENV as SERVERLESS_ENV
+from worker.config.env import STORE_SCHEMA_ENV as STORE_SCHEMA_ENV
 from worker.config.env import TEST_DATABASE_URL_ENV as TEST_DATABASE_URL_ENV
 from worker.config.env import decimal_number as decimal_number
 from worker.config.env import whole_number as whole_number
@@ -71,6 +72,8 @@ class Diagnosis:
     launch_release_id: str | None
     queue: str | None
     scheduler_schema: str
+    # Where lane-worker's store lives: LANE_WORKER_STORE_SCHEMA, else the scheduler schema.
+    store_schema: str
     isolated: bool
     queue_suffix: str
     suffix_source: SuffixSource
@@ -102,6 +105,7 @@ class Diagnosis:
             "launchReleaseId": self.launch_release_id,
             "queue": self.queue,
             "schedulerSchema": self.scheduler_schema,
+            "storeSchema": self.store_schema,
             "isolated": self.isolated,
             "queueSuffix": self.queue_suffix,
             "suffixSource": self.suffix_source,
@@ -137,6 +141,7 @@ class Settings:
     launch_release_id: str
     queue: str
     scheduler_schema: str
+    store_schema: str
     isolated: bool
     queue_suffix: str
     suffix_source: SuffixSource
@@ -180,6 +185,7 @@ class Settings:
             launch_release_id=diagnosis.launch_release_id,
             queue=diagnosis.queue,
             scheduler_schema=diagnosis.scheduler_schema,
+            store_schema=diagnosis.store_schema,
             isolated=diagnosis.isolated,
             queue_suffix=diagnosis.queue_suffix,
             suffix_source=diagnosis.suffix_source,
@@ -224,22 +230,44 @@ def database_url_refusal(problem: str) -> str:
 
 def _scheduler_schema(env: Mapping[str, str], problems: Problems) -> str:
     schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
+    _check_schema_name(
+        lanes.SCHEDULER_SCHEMA_ENV, schema, f"the production default {lanes.PROD_DEFAULT_SCHEMA}",
+        problems,
+    )  # fmt: skip
+    return schema
+
+
+def _store_schema(env: Mapping[str, str], problems: Problems, scheduler_schema: str) -> str:
+    """Return where the store lives: ``LANE_WORKER_STORE_SCHEMA``, else the scheduler schema.
+
+    A schema of the store's own beside another system's tables named alike (the
+    TypeScript app's ``runs``, ``attempts``); the lane rules (isolated or not,
+    the queue suffix) still follow ``DEEPLINE_RUNTIME_SCHEDULER_SCHEMA`` alone.
+    """
+    schema = blank_as_unset(env, STORE_SCHEMA_ENV)
+    if schema is None:
+        return scheduler_schema
+    _check_schema_name(
+        STORE_SCHEMA_ENV, schema, f"the store in {lanes.SCHEDULER_SCHEMA_ENV}'s schema", problems
+    )
+    return schema
+
+
+def _check_schema_name(variable: str, schema: str, unset_means: str, problems: Problems) -> None:
     if schema.lower() in _RESERVED_SCHEMAS or schema.lower().startswith("pg_"):
         problems.refuse(
-            lanes.SCHEDULER_SCHEMA_ENV,
-            f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is a schema the engine or Postgres "
-            "owns: choose a schema of the run-state store's own, or unset it for the "
-            f"production default {lanes.PROD_DEFAULT_SCHEMA}.",
+            variable,
+            f"{variable}={shown(schema)} is a schema the engine or Postgres owns: choose a "
+            f"schema of the run-state store's own, or unset it for {unset_means}.",
         )
     # The pattern is ASCII, so a name it matches has as many bytes as characters.
     elif not _SCHEMA_NAME.fullmatch(schema) or len(schema) > _PG_IDENTIFIER_MAX_BYTES:
         problems.refuse(
-            lanes.SCHEDULER_SCHEMA_ENV,
-            f"{lanes.SCHEDULER_SCHEMA_ENV}={shown(schema)} is not a usable schema name: set it to "
-            "letters, digits and underscores (at most 63 bytes, not starting with a digit), "
-            f"or unset it for the production default {lanes.PROD_DEFAULT_SCHEMA}.",
+            variable,
+            f"{variable}={shown(schema)} is not a usable schema name: set it to letters, "
+            "digits and underscores (at most 63 bytes, not starting with a digit), or unset "
+            f"it for {unset_means}.",
         )
-    return schema
 
 
 def normalize_twice_differs(raw: str) -> bool:
@@ -317,6 +345,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     problems.warnings += unknown_variables(env)
     problems.warnings += supervisor_pid_warnings(env)
     schema = _scheduler_schema(env, problems)
+    store_schema = _store_schema(env, problems, schema)
     isolated = lanes.is_isolated_schema(schema)
     lane = _lane(env, schema, isolated, problems)
     tuning = read_tuning(env, problems)
@@ -326,6 +355,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         launch_release_id=lanes.launch_release_id(env) if lane.release_id is not None else None,
         queue=lane.queue,
         scheduler_schema=schema,
+        store_schema=store_schema,
         isolated=isolated,
         queue_suffix=lane.suffix,
         suffix_source=lane.source,

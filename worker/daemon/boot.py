@@ -137,6 +137,7 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     only this release may run remain, and refuses (``LaneDrainedError``) once drained.
     """
     s = settings
+    await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
     await db.run(engine_schema.ensure_engine_schema)
     await db.run(store.migrate)
     await db.run(lambda c: engine.ensure_queue(c, s.queue))

@@ -121,7 +121,7 @@ class Supervisor:
         self.metrics = Metrics()
         self.wakeups = Wakeups()
         self.capacity = Capacity(settings.tuning.concurrency)
-        self.store = Store(settings.scheduler_schema)
+        self.store = Store(settings.store_schema)
         self.guard_error: str | None = None
         # The handlers the stop's last part replaced (``_signals``), until it ends.
         self._before_late: dict[int, Any] = {}
@@ -250,6 +250,7 @@ class Supervisor:
                     self.log.info(
                         "worker.ready",
                         schema=s.scheduler_schema,
+                        store_schema=s.store_schema,
                         concurrency=s.tuning.concurrency,
                         health_port=self.health_port,
                         listen=not s.tuning.pgbouncer,

@@ -15,7 +15,7 @@ import structlog
 
 from worker.db.pool import Connection
 from worker.db.sql import fill, query, quote_ident, sql_files
-from worker.errors import StoreSchemaError
+from worker.errors import StoreSchemaConflictError, StoreSchemaError
 
 log = structlog.get_logger("lane_worker.store")
 
@@ -80,6 +80,8 @@ async def migrate(conn: Connection, schema: str) -> MigrationReport:
     newest_known = known[-1].version if known else 0
     async with conn.transaction():
         await conn.execute(_sql("lock", schema), schema)
+        # Before anything is created: another system's objects there refuse it all.
+        await refuse_conflicts(conn, schema)
         await conn.execute(_sql("create_schema", schema))
         await conn.execute(_sql("create_ledger", schema))
         applied = await _applied(conn, schema)
@@ -140,3 +142,75 @@ def _check_unknown(
                 known=newest_known,
             )
     return unknown
+
+
+# -- another system's objects in the store schema ---------------------------------------
+
+_LEDGER_TABLE = "schema_migrations"
+_LEDGER_COLUMNS = frozenset({"version", "name", "compatible", "applied_at"})
+# What a migration creates by name; `if not exists` ones are left out (an older
+# development build may have made them: they are the store's own).
+_CREATED = re.compile(
+    r"create\s+(?:or\s+replace\s+)?(?:unique\s+)?"
+    r"(?P<kind>table|index|view|sequence|function)\s+(?P<maybe>if\s+not\s+exists\s+)?"
+    r"(?:\{schema\}\.)?(?P<name>\w+)",
+    re.IGNORECASE,
+)
+_CONFLICTS_SHOWN = 6
+STORE_SCHEMA_VARIABLE = "LANE_WORKER_STORE_SCHEMA"
+
+
+def created_by(migration: Migration) -> frozenset[tuple[str, str]]:
+    """Return the (kind, name) of every object ``migration`` creates in the store schema."""
+    found = set()
+    for match in _CREATED.finditer(migration.sql):
+        if match["maybe"]:
+            continue
+        kind = "function" if match["kind"].lower() == "function" else "relation"
+        found.add((kind, match["name"].lower()))
+    return frozenset(found)
+
+
+async def conflicts(conn: Connection, schema: str) -> list[str]:
+    """Name the objects in ``schema`` that this build's pending migrations would collide with.
+
+    An object a pending migration creates (a table, index, view, sequence or
+    function), which no applied migration created, and which exists already,
+    belongs to someone else: creating it would fail (a table) or silently replace
+    it (a function). So does a ``schema_migrations`` table that is not the store's.
+    """
+    ledger = await conn.fetch(_sql("ledger_columns", schema), schema, _LEDGER_TABLE)
+    columns = {r["column_name"] for r in ledger}
+    if columns and not columns >= _LEDGER_COLUMNS:
+        return [_LEDGER_TABLE]
+    applied = await _applied(conn, schema) if columns else {}
+    ours: set[tuple[str, str]] = set()
+    pending: set[tuple[str, str]] = set()
+    for migration in known_migrations():
+        (ours if migration.version in applied else pending).update(created_by(migration))
+    wanted = pending - ours
+    rows = await conn.fetch(
+        _sql("existing_objects", schema),
+        schema,
+        sorted(n for k, n in wanted if k == "relation"),
+        sorted(n for k, n in wanted if k == "function"),
+    )
+    return sorted({r["name"] for r in rows})
+
+
+async def refuse_conflicts(conn: Connection, schema: str) -> None:
+    """Raise ``StoreSchemaConflictError`` when ``schema`` holds another system's objects."""
+    found = await conflicts(conn, schema)
+    if not found:
+        return
+    shown = ", ".join(found[:_CONFLICTS_SHOWN])
+    more = f" and {len(found) - _CONFLICTS_SHOWN} more" if len(found) > _CONFLICTS_SHOWN else ""
+    raise StoreSchemaConflictError(
+        f"the store schema {schema} already holds {shown}{more}, which lane-worker's store did "
+        "not create (another system's, such as the TypeScript app's run-state store), so "
+        f"nothing was created there: set {STORE_SCHEMA_VARIABLE} to a schema of lane-worker's "
+        "own (for example lane_worker_store; the lanes still follow "
+        "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA) and run `lane-worker migrate` again.",
+        schema=schema,
+        objects=tuple(found),
+    )

@@ -53,6 +53,10 @@ class Store:
         """Apply this build's missing store migrations (see ``worker/db/schema.py``)."""
         return await _schema.migrate(conn, self.schema)
 
+    async def refuse_conflicts(self, conn: Connection) -> None:
+        """Refuse a store schema holding another system's objects named like the store's."""
+        await _schema.refuse_conflicts(conn, self.schema)
+
     async def is_current(self, conn: Connection) -> bool:
         """Tell whether every store migration of this build is applied; change nothing."""
         return await _schema.is_current(conn, self.schema)

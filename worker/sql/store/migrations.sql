@@ -26,3 +26,17 @@ select version, name, compatible from {schema}.schema_migrations;
 
 -- name: record
 insert into {schema}.schema_migrations (version, name, compatible) values ($1, $2, $3);
+
+-- name: ledger_columns
+-- The columns of table $2 in schema $1 (raw names), if it exists: is a
+-- `schema_migrations` there the store's ledger or another system's?
+select column_name from information_schema.columns
+ where table_schema = $1 and table_name = $2;
+
+-- name: existing_objects
+-- Which of relations $2 and functions $3 (raw names) exist in schema $1.
+select c.relname as name from pg_class c join pg_namespace n on n.oid = c.relnamespace
+ where n.nspname = $1 and c.relname = any ($2::text[])
+union
+select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+ where n.nspname = $1 and p.proname = any ($3::text[]);
