@@ -136,5 +136,14 @@ async def test_a_lane_whose_only_live_worker_does_not_claim_is_stranded_and_says
             lane = view.as_json()
             assert (lane["claimingWorkers"], lane["stranded"]) == (1, False)
             assert "will run them" in remedies(lane)["fresh"]
+
+            # A claiming lane with nothing open whose worker cannot claim: not stranded, but
+            # the page says nothing would run there.
+            await client.activate_release(A)
+            await client.remedies.fail_run(run.run_id, "done with it")
+            await beat(conn, "stuck-worker", [FAILING])
+            [view] = [v for v in await client.lanes() if v.queue == QA]
+            assert (view.status, view.stranded, view.claiming_workers) == ("claiming", False, 0)
+            assert 'data-field="noClaims">no live worker claims</span>' in page.render([view])
     finally:
         await conn.close()

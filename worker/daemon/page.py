@@ -83,6 +83,9 @@ def _row(view: LaneView) -> str:
         if view.foreign_tasks
         else ""
     )
+    if not view.stranded and view.live_workers and not view.claiming_workers:
+        # Nothing waits yet, but nothing submitted to it would run either.
+        stranded = ' <span class="stranded-note" data-field="noClaims">no live worker claims</span>'
     badge = ""
     if view.role is not None:
         label = {"current": "current", "previous": "superseded"}.get(view.role, view.role)
