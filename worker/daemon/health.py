@@ -368,11 +368,14 @@ class HealthServer:
         except Exception as exc:  # the database is away: say so, do not crash the page
             return type(exc).__name__
 
-    async def _html_page(self, _request: web.Request) -> web.Response:
+    async def _html_page(self, request: web.Request) -> web.Response:
+        number = page.page_number(request.query.get("page"))
+        if number is None:
+            return web.Response(text=page.BAD_PAGE, status=400)
         views = await self._report()
         if isinstance(views, str):
             return web.Response(text=page.render_error(views), content_type="text/html", status=503)
-        return web.Response(text=page.render(views), content_type="text/html")
+        return web.Response(text=page.render(views, number), content_type="text/html")
 
     async def _run_page(self, request: web.Request) -> web.Response:
         """One run's page: 404 for a run id that names no run, 503 while it cannot be read."""
@@ -384,12 +387,17 @@ class HealthServer:
 
     async def _lanes_page(self, request: web.Request) -> web.Response:
         """The `lane-worker lanes` view: JSON, or the CLI's table with ``?format=text``."""
+        number = page.page_number(request.query.get("page"))
+        if number is None:
+            return web.json_response({"error": page.BAD_PAGE}, status=400)
         views = await self._report()
         if isinstance(views, str):
             return web.json_response({"error": views}, status=503)
+        # Past LANES_PER_PAGE lanes, paged (`lane-worker lanes --json` prints them all).
+        shown, paging = page.lanes_page(views, number)
         if request.query.get("format") == "text":
-            return web.Response(text="\n".join(lanes_table(views)) + "\n")
-        return web.json_response({"lanes": [v.as_json() for v in views]})
+            return web.Response(text="\n".join(lanes_table(shown)) + "\n")
+        return web.json_response({"lanes": [v.as_json() for v in shown], **paging})
 
     async def _metrics_page(self, _request: web.Request) -> web.Response:
         if self._lanes is not None:

@@ -14,12 +14,22 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from worker.daemon.report_cache import PAGE_OPEN_RUNS
 from worker.db.store.rows import OpenRun
 from worker.ops.remedies import MAX_LIST, OPEN
-from worker.ops.report import BUCKETS, LaneView
+from worker.ops.report import BUCKETS, LaneView, collapsed
 from worker.ops.workers import version_of, why_not
 
 REFRESH_S = 5
+# Past this many lanes, the quiet ones are counted and the rest paged this many to a page.
+PAGE_LANES = 25
+# The open runs a page lists in all (spread over its lanes), and at least per lane.
+OPEN_RUNS_PER_PAGE = 150
+MIN_OPEN_RUNS = 5
+# /lanes (JSON and text) lists at most this many lanes to a page.
+LANES_PER_PAGE = 100
+MAX_PAGE = 1_000_000
+BAD_PAGE = "page must be a whole number from 1 (?page=2)"
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.2rem;margin:0 0 .2rem}
@@ -175,21 +185,22 @@ def _open_run(run: OpenRun, now: datetime) -> str:
     )
 
 
-def _open_runs(view: LaneView) -> str:
-    """The lane's newest open runs, and how to list the rest when the page shows only some."""
+def _open_runs(view: LaneView, most: int) -> str:
+    """The lane's newest open runs (``most`` at most), and how to list the rest."""
     total = sum(view.counts.get(b, 0) for b in BUCKETS)
     if not total:
         return ""
     now = view.as_of or datetime.now().astimezone()
-    rows = "".join(_open_run(r, now) for r in view.open_runs)
+    shown = view.open_runs[:most]
+    rows = "".join(_open_run(r, now) for r in shown)
     more = ""
-    if total > len(view.open_runs):
+    if total > len(shown):
         command = (
             f"lane-worker runs --status {OPEN} --lane {shlex.quote(view.release_id)} "
             f"--limit {min(total, MAX_LIST)}"
         )
         more = (
-            f'<p class="note" data-field="more">and {total - len(view.open_runs)} more: '
+            f'<p class="note" data-field="more">and {total - len(shown)} more: '
             f"<code>{escape(command)}</code> lists them all.</p>"
         )
     return (
@@ -201,10 +212,20 @@ def _open_runs(view: LaneView) -> str:
     )
 
 
-def render(views: list[LaneView]) -> str:
-    """Return the whole page for ``views`` (the drain report)."""
+def render(views: list[LaneView], page: int = 1) -> str:
+    """Return page ``page`` of the lanes page for ``views`` (the drain report).
+
+    Its size is bounded whatever the number of lanes: past ``PAGE_LANES`` lanes the
+    quiet ones (drained or idle, no live worker, nothing failed) are only counted,
+    the rest are listed ``PAGE_LANES`` to a page, and the page lists at most about
+    ``OPEN_RUNS_PER_PAGE`` open runs in all.
+    """
+    listed, quiet = collapsed(views, PAGE_LANES)
+    pages = max(1, -(-len(listed) // PAGE_LANES))
+    page = min(max(1, page), pages)
+    on_page = listed[(page - 1) * PAGE_LANES : page * PAGE_LANES]
     head = "".join(f"<th>{escape(label)}</th>" for _, label in COUNT_COLUMNS)
-    rows = "".join(_row(v) for v in views) or (
+    rows = "".join(_row(v) for v in on_page) or (
         '<tr><td colspan="15">no lanes registered (a worker registers its lane at boot).</td></tr>'
     )
     as_of = next((v.as_of for v in views if v.as_of is not None), None)
@@ -213,6 +234,7 @@ def render(views: list[LaneView]) -> str:
         if as_of
         else ""
     )
+    most = min(PAGE_OPEN_RUNS, max(MIN_OPEN_RUNS, OPEN_RUNS_PER_PAGE // max(1, len(on_page))))
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
@@ -222,10 +244,65 @@ def render(views: list[LaneView]) -> str:
         f'<p class="note">The drain report, refreshed every {REFRESH_S} s.{when} A lane is safe '
         "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
         "<a href=/lanes?format=text>/lanes?format=text</a>.</p>"
+        f"{_pager(page, pages, len(listed))}"
         "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
         "<th>machines</th><th>workers</th>"
         f"{head}<th>safe to stop</th><th>blocked by</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>{''.join(_open_runs(v) for v in views)}</body></html>"
+        f"<tbody>{rows}</tbody></table>{_quiet(quiet)}"
+        f"{''.join(_open_runs(v, most) for v in on_page)}</body></html>"
+    )
+
+
+def page_number(value: str | None) -> int | None:
+    """Return the page asked for (1 when none), or None when ``value`` is not one."""
+    if value is None:
+        return 1
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PAGE:
+        return None
+    return int(value)
+
+
+def lanes_page(views: list[LaneView], page: int) -> tuple[list[LaneView], dict[str, object]]:
+    """Return page ``page`` of ``/lanes`` and its paging fields (none up to LANES_PER_PAGE)."""
+    if len(views) <= LANES_PER_PAGE:
+        return views, {}
+    pages = -(-len(views) // LANES_PER_PAGE)
+    page = min(page, pages)
+    shown = views[(page - 1) * LANES_PER_PAGE : page * LANES_PER_PAGE]
+    following = f"/lanes?page={page + 1}" if page < pages else None
+    return shown, {"page": page, "pages": pages, "lanesTotal": len(views), "next": following}
+
+
+def _pager(page: int, pages: int, lanes: int) -> str:
+    if pages == 1:
+        return ""
+    links = []
+    if page > 1:
+        links.append(f'<a href="/?page={page - 1}" data-field="previous">previous</a>')
+    if page < pages:
+        links.append(f'<a href="/?page={page + 1}" data-field="next">next</a>')
+    return (
+        f'<p class="note" data-field="pages" data-page="{page}" data-pages="{pages}">'
+        f"Lanes {(page - 1) * PAGE_LANES + 1}-{min(lanes, page * PAGE_LANES)} of {lanes} "
+        f"(page {page} of {pages}): {' '.join(links)}</p>"
+    )
+
+
+def _quiet(quiet: list[LaneView]) -> str:
+    """The quiet lanes, counted: drained or idle, with no live worker and nothing failed."""
+    if not quiet:
+        return ""
+    parked = sum(v.waiting for v in quiet)
+    held = (
+        f", holding {parked} parked runs that newer releases adopt as they come due"
+        if parked
+        else ""
+    )
+    return (
+        f'<p class="note" data-field="quiet" data-count="{len(quiet)}">and {len(quiet)} '
+        f"drained or idle lanes with no live worker{held}, not listed: "
+        "<code>lane-worker lanes</code> lists every lane, <code>lane-worker lanes prune</code> "
+        "drops the drained ones' queues.</p>"
     )
 
 

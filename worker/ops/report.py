@@ -20,13 +20,24 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store import Store
-from worker.db.store.rows import Deployment, OpenRun, ReportRuns, ScalerState
+from worker.db.store.rows import (
+    AdoptedCount,
+    CleanupCount,
+    DeliveryCount,
+    Deployment,
+    OpenRun,
+    ReportLane,
+    ReportRuns,
+    ScalerState,
+)
 from worker.masking import mask_response
 from worker.ops.workers import not_claiming_lines, stuck_remedy, version_of, why_not, worker_json
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
 RUN_IDS_SHOWN = 20
+# Open runs are read for at most this many lanes (those a listing shows in full).
+OPEN_RUN_LANES = 200
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,11 @@ class LaneView:
         return self.live_workers - sum(1 for w in self.workers if not w.get("claiming", True))
 
     @property
+    def counts_open(self) -> int:
+        """Return how many open runs the lane holds (every bucket)."""
+        return sum(self.counts.get(b, 0) for b in BUCKETS)
+
+    @property
     def stranded(self) -> bool:
         """Tell whether it holds work only its release may run and no live worker that claims.
 
@@ -107,6 +123,21 @@ class LaneView:
         if self.status == "claiming":
             return any(self.counts.get(key, 0) for key in BUCKETS)
         return self.status in ("draining", "unregistered")
+
+    @property
+    def quiet(self) -> bool:
+        """Tell whether there is nothing here to watch: drained or idle, no live worker, no failure.
+
+        A listing of many lanes folds these into a count (``collapsed``): a week
+        of deploys leaves hundreds of drained lanes until they are pruned.
+        """
+        if self.live_workers or self.stranded or self.facts_failed or self.cleanups_failed:
+            return False
+        if self.role in ("current", "previous"):
+            return False
+        if self.status == "drained":
+            return True
+        return self.status == "claiming" and not any(self.counts.get(b, 0) for b in BUCKETS)
 
     @property
     def safe_to_stop(self) -> bool:
@@ -366,7 +397,49 @@ async def read_report(
         cleanups = {c.queue: c for c in await store.sandboxes.counts(conn)}
         deployed = {d.queue: d for d in await store.registry.deployments(conn)}
         scaler = await store.registry.scaler_state(conn)
-        listed = await _open_runs(conn, store, runs, open_runs)
+        views = _views(
+            now, lanes, runs, adopted, deliveries, cleanups, deployed, scaler,
+            include_pruned=include_pruned,
+        )  # fmt: skip
+        # Drained lanes are left out: their number grows with every deploy, and the read
+        # runs inside one transaction; `lanes prune` names their busy queues.
+        active = [v.queue for v in views if v.status != "drained"]
+        foreign = await _foreign_tasks(conn, store, active)
+        views = [
+            replace(v, foreign_tasks=foreign[v.queue]) if v.queue in foreign else v for v in views
+        ]
+        if open_runs <= 0:
+            return views
+        # Of a thousand lanes only the few a page shows in full need their open runs.
+        wanted = [v.queue for v in collapsed(views, OPEN_RUN_LANES)[0] if v.counts_open][
+            :OPEN_RUN_LANES
+        ]
+        listed = await _open_runs(conn, store, wanted, open_runs)
+    return [replace(v, open_runs=tuple(listed[v.queue])) if v.queue in listed else v for v in views]
+
+
+def collapsed(views: list[LaneView], keep: int) -> tuple[list[LaneView], list[LaneView]]:
+    """Split ``views`` into the lanes a bounded listing shows and the quiet ones it only counts.
+
+    Up to ``keep`` lanes, every lane is shown.
+    """
+    if len(views) <= keep:
+        return list(views), []
+    return [v for v in views if not v.quiet], [v for v in views if v.quiet]
+
+
+def _views(
+    now: datetime,
+    lanes: Sequence[ReportLane],
+    runs: Sequence[ReportRuns],
+    adopted: Sequence[AdoptedCount],
+    deliveries: dict[str, DeliveryCount],
+    cleanups: dict[str, CleanupCount],
+    deployed: dict[str, Deployment],
+    scaler: ScalerState | None,
+    *,
+    include_pruned: bool,
+) -> list[LaneView]:
     tallies: dict[str, _Tally] = {}
     for counted in runs:
         tallies.setdefault(counted.lane, _Tally()).add(counted)
@@ -434,11 +507,9 @@ async def read_report(
                 draining_s=_age_s(now, row.retired_at) or 0.0
                 if status == "draining" and row is not None
                 else 0.0,
-                open_runs=tuple(listed.get(queue, ())),
             )
         )
-    foreign = await _foreign_tasks(conn, store, [v.queue for v in views])
-    return [replace(v, foreign_tasks=foreign[v.queue]) if v.queue in foreign else v for v in views]
+    return views
 
 
 FOREIGN_BATCH = 50  # queues per statement: its locks on engine tables end with it
@@ -454,14 +525,13 @@ async def _foreign_tasks(conn: Connection, store: Store, queues: list[str]) -> d
 
 
 async def _open_runs(
-    conn: Connection, store: Store, runs: Sequence[ReportRuns], limit: int
+    conn: Connection, store: Store, lanes: list[str], limit: int
 ) -> dict[str, list[OpenRun]]:
-    """The newest ``limit`` open runs of every lane that has any, by lane (none for 0)."""
-    lanes = sorted({r.lane for r in runs})
-    if limit <= 0 or not lanes:
+    """The newest ``limit`` open runs of each of ``lanes`` that has any, by lane."""
+    if not lanes:
         return {}
     found: dict[str, list[OpenRun]] = {}
-    for run in await store.report.open_runs(conn, lanes=lanes, limit=limit):
+    for run in await store.report.open_runs(conn, lanes=sorted(lanes), limit=limit):
         found.setdefault(run.lane, []).append(run)
     return found
 
