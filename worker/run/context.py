@@ -50,9 +50,17 @@ class Suspended(BaseException):
 
 def _duration_s(value: Any, what: str) -> float:
     """Return ``value`` as seconds within [0, MAX_WAIT_S] (below 0 is 0); refuse a non-number."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+    seconds = math.nan
+    if not isinstance(value, bool | str | bytes):  # float() would read "5" and True
+        try:
+            seconds = float(value)  # numpy's and Decimal's numbers too
+        except OverflowError:  # an int past a double: the longest wait there is
+            seconds = math.inf if value > 0 else 0.0
+        except (TypeError, ValueError):
+            pass
+    if math.isnan(seconds):
         raise ValueError(f"{what} needs a number of seconds, not {value!r}")
-    return float(min(max(value, 0), MAX_WAIT_S))
+    return min(max(seconds, 0.0), float(MAX_WAIT_S))
 
 
 def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
