@@ -423,7 +423,10 @@ async def read_report(
                 open_runs=tuple(listed.get(queue, ())),
             )
         )
-    foreign = await _foreign_tasks(conn, store, [v.queue for v in views])
+    # Drained lanes are left out: their number grows with every deploy, and the read
+    # may run inside one transaction (the page's); `lanes prune` names their busy queues.
+    active = [v.queue for v in views if v.status != "drained"]
+    foreign = await _foreign_tasks(conn, store, active)
     return [replace(v, foreign_tasks=foreign[v.queue]) if v.queue in foreign else v for v in views]
 
 
