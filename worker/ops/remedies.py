@@ -3,7 +3,7 @@
 ``Remedies`` is what ``LaneClient`` delegates to (``client.remedies``): every
 remedy is one transaction per run, fenced on the run's row, so a worker that
 takes the run at the same moment either finishes first (and the remedy sees it)
-or finds the run gone. (About 450 lines: the four remedies share their row
+or finds the run gone. (About 460 lines: the four remedies share their row
 locks and target checks, which read best side by side.)
 """
 
