@@ -186,6 +186,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "dryRun": False,
             "queues": [],
             "keptLive": [],
+            "keptBusy": [],
         }
         (tmp_path / "gate").touch()  # the retry's step can finish
         retry = await lane_worker_json(database_url, "runs", "retry", held)
@@ -249,10 +250,10 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         dry = await lane_worker_json(
             database_url, "lanes", "prune", "--older-than", "0s", "--dry-run"
         )
-        assert dry == {"dryRun": True, "queues": [QA], "keptLive": []}
+        assert dry == {"dryRun": True, "queues": [QA], "keptLive": [], "keptBusy": []}
         assert QA in await engine_queues(database_url)
         pruned = await lane_worker_json(database_url, "lanes", "prune", "--older-than", "0s")
-        assert pruned == {"dryRun": False, "queues": [QA], "keptLive": []}
+        assert pruned == {"dryRun": False, "queues": [QA], "keptLive": [], "keptBusy": []}
         assert await engine_queues(database_url) == [QB]
         report = await lane_worker_json(database_url, "lanes")
         assert [lane["queue"] for lane in report["lanes"]] == [QB]

@@ -436,6 +436,10 @@ class LaneClient:
         """Drop the engine queues of long-drained lanes (``lanes prune``); return them."""
         return await self.remedies.prune_lanes(older_than_s, dry_run=dry_run)
 
+    async def prune_kept_busy(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because their queue holds an unfinished task."""
+        return await self.remedies.prune_kept_busy(older_than_s)
+
     async def prune_kept_live(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
         return await self.remedies.prune_kept_live(older_than_s)

@@ -3,7 +3,7 @@
 ``Remedies`` is what ``LaneClient`` delegates to (``client.remedies``): every
 remedy is one transaction per run, fenced on the run's row, so a worker that
 takes the run at the same moment either finishes first (and the remedy sees it)
-or finds the run gone. (About 450 lines: the four remedies share their row
+or finds the run gone. (About 460 lines: the four remedies share their row
 locks and target checks, which read best side by side.)
 """
 
@@ -421,7 +421,7 @@ class Remedies:
         rows = await self.db.run(
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        rows = [r for r in rows if not r.live]
+        rows = [r for r in rows if not r.live and not await self._busy(r.queue)]
         if dry_run:
             return [r.queue for r in rows]
         pruned = []
@@ -444,6 +444,19 @@ class Remedies:
             except _PruneRace:
                 continue
         return pruned
+
+    async def _busy(self, queue: str) -> bool:
+        """Tell whether the queue holds an unfinished task of any kind (one queue a statement)."""
+        open_tasks, _ = await self.db.run(lambda c: self.store.lanes.open_tasks(c, queue=queue))
+        return open_tasks > 0
+
+    async def prune_kept_busy(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because their queue holds an unfinished task."""
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
+        )
+        return [r.queue for r in rows if not r.live and await self._busy(r.queue)]
 
     async def prune_kept_live(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""

@@ -7,7 +7,7 @@ empty one. Beside the runs it carries what else an operator reads per lane:
 undelivered ledger facts, sandbox cleanups, the release registry's role and
 machines, and the scaler's last word.
 
-(About 490 lines: one view, its JSON, its blockers and their remedies, and the
+(About 540 lines: one view, its JSON, its blockers and their remedies, and the
 one read that fills them; the remedies' sentences are most of it.)
 """
 

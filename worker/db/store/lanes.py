@@ -74,6 +74,11 @@ class LaneQueries(Queries):
     async def prunable(self, conn: Connection, *, older_than_s: float) -> list[PrunableLane]:
         return await self._rows(conn, PrunableLane, "prunable_lanes", older_than_s)
 
+    async def open_tasks(self, conn: Connection, *, queue: str) -> tuple[int, int]:
+        """Return the queue's unfinished engine tasks, and how many this store did not create."""
+        row = await self._records(conn, "queue_tasks", queue)
+        return int(row[0]["open_tasks"]), int(row[0]["foreign_tasks"])
+
     async def prune(self, conn: Connection, *, queue: str) -> bool:
         """Mark the lane pruned, re-checked under its row lock; say whether it was."""
         return await self._value(conn, "prune_lane", queue) is not None

@@ -137,12 +137,14 @@ select l.queue, l.release_ids, l.retired_at,
    and not exists (select 1 from {schema}.runs r
                     where r.queue = l.queue
                       and r.status not in ('completed', 'failed', 'cancelled'))
-   -- nor any unfinished task of any kind: another system's, a sandbox cleanup
-   -- (migration 0020; dropping it leaked the sandbox unreported)
-   and not exists (select 1 from {schema}.run_sandboxes x
-                    where x.cleanup_queue = l.queue and x.cleanup = 'pending')
-   and (select f.open_tasks from {schema}.queue_open_tasks(l.queue) f) = 0
+   -- The caller checks each queue's unfinished tasks of any kind (queue_tasks: a
+   -- sandbox cleanup, another system's task), a queue per statement, so no
+   -- statement locks every retired lane's task table.
  order by l.retired_at, l.queue;
+
+-- name: queue_tasks
+-- The unfinished engine tasks of queue $1, and how many this store did not create.
+select open_tasks, foreign_tasks from {schema}.queue_open_tasks($1);
 
 -- name: prune_lane
 -- Under the lane row's lock, re-checked: still retired, still no open run, no
