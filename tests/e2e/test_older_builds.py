@@ -8,7 +8,8 @@ on a database the old build installs first:
 1. roll forward: OLD claims alone, then NEW boots (migrates the store, installs its
    contracts), OLD is retired while it holds runs mid-step and parked waiters;
 2. an old machine SIGKILLed mid-drain and restarted: its boot installs its own
-   engine objects again, and NEW's own runs must keep completing after it; OLD
+   engine objects again (so do the old build's `migrate` and its app's client),
+   and NEW's own runs must keep completing after it; OLD
    finishes its runs, NEW adopts OLD's parked waiters once signalled;
 3. a late old machine boots after OLD drained (and refuses, after its install);
 4. rollback: OLD is activated again and NEW retired; OLD takes the new runs and NEW
@@ -23,13 +24,14 @@ old machine of build dd1325a made NEW's every claim fail ("unknown claim mode al
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 from support import builds
 from support.builds import OLDER_BUILDS, Build, build
-from support.cli import lane_worker
+from support.cli import cli_env, lane_worker
 from support.daemon import Daemon, Daemons, base_env
 from support.db import fetch, sql
 from support.runtime import SCHEMA, eventually
@@ -66,6 +68,32 @@ class Story:
             {"dir": str(directory), "seconds": seconds},
             release,
         )
+        self.dirs[run_id] = directory
+        return run_id
+
+    async def old_cli(self, *args: str) -> str:
+        """Run the old build's ``lane-worker ARGS`` as OLD's operator or app; return stdout."""
+        proc = await asyncio.create_subprocess_exec(
+            *self.old.argv(*args),
+            cwd=self.old.root,
+            env={**cli_env({}), "WORKFLOW_RUNTIME_POSTGRES": self.url,
+                 "DEEPLINE_RUNTIME_DEPLOY_VERSION": OLD},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, (args, out, err)
+        return out.decode()
+
+    async def submit_by_old_app(self) -> str:
+        """Submit a `slow` run to OLD with the old build's own client (its CLI)."""
+        directory = self.tmp / f"run{len(self.dirs)}"
+        directory.mkdir()
+        params = json.dumps({"dir": str(directory), "seconds": 0})
+        run_id: str = json.loads(await self.old_cli("submit", "slow", "--input", params, "--json"))[
+            "runId"
+        ]
         self.dirs[run_id] = directory
         return run_id
 
@@ -161,10 +189,15 @@ async def test_an_older_build_beside_head_every_run_once_no_claim_failing(
         await a1.wait_exit()
         a2 = story.start_old("old#2")
         await a2.ready(timeout_s=60)
+        # And the old build's other installs: its `migrate`, and its app's client.
+        await story.old_cli("migrate")
+        by_old_app = await story.submit_by_old_app()
         after_old_boot = [await story.submit(NEW) for _ in range(3)]
         await story.completed(after_old_boot, "NEW's runs after an old machine booted")
         await story.signal(waiters)
-        await story.completed(held + waiters, "OLD's held runs and its adopted waiters")
+        await story.completed(
+            [*held, *waiters, by_old_app], "OLD's held runs, its adopted waiters, its app's run"
+        )
         await operator(url, "lanes", "wait", OLD, "--timeout", "60")
         a2.terminate()
         assert await a2.wait_exit() == 0
