@@ -2,8 +2,10 @@
 
 When release ids coincide (a dev `runs` lane, one worktree suffix, one deploy
 version for both) the TS app spawns its tasks on the queue lane-worker claims.
-Today's claim can still hand them over; the worker must put each back without
-spending an attempt, never cancel, fail or run it, and say so once per queue.
+This build's claim never picks them (claim_v1.sql); one that still reaches the
+worker (the engine's own claim, as an older build of the release used, or a race)
+is put back without spending an attempt, never cancelled, failed or run, and
+said once per queue.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import structlog
 from support import typescript as ts
 from support.daytona import FakeDaytona
 from support.db import execute
-from support.runtime import env_of, eventually, open_client, open_runtime, queue_of, work_once
+from support.runtime import env_of, open_client, open_runtime, queue_of, work_once
 from worker import App, TaskContext
+from worker.db.engine import ClaimedRun
+from worker.run.execute import Runtime
 from worker.run.foreign import FOREIGN_BACKOFF_MAX_S, backoff_s
 from worker.run.sandbox import SANDBOX_CLEANUP_TASK, DaytonaDeleter
 
@@ -48,10 +52,10 @@ FOREIGN = [
 
 
 @pytest.mark.parametrize(("name", "params"), FOREIGN)
-async def test_a_foreign_task_is_put_back_untouched_and_its_owner_runs_it(
+async def test_a_foreign_task_is_never_claimed_and_its_owner_runs_it(
     database_url: str, name: str, params: dict[str, str]
 ) -> None:
-    """Never cancelled, failed or run; no attempt spent; the owner claims it as attempt 1."""
+    """Never claimed, cancelled, failed or run; the owner claims it as attempt 1."""
     async with (
         FakeDaytona() as fake,
         open_client(database_url, env_of(A)) as client,
@@ -64,24 +68,23 @@ async def test_a_foreign_task_is_put_back_untouched_and_its_owner_runs_it(
         task_id = await ts.spawn(database_url, QA, name, params)
         with structlog.testing.capture_logs() as logs:
             outcomes = await work_once(rt)
-        assert sorted(outcomes) == ["completed", "deferred"]
+        assert outcomes == ["completed"]
         assert (await client.status(mine.run_id)).status == "completed"
         (run,) = await ts.task_runs(database_url, QA, task_id)
-        # Put back as it was: the same engine run, attempt 1, no holder, due later.
+        # Never touched: the same engine run, attempt 1, no holder, due now.
         assert (run["attempt"], run["state"], run["claimed_by"], run["later"]) == (
             1,
-            "sleeping",
+            "pending",
             None,
-            True,
+            False,
         )
-        assert run["task_state"] == "sleeping"
+        assert run["task_state"] == "pending"
         assert [e["event"] for e in logs if e["event"].startswith("run.")] == [
             "run.started",
             "run.completed",
-            "run.foreign_left",
         ]
-        # Its owner's worker takes it once due, as its first attempt, and completes it.
-        got = await eventually(lambda: ts.claim(database_url, QA), what="the TS claim")
+        # Its owner's worker takes it at once, as its first attempt, and completes it.
+        got = await ts.claim(database_url, QA)
         assert [(r["task_id"], r["attempt"]) for r in got] == [(task_id, 1)]
         await ts.complete(database_url, QA, got[0]["run_id"])
         (done,) = await ts.task_runs(database_url, QA, task_id)
@@ -93,19 +96,22 @@ async def test_a_foreign_task_is_put_back_untouched_and_its_owner_runs_it(
         assert fake.deletes == {}  # the TS app's sandbox is the TS app's to delete
 
 
-async def test_foreign_tasks_are_logged_once_per_queue_and_backed_off(database_url: str) -> None:
-    """Each meeting doubles the task's back-off (bounded); the queue is logged once."""
+async def test_foreign_tasks_that_reach_the_worker_are_put_back_logged_once_and_backed_off(
+    database_url: str,
+) -> None:
+    """Handed over by the engine's claim: put back, each meeting doubling its back-off."""
     async with (
         open_client(database_url, env_of(A)),
         open_runtime(database_url, plain_app(), A) as rt,
     ):
         first = await ts.spawn(database_url, QA)
         second = await ts.spawn(database_url, QA)
+        assert await work_once(rt) == []  # this build's claim leaves them alone
         with structlog.testing.capture_logs() as logs:
-            assert await work_once(rt) == ["deferred", "deferred"]
+            assert await engine_claim_and_handle(rt) == ["deferred", "deferred"]
             # Due again: met a second time, each is put back for longer.
             await _make_due(database_url, QA)
-            assert await work_once(rt) == ["deferred", "deferred"]
+            assert await engine_claim_and_handle(rt) == ["deferred", "deferred"]
         said = [e for e in logs if e["event"] == "run.foreign_left"]
         assert [(e["queue"], e["due_in_s"]) for e in said] == [(QA, 1.0)]
         for task_id in (first, second):
@@ -121,3 +127,22 @@ async def _make_due(database_url: str, queue: str) -> None:
         f'update absurd."r_{queue}" set available_at = absurd.current_time()'
         " where state = 'sleeping'",
     )
+
+
+async def engine_claim_and_handle(rt: Runtime, qty: int = 10) -> list[str]:
+    """Claim the own queue with absurd.claim_task (no store filter) and handle each run."""
+    worker_id = rt.worker_id_for(rt.queue)
+
+    async def claim(conn: object) -> list[ClaimedRun]:
+        rows = await conn.fetch(  # type: ignore[attr-defined]
+            "select run_id, task_id, attempt, task_name, params, max_attempts, wake_event,"
+            " event_payload from absurd.claim_task($1, $2, $3, $4)",
+            rt.queue,
+            worker_id,
+            rt.lease_s,
+            qty,
+        )
+        return [ClaimedRun(queue=rt.queue, **dict(r)) for r in rows]
+
+    claimed = await rt.db.run(claim)
+    return [(await rt.handle(run)).outcome for run in claimed]
