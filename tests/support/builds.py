@@ -29,12 +29,14 @@ UV = REPO / ".tools" / "bin" / "uv"  # the Makefile's pinned uv
 BUILD_TIMEOUT_S = 600.0
 
 # The older builds the suite runs beside HEAD, newest first: the last build whose
-# engine-side objects were unversioned (main before contracts), and an older one whose
-# install broke the next build's claims ("unknown claim mode all", issue 29). From
-# 0.2.0 on, add every tagged version here.
+# engine-side objects were unversioned (main before contracts), and two older ones the
+# issue names, whose installs broke later builds' claims ("unknown claim mode all",
+# issue 29); 2d22071 is also the oldest build whose app can submit through the store's
+# SQL API, which the test uses. From 0.2.0 on, add every tagged version here.
 OLDER_BUILDS: dict[str, str] = {
     "a408570": "main's head before versioned engine contracts (unversioned claim functions)",
     "dd1325a": "the operator's view (issue 18): claim_lane without mode 'all'",
+    "2d22071": "the app's SQL API: the first build with the store's submit_run",
 }
 
 
