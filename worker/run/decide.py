@@ -7,7 +7,7 @@ registered. ``worker/lanes.py`` holds the rules the TypeScript app shares
 (``resolve_lane_disposition``); this module folds in what only the worker
 knows: the adopter race, the plays a machine registers, the lane guard.
 
-The claim statement (``claim_lane.sql``) skips the runs this would put back at
+The claim statement (``claim_v1.sql``) skips the runs this would put back at
 once (adopted elsewhere, a play no machine of this app registers), so those
 branches decide races; they must agree with it.
 """
