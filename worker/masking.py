@@ -9,13 +9,24 @@ in every spelling ``secret_forms`` knows) and the database passwords
 stands, and any credential a header carries (``Authorization: ...``,
 ``Bearer ...``) is masked even when the secret was not known. ``mask`` is the
 plain rule the logs apply.
+
+Any case counts (ASCII letters: an echo may upper-case a header), and so does
+base64 (standard and URL-safe, padded or not, of the secret and of ``Bearer
+<secret>``, and the secret's part of a longer encoded string at each of the three
+byte alignments). In what is kept of an answer, a secret of ``FRAGMENT_FROM``
+characters or more is also masked piece by piece: any run of the text made of its
+``FRAGMENT_MIN``-character pieces (a token split over a line, cut by a read or a
+limit, or quoted in part) becomes ``***``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote
 
@@ -28,6 +39,21 @@ WHOLE_WORD_BELOW = 8
 # A secret cut by a length limit leaves its beginning at the end of the text: that
 # beginning is masked when it is at least this long (shorter says nothing usable).
 _CUT_PREFIX = 4
+
+# In what is kept of an answer, any piece of at least FRAGMENT_MIN characters of a secret
+# of at least FRAGMENT_FROM is masked wherever it stands (a split, a cut, a partial quote).
+# A random token's 8 characters do not turn up in a refusal by chance; a shorter secret
+# is masked only whole (a password of words would mask those words).
+FRAGMENT_FROM = 16
+FRAGMENT_MIN = 8
+
+# ASCII letters folded to lower case, one character for one (positions stay put).
+_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _fold(text: str) -> str:
+    return text.translate(_FOLD)
+
 
 # What a header or an echo of it may carry: the scheme's credential, or a header's value.
 # A credential after its scheme: at least 8 characters with a digit or a token's
@@ -42,12 +68,31 @@ _AUTH_HEADER = re.compile(
 )
 
 
+def _base64_forms(secret: str) -> set[str]:
+    """``secret`` in base64: whole (of it and of ``Bearer <it>``; standard and URL-safe,
+    padded or not), and the characters that only it decides inside a longer encoded
+    string, at each of the three byte alignments it may start at."""
+    raw = secret.encode()
+    found: set[str] = set()
+    for whole in (raw, b"Bearer " + raw):
+        padded = base64.b64encode(whole).decode()
+        found |= {padded, padded.rstrip("=")}
+    for lead in range(3):
+        encoded = binascii.b2a_base64(b"\0" * lead + raw, newline=False).decode().rstrip("=")
+        start = -(-4 * lead // 3)  # the first character with none of the lead's bits
+        end = len(encoded) - (1 if (lead + len(raw)) % 3 else 0)  # the last may hold a follower's
+        found.add(encoded[start:end])
+    found |= {f.replace("+", "-").replace("/", "_") for f in found}
+    return {f for f in found if len(f) >= WHOLE_WORD_BELOW}
+
+
 def secret_forms(*secrets: str) -> tuple[str, ...]:
     """Every spelling of ``secrets`` an echo may print, longest first.
 
     As sent, percent-encoded (a query or form echo), inside ``repr()`` and JSON
-    (escaped, also with ``/`` as ``\\/``), and each comma-separated part of a
-    token made of several (a Fly macaroon token is such a list).
+    (escaped, also with ``/`` as ``\\/``), in base64 (``_base64_forms``), and each
+    comma-separated part of a token made of several (a Fly macaroon token is such a
+    list). Case is not a spelling: every match ignores it.
     """
     found: set[str] = set()
     for secret in secrets:
@@ -61,24 +106,62 @@ def secret_forms(*secrets: str) -> tuple[str, ...]:
             escaped = json.dumps(part)[1:-1]
             found |= {part, quote(part, safe=""), repr(part)[1:-1], escaped}
             found.add(escaped.replace("/", "\\/"))
+            if len(part) >= WHOLE_WORD_BELOW:
+                found |= _base64_forms(part)
     return tuple(sorted((s for s in found if s), key=len, reverse=True))
 
 
 def mask(text: str, secrets: Sequence[str]) -> str:
     """Return ``text`` with each of ``secrets`` replaced by ``***``.
 
-    A secret of ``WHOLE_WORD_BELOW`` characters or more is replaced wherever it
-    occurs; a shorter one only where no letter, digit or ``_`` touches it (in a
-    URL it is bounded by ``:`` and ``@``). ``doctor`` warns about a short password.
+    In any case of its ASCII letters. A secret of ``WHOLE_WORD_BELOW`` characters
+    or more is replaced wherever it occurs; a shorter one only where no letter, digit
+    or ``_`` touches it (in a URL it is bounded by ``:`` and ``@``). ``doctor`` warns
+    about a short password.
     """
+    folded = _fold(text)
     for secret in secrets:
-        if not secret:
+        if not secret or _fold(secret) not in folded:
             continue
-        if len(secret) >= WHOLE_WORD_BELOW:
-            text = text.replace(secret, REDACTED)
-        elif secret in text:
-            text = re.sub(rf"(?<![0-9A-Za-z_]){re.escape(secret)}(?![0-9A-Za-z_])", REDACTED, text)
+        found = re.escape(secret)
+        if len(secret) < WHOLE_WORD_BELOW:
+            found = rf"(?<![0-9A-Za-z_]){found}(?![0-9A-Za-z_])"
+        text = re.sub(found, REDACTED, text, flags=re.IGNORECASE | re.ASCII)
+        folded = _fold(text)
     return text
+
+
+@lru_cache(maxsize=64)
+def _pieces(secrets: tuple[str, ...]) -> frozenset[str]:
+    """Every ``FRAGMENT_MIN``-character piece of each secret of ``FRAGMENT_FROM`` or more."""
+    return frozenset(
+        folded[i : i + FRAGMENT_MIN]
+        for folded in (_fold(s) for s in secrets if len(s) >= FRAGMENT_FROM)
+        for i in range(len(folded) - FRAGMENT_MIN + 1)
+    )
+
+
+def _fragments(text: str, secrets: Sequence[str]) -> str:
+    """Mask every run of ``text`` made of a long secret's pieces (``FRAGMENT_MIN`` or more
+    characters of it: a split, a cut or a partial quote), in any case."""
+    pieces = _pieces(tuple(secrets))
+    if not pieces or len(text) < FRAGMENT_MIN:
+        return text
+    folded = _fold(text)
+    runs: list[list[int]] = []
+    for i in range(len(folded) - FRAGMENT_MIN + 1):
+        if folded[i : i + FRAGMENT_MIN] in pieces:
+            if runs and i <= runs[-1][1]:
+                runs[-1][1] = i + FRAGMENT_MIN
+            else:
+                runs.append([i, i + FRAGMENT_MIN])
+    if not runs:
+        return text
+    out, at = [], 0
+    for start, end in runs:
+        out += [text[at:start], REDACTED]
+        at = end
+    return "".join([*out, text[at:]])
 
 
 def _credentials(text: str) -> str:
@@ -88,18 +171,27 @@ def _credentials(text: str) -> str:
 
 
 def _cut_prefix(text: str, secrets: Sequence[str]) -> str:
-    """Mask a secret's beginning left at the very end of ``text`` (cut by a limit)."""
+    """Mask a secret's beginning left at the very end of ``text`` (cut by a limit or a read),
+    in any case."""
+    folded = _fold(text)
     for secret in secrets:
+        key = _fold(secret)
         for n in range(min(len(secret) - 1, len(text)), _CUT_PREFIX - 1, -1):
-            if text.endswith(secret[:n]):
+            if folded.endswith(key[:n]):
                 return text[:-n] + REDACTED
     return text
 
 
-def mask_response(text: str, secrets: Sequence[str], limit: int | None = None) -> str:
-    """Return what may be kept of a response's ``text``: secrets and credentials masked,
-    then at most ``limit`` characters (a secret the cut splits is masked too)."""
-    masked = _credentials(mask(text, secrets))
+def mask_response(
+    text: str, secrets: Sequence[str], limit: int | None = None, *, cut: bool = False
+) -> str:
+    """Return what may be kept of a response's ``text``: secrets (whole, and a long one's
+    pieces) and credentials masked, then at most ``limit`` characters. A secret's beginning
+    left at a cut is masked too: the limit's, or the caller's read when ``cut`` says the
+    text was already cut at its end."""
+    masked = _credentials(_fragments(mask(text, secrets), secrets))
+    if cut:
+        masked = _cut_prefix(masked, secrets)
     if limit is not None and len(masked) > limit:
         masked = _cut_prefix(masked[:limit], secrets)
     return masked

@@ -11,6 +11,7 @@ case is in test_scaler_fly_api.py and test_scaler_fly_faults.py.)
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -123,6 +124,77 @@ async def test_a_401_that_echoes_the_tokens_leaves_them_nowhere(database_url: st
     for text in (shown, stored, str(by_sql)):
         for secret in (TOKEN, BYPASS, json.dumps(TOKEN)[1:-1], "exec-token-7d1e", "55c0"):
             assert secret not in text, (secret, text)
+
+
+LONG = "exec_" + "a1b2c3d4e5" * 30  # 305 characters: three raw copies outrun the 800-byte read
+LONG_BYPASS = "byp_ZZ9yy8XX7ww6VV5uu4TT3ss2"
+
+
+class OddEchoApi(FakeRuntimeApi):
+    """A 400 echoing the tokens raw three times (the read cuts the third), upper-cased,
+    and in base64, by the request's path."""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await super().handle(request)
+        token = request.headers["Authorization"].split(" ", 1)[1]
+        bypass = request.headers["x-vercel-protection-bypass"]
+        if "/thrice/" in request.path:
+            body = json.dumps({"token": token, "echo": token, "again": token})
+        elif "/upper/" in request.path:
+            body = f"bad bypass {bypass.upper()} and {token.upper()[:60]}"
+        else:
+            body = json.dumps({"debug": base64.b64encode(f"{token}|{bypass}".encode()).decode()})
+        return web.Response(status=400, text=body)
+
+
+async def test_a_token_echoed_thrice_upper_cased_or_in_base64_leaves_no_piece(
+    database_url: str,
+) -> None:
+    """Review D5/D6: the relay keeps the 400's body as the reason; none of it may carry 8
+    characters of either token in any case (the read's cut copy, upper case, base64)."""
+    modes = ("thrice", "upper", "b64")
+    async with OddEchoApi() as endpoint:
+        async with (
+            open_client(database_url, env_of(R)) as client,
+            open_runtime(database_url, app(), R) as runtime,
+        ):
+            run_ids = []
+            for mode in modes:
+                api = {"baseUrl": f"{endpoint.base_url}/{mode}", "executorToken": LONG,
+                       "vercelProtectionBypassToken": LONG_BYPASS}  # fmt: skip
+                run_ids.append((await client.submit("echo", {"m": mode}, runtime_api=api)).run_id)
+            while await work_once(runtime):
+                pass
+        db = await Database.open(PoolOptions(url=database_url, max_size=2, retry_for_s=5))
+        relay = Relay(db, Store(SCHEMA), worker_id="mask-odd", metrics=Metrics(),
+                      wakeup=asyncio.Event(),
+                      config=RelayConfig("/ledger", 4, 2, 5.0, 3600.0))  # fmt: skip
+        task = asyncio.create_task(relay.run())
+        try:
+
+            async def given_up() -> bool:
+                left = await sql(
+                    database_url,
+                    f"select count(*) from {SCHEMA}.ledger where delivery = 'pending'",
+                )
+                return bool(left == 0)
+
+            await eventually(given_up, timeout_s=30, what="every fact given up")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await db.close()
+        async with open_client(database_url, env_of(R)) as client:
+            shown = [json.dumps((await client.status(r)).as_json()) for r in run_ids]
+            stored = await sql(database_url, f"select jsonb_agg(l)::text from {SCHEMA}.ledger l")
+    assert all('"status": 400' in text for text in shown), shown
+    assert '\\"token\\": \\"***' in shown[0], shown[0]  # the reason is kept, masked
+    encoded = base64.b64encode(f"{LONG}|{LONG_BYPASS}".encode()).decode()
+    for text in [*shown, str(stored)]:
+        folded = text.lower()
+        for secret in (LONG, LONG_BYPASS, encoded):
+            for i in range(len(secret) - 7):
+                assert secret[i : i + 8].lower() not in folded, (secret[i : i + 8], text)
 
 
 async def test_a_sandbox_delete_refused_with_the_key_echoed_keeps_none_of_it(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from urllib.parse import quote
 
 from worker.config.dburl import url_secrets
-from worker.masking import mask_response, mask_value, secret_forms
+from worker.masking import mask, mask_response, mask_value, secret_forms
 
 TOKEN = "fm2_lJPECAAAAAAAB/7+xZ9q"
 PASSWORD = "pg-Pass/w0rd#x"
@@ -68,3 +69,65 @@ def test_a_fly_token_of_several_parts_is_masked_part_by_part() -> None:
     token = "FlyV1 fm2_first0part0aaaa,fm2_second0part0bbbb"
     masked = mask_response("saw fm2_second0part0bbbb only", secret_forms(token))
     assert "second0part" not in masked
+
+
+# A long token as an app may send it, and a Fly-like one with base64's own characters.
+LONG = "exec_" + "a1b2c3d4e5" * 30
+FLY = "fm2_revoked0token0f00d/k+Y="
+
+
+def _pieces(secret: str, n: int = 8) -> list[str]:
+    return [secret[i : i + n] for i in range(len(secret) - n + 1)]
+
+
+def test_a_token_echoed_raw_several_times_and_cut_by_the_read_keeps_no_piece() -> None:
+    """D5: three raw copies of a 305-character token, read 800 bytes: masking the whole
+    copies leaves the text under the limit, and the copy the read cut (150 characters of
+    it) must not stay; a short beginning at a read's cut goes when the caller says so."""
+    secrets = secret_forms(LONG)
+    body = json.dumps({"token": LONG, "echo": LONG, "again": LONG})[:800]
+    kept = mask_response(body, secrets, 200)
+    assert kept.startswith('{"token": "***"'), kept
+    for piece in _pieces(LONG):
+        assert piece not in kept, (piece, kept)
+    assert mask_response("ok " + LONG[:6], secrets, 200, cut=True) == "ok ***"
+    assert mask_response("ok " + LONG[:6], secrets, 200) == "ok " + LONG[:6]  # whole text
+
+
+def test_odd_spellings_of_a_token_are_masked() -> None:
+    """D6: upper-cased, base64 (standard and URL-safe, padded or not, of the token and of
+    `Bearer <token>`, and inside a longer encoded string at each alignment), split over a
+    line break, and any piece of 8 characters or more wherever it stands."""
+    bypass = "byp_ZZ9yy8XX7ww6VV5uu4TT3ss2"
+    secrets = secret_forms(FLY, bypass)
+    echoes = [FLY.upper(), FLY.lower(), bypass.upper(), f"auth={FLY[:10]}\n {FLY[10:]}",
+              f"saw ...{FLY[5:14]}... in the middle"]  # fmt: skip
+    for whole in (FLY, f"Bearer {FLY}"):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            encoded = encode(whole.encode()).decode()
+            echoes += [encoded, encoded.rstrip("=")]
+    for lead in ("", "x", "xy", "user|", "Bearer "):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            echoes.append(encode(f"{lead}{FLY}|tail".encode()).decode())
+    for echo in echoes:
+        masked = mask_response(f"unauthorized: {echo}", secrets)
+        assert "***" in masked, (echo, masked)
+        for secret in (FLY, bypass):
+            for piece in _pieces(secret):
+                assert piece.lower() not in masked.lower(), (echo, piece, masked)
+        # No run of the token's encoded characters long enough to decode 6 bytes of it.
+        for lead in range(3):
+            core = base64.b64encode(b"\0" * lead + FLY.encode()).decode()[lead + 1 : -2]
+            for piece in _pieces(core, 10):
+                for spelled in (piece, piece.replace("+", "-").replace("/", "_")):
+                    assert spelled not in masked, (echo, spelled, masked)
+
+
+def test_the_piece_rule_keeps_false_positives_rare() -> None:
+    """Pieces count only for a secret of 16 characters or more, and only from 8 characters
+    on; a shorter secret goes only whole (any case; under 8, as a whole word)."""
+    secrets = secret_forms(LONG)
+    assert mask_response("a1b2c3d", secrets) == "a1b2c3d"  # 7 characters of it: kept
+    short = secret_forms("pass-word-12")  # 12 characters: whole only
+    assert mask_response("pass-word here, PASS-WORD-12 there", short) == "pass-word here, *** there"
+    assert mask("runs_rel_a RUN run_x", ("run",)) == "runs_rel_a *** run_x"

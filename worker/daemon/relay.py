@@ -304,8 +304,10 @@ class Relay:
                 status = response.status
                 after = retry_after_s(response.headers.get("Retry-After"))
                 text = (await response.content.read(_SHOWN_BODY * 4)).decode(errors="replace")
+                # A body read in part may end in a cut secret: its beginning is masked too.
+                cut = not response.content.at_eof()
             secrets = joined(sent_secrets(fact), self._db_secrets)
-            why = {"status": status, "body": mask_response(text, secrets, _SHOWN_BODY)}
+            why = {"status": status, "body": mask_response(text, secrets, _SHOWN_BODY, cut=cut)}
         except Exception as exc:
             if not _unsendable(exc) and not isinstance(
                 exc, aiohttp.ClientError | TimeoutError | OSError
