@@ -73,8 +73,26 @@ def without_ages(report: Any) -> Any:
 
 
 async def report(database_url: str, *daemons: Daemon) -> dict[str, dict[str, Any]]:
-    """Read `lanes --json` and each daemon's /lanes, check that they agree; return by queue."""
-    printed = await lane_worker_json(database_url, "lanes")
+    """Read `lanes --json` and each daemon's /lanes and page, check that they agree; by queue.
+
+    Each is its own read, so a run that moves between them (a sleeper waking on a loaded
+    machine) makes them differ for a moment: they are read again, together, until they
+    agree, and the last disagreement is raised if they never do.
+    """
+    deadline = time.monotonic() + REPORT_FRESH_S + 30
+    while True:
+        printed = await lane_worker_json(database_url, "lanes")
+        try:
+            await _agrees(printed, daemons)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+            continue
+        return {lane["queue"]: lane for lane in printed["lanes"]}
+
+
+async def _agrees(printed: dict[str, Any], daemons: tuple[Daemon, ...]) -> None:
     for daemon in daemons:
         # A daemon serves one shared read for up to REPORT_FRESH_S: a newer one follows.
         deadline = time.monotonic() + REPORT_FRESH_S + 5
@@ -86,7 +104,6 @@ async def report(database_url: str, *daemons: Daemon) -> dict[str, dict[str, Any
         assert without_ages(served) == without_ages(printed), f"/lanes of {daemon.name}"
     if daemons:  # and the lanes page, as headless Chromium renders it
         await asyncio.to_thread(assert_page_matches, daemons[0].health_port, printed["lanes"])
-    return {lane["queue"]: lane for lane in printed["lanes"]}
 
 
 async def served_agrees(daemon: Daemon, queue: str, shown: dict[str, Any]) -> None:
