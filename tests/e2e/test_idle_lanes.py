@@ -26,11 +26,11 @@ ENV = {"LANE_WORKER_LISTEN_POLL_INTERVAL": "1"}
 
 
 async def claims(database_url: str) -> int:
-    """Return how many loop claims (``lane_worker.claim_next``) the database has served."""
+    """Return how many loop claims (``lane_worker.claim_next_v1``) the database has served."""
     value = await sql(
         database_url,
         "select coalesce(sum(calls), 0) from pg_stat_user_functions "
-        "where schemaname = 'lane_worker' and funcname = 'claim_next'",
+        "where schemaname = 'lane_worker' and funcname = 'claim_next_v1'",
     )
     return int(value)
 
@@ -103,7 +103,7 @@ async def test_the_safety_net_finds_a_run_no_notify_announced(database_url: str)
         await attached(d, LANES)
         await execute(
             database_url,
-            f"alter table absurd.r_{queue} disable trigger lane_worker_runnable;"
+            f"alter table absurd.r_{queue} disable trigger lane_worker_runnable_v1;"
             f" update absurd.r_{queue} set available_at = now() where state = 'sleeping'",
         )
         await d.wait_for("run.adopted", queue=queue, timeout_s=30)

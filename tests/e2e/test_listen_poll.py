@@ -4,7 +4,7 @@ Each daemon here polls every 30 s (``LANE_WORKER_POLL_INTERVAL`` and the default
 ``LANE_WORKER_LISTEN_POLL_INTERVAL``), so a run found within 15 s was found by a
 NOTIFY or a due time the loop waited for, never by the poll: a retry its own
 failure scheduled, a sleeper woken by a write straight to the engine's table (the
-trigger ``lane_worker.watch_queue`` installs), and a run whose worker was SIGKILLed
+trigger ``lane_worker.watch_queue_v1`` installs), and a run whose worker was SIGKILLed
 (the claim loop waits for its lease's end).
 """
 

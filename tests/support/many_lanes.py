@@ -111,7 +111,7 @@ async def _retired_lanes(
             json.dumps(WAIT),
         )
         # Its own workers installed the NOTIFY trigger when they booted.
-        await conn.execute("select lane_worker.watch_queue($1)", queue)
+        await conn.execute("select lane_worker.watch_queue_v1($1)", queue)
         # Retired a day ago, registered long before the worker that will face them.
         await conn.execute(
             f"insert into {SCHEMA}.releases (queue, status, release_ids, retired_at, created_at) "

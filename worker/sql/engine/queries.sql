@@ -146,7 +146,7 @@ select s.run_id, s.release_id, t.state, t.completed_payload, r.failure_reason
 
 -- name: queues_unprepared
 -- Of queues $1, those that lack their engine queue, lane-worker's cleanup policy
--- ($2, $3) or the NOTIFY trigger (watch_queue): one read for a whole registry
+-- ($2, $3) or the NOTIFY trigger (watch_queue_v1): one read for a whole registry
 -- refresh, so attaching many loops costs a statement per queue only where one is missing.
 select q.queue
   from unnest($1::text[]) as q(queue)
@@ -155,18 +155,18 @@ select q.queue
                       and x.cleanup_ttl = $2::text::interval and x.cleanup_limit = $3)
     or not exists (select 1 from pg_trigger t
                     where t.tgrelid = to_regclass(format('absurd.%I', 'r_' || q.queue))
-                      and t.tgname = 'lane_worker_runnable');
+                      and t.tgname = 'lane_worker_runnable_v1');
 
 -- name: next_due_many
 -- The claim loops' safety net: for each queue of $1 claimed in mode $5 (null: the
 -- engine's own claim), seconds until its loop's claim hands out a run (as
--- next_due_in / next_due_any; negative: due already), null when none; a queue
+-- next_due_in_v1 / next_due_any_v1; negative: due already), null when none; a queue
 -- that is gone (pruned) is reported absent. The caller keeps $1 to a bounded
 -- batch: every queue read locks its run table and indexes until commit.
 select q.queue,
        x.queue_name is not null as present,
        case when x.queue_name is null then null
-            when q.mode is null then lane_worker.next_due_any(q.queue)
-            else lane_worker.next_due_in(q.queue, $2, $3, q.mode, $4) end as due_in_s
+            when q.mode is null then lane_worker.next_due_any_v1(q.queue)
+            else lane_worker.next_due_in_v1(q.queue, $2, $3, q.mode, $4) end as due_in_s
   from unnest($1::text[], $5::text[]) as q(queue, mode)
   left join absurd.queues x on x.queue_name = q.queue;
