@@ -151,6 +151,7 @@ class Poller:
         self.detach_reason: str | None = None
         # While idle: when the wait ends (monotonic; inf: only a wake-up ends it),
         # and an event that makes the wait read that time again (``hint``).
+        self.claimed = False  # it has sent a claim (a run may be held from it)
         self.idle = False
         self._wake_at = math.inf
         self._rearm = asyncio.Event()
@@ -192,6 +193,7 @@ class Poller:
                 # Cleared before the claim, not after: a NOTIFY that lands while
                 # the claim runs must still cut the idle wait short.
                 self.wakeup.clear()
+                self.claimed = True
                 try:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
