@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import drain
+import lanes
 import wake
 from common import add_common_args, parse_args, percentile, print_table, run_main, session
 
@@ -159,11 +160,24 @@ async def main() -> int:
     parser.add_argument("--poll-interval", type=float, default=1.0, help="wake: daemon's poll")
     parser.add_argument("--idle-window", type=float, default=20.0, help="wake: idle seconds")
     wake.add_attached_window(parser)
+    lanes.add_args(parser)
     args = parse_args(parser, CASES)
     args.profile = None
     args.statements = False
     drains, wakes = await measure(args)
     report(args, drains, wakes)
+    if "lane-worker" in args.only and args.steps:
+        # Its own scratch database: a thousand engine queues must not slow the others.
+        print("\nlanes: a worker facing many engine queues", flush=True)
+        lane_args = argparse.Namespace(**vars(args))
+        lane_args.steps = [int(s) for s in args.steps.split(",")]
+        lane_args.only = ["lane-worker"]
+        steps = await lanes.measure(lane_args)
+        print("\nmany-lanes targets:")
+        print_table(
+            ["measure", "figure", "target", ""],
+            [[m, f, b, "met" if ok else "missed"] for m, f, b, ok in lanes.verdicts(steps)],
+        )
     return 0
 
 

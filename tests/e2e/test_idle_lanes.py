@@ -91,6 +91,13 @@ async def test_idle_continuation_loops_do_not_poll_one_by_one(database_url: str)
         )
         await d.wait_for("run.adopted", queue=queue, timeout_s=30)
 
+        # At stop, only the queues a loop claimed from are searched for leftover claims:
+        # one query per idle lane made the stop outlast its 5 s at 1,000 lanes.
+        d.terminate()
+        assert await d.wait_exit() == 0
+        (checked,) = d.events("worker.leftovers_checked")
+        assert checked["queues"] < LANES, checked
+
 
 @pytest.mark.timeout(180)
 async def test_the_safety_net_finds_a_run_no_notify_announced(database_url: str) -> None:

@@ -38,12 +38,14 @@ log = structlog.get_logger("lane_worker.maintenance")
 _MAINTENANCE_LOCK_KEY = 0x6C77_6D61_696E_7400
 # Open attempts of dead workers closed per pass (a chaos roll leaves a handful).
 ATTEMPT_SWEEP_BATCH = 1000
-# A queue's cleanup locks ~30 relations (5 tables and their indexes) until commit.
-CLEANUP_BATCH = 10
+# A queue's cleanup locks ~34 relations (5 tables and their indexes) until commit: a
+# batch holds ~700 of the ~7,800 slots of PostgreSQL's default lock table
+# (max_locks_per_transaction 64 x its ~120 backends), a pass of 1,000 queues held 34,000.
+CLEANUP_BATCH = 20
 # Cleanup deletes what ended 6 hours ago: every queue once in a few passes is plenty.
 CLEANUP_PER_PASS = 100
-# A lane's reconcile read locks ~10 relations (its task and run tables, the store's runs).
-RECONCILE_GROUP = 25
+# A lane's reconcile read locks ~10 relations (its task and run tables and their indexes).
+RECONCILE_GROUP = 50
 RECONCILE_PER_PASS = 200
 
 

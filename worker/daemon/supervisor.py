@@ -287,8 +287,10 @@ class Supervisor:
 
     async def _give_back_leftovers(self, runtime: Runtime) -> None:
         """Hand back claims that committed while their loop was being cancelled."""
+        queues = sorted(self.loops.polled_queues)
         try:
-            await runtime.give_back_leftovers(sorted(self.loops.polled_queues))
+            given = await runtime.give_back_leftovers(queues)
+            self.log.info("worker.leftovers_checked", queues=len(queues), handed_back=given)
         except Exception as exc:
             self.log.warning("worker.leftover_hand_back_failed", error=repr(exc))
 

@@ -155,6 +155,7 @@ class Poller:
         self.health = ClaimHealth(queue, self.kind, secrets=url_secrets(runtime.db.options.url))
         # While idle: when the wait ends (monotonic; inf: only a wake-up ends it),
         # and an event that makes the wait read that time again (``hint``).
+        self.claimed = False  # it has sent a claim (a run may be held from it)
         self.idle = False
         self._wake_at = math.inf
         self._rearm = asyncio.Event()
@@ -197,6 +198,7 @@ class Poller:
                 # the claim runs must still cut the idle wait short.
                 self.wakeup.clear()
                 self.health.started()
+                self.claimed = True
                 try:
                     batch = await self.runtime.claim(self.queue, slots)
                 except Exception as exc:
