@@ -36,6 +36,9 @@ STARTING, STARTED, STOPPING = "starting", "started", "stopping"
 STOPPED, FAILED = "stopped", "failed"
 RUNNING_STATES = frozenset({STARTING, STARTED})
 
+# The longest a backend that says "rate limited, retry after N s" is left alone.
+MAX_RETRY_AFTER_S = 600.0
+
 
 @dataclass(frozen=True)
 class Machine:
