@@ -146,7 +146,7 @@ class Reconciler:
         # listed (or not yet): it runs that image whatever the listing says of it.
         self._made: dict[str, tuple[str, str]] = {}
         # Machine id: listings in a row that said a machine whose worker beats and that
-        # this scaler never stopped is not running (failed, stopped, stopping).
+        # this scaler never stopped is not running (failed or stopped).
         self._off_listings: dict[str, int] = {}
         self._doubted_now: set[str] = set()  # this release's, this pass: never acted on
         # A backend that refuses to list (401, 404, an outage past its retries) is
@@ -406,7 +406,7 @@ class Reconciler:
         elif seen.target > have and wait_s > 0:
             seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
         else:
-            for _ in range(min(MAX_CREATES_PER_PASS, seen.target - have)):
+            for _ in range(min(MAX_CREATES_PER_PASS, seen.target - have, ceiling - made)):
                 await self._create(seen, d, f"{have} of {seen.target} running {d.image}")
 
     async def _trim(
