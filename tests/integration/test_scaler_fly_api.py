@@ -13,15 +13,17 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
+import anyio
 import pytest
 
 from support.fly import FLY_STATES, FakeFly
-from support.runtime import env_of, open_client
+from support.runtime import env_of, eventually, open_client
 from support.scaler import Clock, worker_on
 from worker.client import LaneClient
 from worker.scaler import reconcile
 from worker.scaler.fly import FlyBackend
 from worker.scaler.reconcile import Reconciler
+from worker.scaler.run import Scaler
 
 TOKEN = "fm2_fake0token0a7c1/x+Q"
 
@@ -179,3 +181,67 @@ async def test_a_machine_stuck_stopping_is_removed_past_its_deadline(
     deletes = [(p, status) for m, p, status in fly.calls if m == "DELETE"]
     assert deletes == [(f"/v1/apps/lw-api/machines/{machine_id}?force=true", 200)], fly.calls
     assert fly.records[machine_id]["state"] == "destroyed"
+
+
+async def test_a_create_answered_500_is_searched_for_while_the_listing_lags(
+    database_url: str, clock: Clock
+) -> None:
+    """An API that does not keep names unique and lists a new machine two listings late; the
+    create makes its machine and answers 500: the listing is searched until it shows it, and
+    the create is not sent again (each try made a twin: three machines for a release of one)."""
+    async with fly_api(database_url, "fly-lag") as (fly, backend, client):
+        await client.releases.deploy("fly-lag", image="img:1", machines=1)
+        fly.unique_names, fly.listing_lag, fly.fail_after_create = False, 2, 3
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+    assert fly.creates() == 1, fly.calls
+
+
+async def test_a_huge_retry_after_ends_the_pass_says_so_and_leaves_the_api_alone(
+    database_url: str, clock: Clock
+) -> None:
+    """A 429 asking to wait a day: the pass ends at once with an error that says the Machines
+    API rate-limits and when the scaler calls it again; the next passes leave it alone (still
+    saying so) until then, at most MAX_RETRY_AFTER_S; then it is listed again."""
+    async with fly_api(database_url, "fly-429") as (fly, backend, client):
+        await client.releases.deploy("fly-429", image="img:1", machines=1)
+        fly.faults = [(429, {"Retry-After": "86400"})]
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        with anyio.fail_after(20):  # the client used to wait the day out within the pass
+            seen = await reconciler.once()
+        calls = len(fly.calls)
+        clock.now += 30
+        meanwhile = await reconciler.once()
+        calls_meanwhile = len(fly.calls) - calls
+        clock.now += 31
+        await reconciler.once()
+    said = seen["fly-429"].error or ""
+    assert "rate limited by the Machines API (Retry-After: 86400 s)" in said, said
+    assert "calls it again at" in said, said
+    assert meanwhile["fly-429"].error == said
+    assert calls_meanwhile == 0, fly.calls
+    assert fly.creates() == 1, fly.calls
+
+
+async def test_the_stop_signal_ends_a_pass_waiting_on_the_api(database_url: str) -> None:
+    """A scaler whose pass waits out a rate limit between its tries stops as soon as it is
+    told to (it used to finish the pass first: with a long Retry-After, never)."""
+    async with fly_api(database_url, "fly-stop") as (fly, backend, client):
+        await client.releases.deploy("fly-stop", image="img:1", machines=1)
+        fly.faults = [(429, {"Retry-After": "10"})] * 50  # waited out, try after try
+        scaler = Scaler(client, backend, health_port=0)
+        done = anyio.Event()
+
+        async def run() -> None:
+            await scaler.run(database_url)
+            done.set()
+
+        async def waiting() -> bool:
+            return any(c[2] == 429 for c in fly.calls)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            await eventually(waiting, what="a pass waiting out a 429")
+            scaler.stop.set()
+            with anyio.fail_after(5):  # well within the 10 s it waits before its next try
+                await done.wait()

@@ -20,7 +20,7 @@ from support.daemon import base_env
 from support.runtime import env_of, eventually, open_client
 from support.scaler import Clock, worker_on
 from worker.scaler import reconcile
-from worker.scaler.backend import STARTED, STOPPED, STOPPING, BackendError, Machine
+from worker.scaler.backend import FAILED, STARTED, STOPPED, STOPPING, BackendError, Machine
 from worker.scaler.process import ProcessBackend
 from worker.scaler.reconcile import DEAD_AFTER_S, Reconciler
 
@@ -39,6 +39,8 @@ class ListedMachines:
         self.listed = 0
         self.twice: set[str] = set()  # machines listed twice (pages that overlap)
         self.hidden = False  # created machines are not listed (their metadata is missing)
+        # Created machines are listed with these fields changed (metadata the API lost).
+        self.made_listed_as: dict[str, object] = {}
 
     def add(self, machine_id: str, release_id: str, *, state: str = STARTED,
             age_s: float = 1000.0, image: str = "img") -> None:  # fmt: skip
@@ -53,6 +55,9 @@ class ListedMachines:
             raise BackendError(self.refusal)
         shown = [m for m in self.machines.values() if not (self.hidden and m.machine_id in
                                                             self.made)]  # fmt: skip
+        if self.made_listed_as:
+            shown = [replace(m, **self.made_listed_as) if m.machine_id in self.made else m  # type: ignore[arg-type]
+                     for m in shown]  # fmt: skip
         return [*shown, *(self.machines[m] for m in self.twice if m in self.machines)]
 
     @property
@@ -370,3 +375,99 @@ async def test_a_machine_stuck_stopping_is_destroyed_once_past_its_deadline(
         clock.now += 10
         await reconciler.once()
     assert backend.calls == [("stop", "m1"), ("destroy", "m1")], backend.calls
+
+
+async def test_one_stale_listing_never_stops_a_machine_whose_worker_beats(
+    database_url: str, clock: Clock
+) -> None:
+    """The only machine of a release, its worker live and ready, listed failed (or stopped)
+    once: believed running (no destroy, no replacement); a second listing in a row that
+    says failed is believed."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-flap")) as client:
+        await client.releases.deploy("rec-flap", image="img", machines=1)
+        backend.add("m1", "rec-flap")
+        await worker_on(client, "rec-flap", "m1", live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for state in (FAILED, STARTED, STOPPED, STARTED, FAILED, STARTED):
+            backend.set("m1", state=state)
+            seen = await reconciler.once()
+            clock.now += 2
+            assert backend.calls == [], (state, backend.calls)
+            assert (seen["rec-flap"].running, seen["rec-flap"].ready) == (1, 1)
+        backend.set("m1", state=FAILED)
+        await reconciler.once()
+        clock.now += 2
+        await reconciler.once()
+    assert backend.calls[0] == ("destroy", "m1"), backend.calls
+
+
+async def test_stopping_listings_nobody_asked_for_never_destroy_a_machine_whose_worker_beats(
+    database_url: str, clock: Clock
+) -> None:
+    """A live, ready machine the scaler never stopped, listed stopping once, then running, then
+    stopping once again past the stop deadline: the stopping clock started over when it was
+    listed running, and it is not destroyed; listed stopping for good while its worker
+    beats, it is not destroyed either, however long."""
+    backend = ListedMachines()
+    async with open_client(database_url, env_of("rec-stf")) as client:
+        await client.releases.deploy("rec-stf", image="img", machines=1)
+        backend.add("m1", "rec-stf")
+        await worker_on(client, "rec-stf", "m1", live=True)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        for state in (STOPPING, STOPPING, STARTED):
+            backend.set("m1", state=state)
+            await reconciler.once()
+            clock.now += 2
+        clock.now += backend.stop_deadline_s + 20
+        for state in (STOPPING, STOPPING, STARTED):
+            backend.set("m1", state=state)
+            await reconciler.once()
+            clock.now += 2
+        # (While it was believed stopping, a replacement was started, then trimmed.)
+        acted_on_m1 = [c for c in backend.calls if c[1] == "m1"]
+        backend.set("m1", state=STOPPING)
+        for _ in range(int(backend.stop_deadline_s // 5) + 5):
+            await worker_on(client, "rec-stf", "m1", live=True)
+            await reconciler.once()
+            clock.now += 5
+    assert acted_on_m1 == [], backend.calls
+    assert [c for c in backend.calls if c[1] == "m1"] == [], backend.calls
+
+
+async def test_a_listing_that_misreports_the_image_of_what_was_created_makes_one_machine(
+    database_url: str, clock: Clock
+) -> None:
+    """Created machines listed on another image (without ``lane_worker_image``, the image as
+    the API resolved it): they count as on the image they were created with, so a release
+    of one gets one machine over a minute of passes, and the pass says the listing is wrong."""
+    backend = ListedMachines()
+    backend.made_listed_as = {"image": "registry.example/img@sha256:0"}
+    async with open_client(database_url, env_of("rec-img")) as client:
+        await client.releases.deploy("rec-img", image="img", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for _ in range(30):
+            seen = await reconciler.once()
+            clock.now += 2
+    assert [c[0] for c in backend.calls] == ["create"], backend.calls
+    assert "on another image" in (seen["rec-img"].error or ""), seen["rec-img"]
+    assert seen["rec-img"].outdated == 0
+
+
+async def test_machines_listed_as_another_release_s_bound_the_creates(
+    database_url: str, clock: Clock
+) -> None:
+    """Created machines listed under another release (metadata the API got wrong): the release
+    of one never gets more than its count plus MADE_SURPLUS running, and the pass says so."""
+    backend = ListedMachines()
+    backend.made_listed_as = {"release_id": "rec-elsewhere"}
+    async with open_client(database_url, env_of("rec-bnd")) as client:
+        await client.releases.deploy("rec-bnd", image="img", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for _ in range(30):
+            seen = await reconciler.once()
+            clock.now += 2
+    creates = [c for c in backend.calls if c[0] == "create"]
+    assert len(creates) == 3, backend.calls  # its count, 1, plus MADE_SURPLUS, 2
+    assert "no machine is created" in (seen["rec-bnd"].error or ""), seen["rec-bnd"]

@@ -14,8 +14,10 @@ every machine twice; ``page_size`` answers the listing in pages (with a
 ``next_cursor``) that overlap by one machine; ``without_metadata`` lists
 machines without their metadata; ``echo_auth`` makes a 401 echo the request's
 ``Authorization`` header in its body (as JSON and as header text);
-``stuck_stopping`` machines stay ``stopping`` after a stop. A machine name is
-unique per app (a second create with a taken name answers 409). ``foreign``
+``stuck_stopping`` machines stay ``stopping`` after a stop; ``listing_lag``
+leaves a new machine out of that many listings after its create. A machine name
+is unique per app (a second create with a taken name answers 409) unless
+``unique_names`` is False. ``foreign``
 machines (created by someone else, without the scaler's metadata) are listed
 and must never be stopped or destroyed.
 """
@@ -66,6 +68,9 @@ class FakeFly(LocalServer):
         self.touched_foreign: list[str] = []
         self.bodies: list[Any] = []
         self.answers: list[str] = []  # every body the fake answered, as text
+        self.unique_names = True  # False: a name already taken makes another machine
+        self.listing_lag = 0  # a new machine is left out of this many listings after its create
+        self._lagging: dict[str, int] = {}
 
     @property
     def api_url(self) -> str:
@@ -133,6 +138,10 @@ class FakeFly(LocalServer):
                       for m in listed]  # fmt: skip
         if self.duplicate_listing:
             listed = [m for m in listed for _ in range(2)]
+        if self._lagging:
+            late = {i for i, left in self._lagging.items() if left > 0}
+            self._lagging = {i: left - 1 for i, left in self._lagging.items() if left > 1}
+            listed = [m for m in listed if m["id"] not in late]
         return [*listed, *self.foreign.values()]
 
     def _page(self, listed: list[dict[str, Any]], cursor: str | None) -> Any:
@@ -149,7 +158,7 @@ class FakeFly(LocalServer):
     async def _create(self, body: dict[str, Any]) -> tuple[int, Any]:
         self.bodies.append(body)
         name = body.get("name")
-        if name and name in self.names:
+        if name and self.unique_names and name in self.names:
             return 409, {"error": f"a machine named {name} already exists"}
         config = body["config"]
         release = config["metadata"][RELEASE_METADATA]
@@ -164,6 +173,8 @@ class FakeFly(LocalServer):
             self.records[machine_id] = shown
         shown["name"] = name or machine_id
         self.metadata[machine_id] = dict(config["metadata"])
+        if self.listing_lag:
+            self._lagging[machine_id] = self.listing_lag
         if name:
             self.names[name] = machine_id
         if self.fail_after_create > 0:

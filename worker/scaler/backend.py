@@ -36,6 +36,11 @@ STARTING, STARTED, STOPPING = "starting", "started", "stopping"
 STOPPED, FAILED = "stopped", "failed"
 RUNNING_STATES = frozenset({STARTING, STARTED})
 
+# The longest a backend that says "rate limited, retry after N s" is left alone: as
+# long as the longest backoff after a refusal (a header asking for a day must not
+# leave releases without machines for a day; one listing a minute does not hurt).
+MAX_RETRY_AFTER_S = 60.0
+
 
 @dataclass(frozen=True)
 class Machine:

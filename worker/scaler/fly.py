@@ -8,12 +8,17 @@ in its env, the ``lane_worker_release`` metadata, an HTTP check on ``/readyz``,
 ``stop_config`` with SIGTERM and a timeout above the worker's longest stop, and
 no restart policy (the scaler replaces a machine that died). Secrets such as the
 database URL reach machines as the app's own secrets (``fly secrets``).
-Calls are retried with tenacity on 429 (honouring ``Retry-After``), 5xx and
-timeouts; a 401, 403 or 404 is one clear error (the pass records it and the
-next pass tries again), never a crash. What is kept of an answer is masked
-(``worker.masking``): a refusal may echo the token. A create is idempotent: it
-carries a name and a key of its own, and before it is sent again (after a 5xx,
-a timeout, or a name already taken) the listing is searched for it. A listing
+Calls are retried with tenacity on 429 (honouring ``Retry-After`` up to
+``MAX_RETRY_WAIT_S``), 5xx and timeouts; a 429 asking for a longer wait is
+``RateLimited`` at once (the scaler leaves the API alone that long, at most
+``MAX_RETRY_AFTER_S``, and its passes go on saying so); a 401, 403 or 404 is
+one clear error (the pass records it and the next pass tries again), never a
+crash. What is kept of an answer is masked (``worker.masking``): a refusal may
+echo the token. A create is idempotent: it carries a name and a key of its own,
+and before it is sent again (after a 5xx, a timeout, or a name already taken)
+the listing is searched for it for ``_CREATE_FIND_S`` (a new machine may be
+listed seconds late, and an API that does not keep names unique would make a
+twin). A listing
 is read page by page when the API answers with a cursor, and a machine it names
 twice is one machine.
 """
@@ -24,7 +29,7 @@ import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -45,6 +50,7 @@ from worker.scaler.backend import (
     CREATE_METADATA,
     FAILED,
     IMAGE_METADATA,
+    MAX_RETRY_AFTER_S,
     RELEASE_METADATA,
     STARTED,
     STARTING,
@@ -72,6 +78,12 @@ _GONE = frozenset({"destroying", "destroyed"})
 _SHOWN_BODY = 200  # characters of a refusal's body kept in the error
 _CREATE_TRIES = 5
 _MAX_PAGES = 1000  # a cursor that never ends is an API fault, not a listing
+# The longest Retry-After a call waits out between its tries; a longer one ends the
+# call (RateLimited) so that no pass, and no stop of the scaler, waits on it.
+MAX_RETRY_WAIT_S = 10.0
+# After a create that got no answer, the listing is searched for its machine this
+# long before the create is sent again (a machine is listed a few seconds late).
+_CREATE_FIND_S = 12.0
 
 
 class _Retryable(Exception):
@@ -90,6 +102,14 @@ class Refused(BackendError):
 
 class Unanswered(BackendError):
     """No answer the API meant (5xx, 429, a timeout) after every try."""
+
+
+class RateLimited(Unanswered):
+    """A 429 whose ``Retry-After`` is above ``MAX_RETRY_WAIT_S``: not waited out here."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class FlyBackend:
@@ -153,6 +173,15 @@ class FlyBackend:
                     if response.status == 429 or response.status >= 500:
                         after = response.headers.get("Retry-After")
                         wait_s = float(after) if after and after.isdigit() else None
+                        if wait_s is not None and wait_s > MAX_RETRY_WAIT_S:
+                            left_s = min(wait_s, MAX_RETRY_AFTER_S)
+                            at = datetime.now(UTC) + timedelta(seconds=left_s)
+                            raise RateLimited(
+                                f"Fly Machines API {method} {path}: HTTP {response.status}, rate "
+                                f"limited by the Machines API (Retry-After: {wait_s:g} s); the "
+                                f"scaler calls it again at {at:%Y-%m-%d %H:%M:%S} UTC",
+                                left_s,
+                            )
                         raise _Retryable(f"HTTP {response.status}", wait_s)
                     if response.status >= 400:
                         said = mask_response(text.strip(), self.secrets, _SHOWN_BODY)
@@ -243,11 +272,13 @@ class FlyBackend:
         if self.region:
             body["region"] = self.region
         last = ""
-        for tried in range(_CREATE_TRIES):
-            if tried:
-                await anyio.sleep(min(8.0, 0.5 * 2**tried))
+        # No pause between tries: each follows a search of the listing that lasts
+        # _CREATE_FIND_S when it finds nothing.
+        for _ in range(_CREATE_TRIES):
             try:
                 made = await self._call("POST", "/machines", body, tries=1)
+            except RateLimited:
+                raise
             except Unanswered as exc:
                 last = str(exc)
             except Refused as exc:
@@ -262,11 +293,23 @@ class FlyBackend:
                 return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
                                state=_STATES.get(str(made.get("state")), STARTING),
                                age_s=0.0)  # fmt: skip
-            found = await self._made_by(key)
+            found = await self._find_made(key)
             if found is not None:
                 return found
         raise BackendError(f"{last}; no machine of this create is listed (gave up after "
                            f"{_CREATE_TRIES} tries)")  # fmt: skip
+
+    async def _find_made(self, key: str) -> Machine | None:
+        """The machine a create with ``key`` made, searched for ``_CREATE_FIND_S`` (a
+        listing may show a new machine seconds late: sending the create again at once
+        would make a twin where the API does not keep names unique)."""
+        with anyio.move_on_after(_CREATE_FIND_S):
+            while True:
+                found = await self._made_by(key)
+                if found is not None:
+                    return found
+                await anyio.sleep(2.0)
+        return None
 
     async def _made_by(self, key: str) -> Machine | None:
         """The machine a create with ``key`` made, if the listing shows it."""

@@ -34,14 +34,23 @@ not make every machine look dead the moment it ends) and which stops were sent
   lists it; one still unlisted after ``UNLISTED_AFTER_S`` means the listing is
   wrong (a machine without its metadata): said loudly, and that release gets no
   new machine until the listing shows it. At most ``MAX_CREATES_PER_PASS`` are
-  created per release and pass.
+  created per release and pass, and none while the machines this scaler made for
+  the release's image that run (wherever the listing puts them) reach its count
+  plus ``MADE_SURPLUS``; one it made that is listed on another image is on the
+  image it was made with (said loudly);
+- a machine whose worker beats and that nobody was known to stop, listed failed or
+  stopped, is counted running and left alone until a second listing in a row says
+  so; it is never destroyed as stuck stopping while its worker beats, and its
+  stopping clock starts over when it is listed running;
+- a backend that is rate limited for longer than its client waits is left alone
+  until then (``MAX_RETRY_AFTER_S`` at most), each pass saying so.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -50,7 +59,15 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.report import LaneView, read_report
-from worker.scaler.backend import STOPPING, Backend, BackendError, Machine, one_per_id
+from worker.scaler.backend import (
+    MAX_RETRY_AFTER_S,
+    STARTED,
+    STOPPING,
+    Backend,
+    BackendError,
+    Machine,
+    one_per_id,
+)
 
 # A machine whose worker has not been live this long, as this scaler watched it
 # (and at least this long after it was created), is dead: a boot takes seconds.
@@ -65,6 +82,11 @@ MAX_CREATES_PER_PASS = 3  # per release: a wrong count or listing costs a few ma
 # A machine this scaler created that the backend has not listed for this long: the
 # listing is wrong (Fly lists a new machine within a pass or two).
 UNLISTED_AFTER_S = 30.0
+# Machines this scaler made for a release's image and that still run (whatever the
+# listing says of their image), above which it creates no more for that release:
+# the release's count plus this. A listing that misreports what it made cannot
+# make it create without end.
+MADE_SURPLUS = 2
 
 log = structlog.get_logger("lane_worker.scaler")
 
@@ -120,6 +142,13 @@ class Reconciler:
         # Machine id: (release, image, when) of a create this scaler made that the
         # backend has not listed yet; kept until it does (see UNLISTED_AFTER_S).
         self._created: dict[str, tuple[str, str, float]] = {}
+        # Machine id: (release, image) of every machine this scaler made, while it is
+        # listed (or not yet): it runs that image whatever the listing says of it.
+        self._made: dict[str, tuple[str, str]] = {}
+        # Machine id: listings in a row that said a machine whose worker beats and that
+        # this scaler never stopped is not running (failed or stopped).
+        self._off_listings: dict[str, int] = {}
+        self._doubted_now: set[str] = set()  # this release's, this pass: never acted on
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
         self._backend_failures = 0
@@ -131,8 +160,10 @@ class Reconciler:
         self._not_live_since.clear()
         self._stop_sent.clear()
         self._stopping_seen.clear()
+        self._off_listings.clear()
         # Another scaler may have listed and removed them meanwhile: not this one's word.
         self._created.clear()
+        self._made.clear()
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
@@ -144,7 +175,8 @@ class Reconciler:
             machines = await self.backend.list()
         except BackendError as exc:
             self._backend_failures += 1
-            wait_s = min(MAX_BACKEND_BACKOFF_S, 2.0**self._backend_failures)
+            wait_s = max(min(MAX_BACKEND_BACKOFF_S, 2.0**self._backend_failures),
+                         _retry_after_s(exc))  # fmt: skip
             self._backend_retry_at = time.monotonic() + wait_s
             self._backend_error = str(exc)
             log.error("scaler.backend_failed", error=str(exc), retry_in_s=wait_s)
@@ -152,18 +184,31 @@ class Reconciler:
         self._backend_failures, self._backend_retry_at = 0, 0.0
         machines = one_per_id(machines)
         listed = {m.machine_id for m in machines}
-        for memory in (self._not_live_since, self._stop_sent, self._stopping_seen):
+        for memory in (self._not_live_since, self._stop_sent, self._stopping_seen,
+                       self._off_listings):  # fmt: skip
             for gone in set(memory) - listed:
                 del memory[gone]
         for found in listed & set(self._created):
             del self._created[found]
+        for gone in set(self._made) - listed - set(self._created):
+            del self._made[gone]
+        # What this scaler made that runs, per release and image, wherever the listing
+        # puts it (another release's metadata, another image): bounds its creates.
+        made_running: dict[tuple[str, str], int] = {}
+        for m in machines:
+            if m.running and m.machine_id in self._made:
+                key = self._made[m.machine_id]
+                made_running[key] = made_running.get(key, 0) + 1
         by_release: dict[str, list[Machine]] = {}
         for m in machines:
             by_release.setdefault(m.release_id, []).append(m)
         seen: dict[str, ReleaseSeen] = {}
         for d in deployments:
             view = views.get(d.queue)
-            seen[d.release_id] = await self._release(d, by_release.pop(d.release_id, []), view)
+            made = made_running.get((d.release_id, d.image), 0)
+            seen[d.release_id] = await self._release(
+                d, by_release.pop(d.release_id, []), view, made
+            )
         # Machines carrying the mark of a release the registry does not have: left
         # alone (their lane may still hold work), and shown.
         for release_id, orphans in by_release.items():
@@ -192,8 +237,8 @@ class Reconciler:
         since = self._not_live_since.setdefault(m.machine_id, time.monotonic())
         return m.age_s > DEAD_AFTER_S and time.monotonic() - since > DEAD_AFTER_S
 
-    async def _release(self, d: Deployment, mine: list[Machine], view: LaneView | None
-                       ) -> ReleaseSeen:  # fmt: skip
+    async def _release(self, d: Deployment, mine: list[Machine], view: LaneView | None,
+                       made_running: int) -> ReleaseSeen:  # fmt: skip
         # A retired lane the report no longer shows (pruned) holds nothing either.
         drained = d.role == "retired" and (view is None or view.status == "drained")
         seen = ReleaseSeen(desired=d.desired, image=d.image,
@@ -203,12 +248,28 @@ class Reconciler:
         release_id = d.release_id
         try:
             alive: list[Machine] = []
+            self._doubted_now.clear()
+            misreported: list[str] = []
             for m in mine:
+                made = self._made.get(m.machine_id)
+                if made == (release_id, d.image) and m.image != d.image:
+                    # It runs the image this scaler created it with, whatever the
+                    # listing says (a listing without lane_worker_image shows
+                    # config.image as the API resolved it).
+                    misreported.append(m.machine_id)
+                    m = replace(m, image=d.image)
+                if self._doubted(m, live):
+                    # Counted as running (and ready), never acted on this pass.
+                    alive.append(replace(m, state=STARTED))
+                    continue
                 if self._stopping(m):
                     seen.stopping += 1
                     seen.outdated += m.image != d.image
                     deadline_s = self.backend.stop_deadline_s
-                    if self._stopping_for(m) > deadline_s:
+                    if self._stopping_for(m) > deadline_s and self._unasked_live(m, live):
+                        log.warning("scaler.stopping_with_live_worker", release_id=release_id,
+                                    machine=m.machine_id)  # fmt: skip
+                    elif self._stopping_for(m) > deadline_s:
                         why = f"still stopping {deadline_s:g} s after its stop"
                         await self._act(seen, release_id, "destroyed", m, why)
                     continue
@@ -237,6 +298,14 @@ class Reconciler:
             # deployed again with a new one): replaced, new ones first.
             fresh = [m for m in alive if m.image == d.image]
             outdated = [m for m in alive if m.image != d.image]
+            if misreported:
+                seen.error = (
+                    f"the backend lists machine(s) {', '.join(sorted(misreported))} this scaler "
+                    f"created with {d.image} on another image (listed without its "
+                    "lane_worker_image metadata?): counted as on the image they were created with"
+                )
+                log.error("scaler.image_misreported", release_id=release_id,
+                          machines=sorted(misreported), image=d.image)  # fmt: skip
             seen.running = len(alive)
             seen.outdated += len(outdated)
             seen.ready = sum(1 for m in fresh if m.machine_id in ready)
@@ -248,17 +317,20 @@ class Reconciler:
             if drained:
                 seen.target = 0
                 for m in alive:
-                    await self._act(seen, release_id, "stopped", m, "its lane is drained")
+                    if m.machine_id not in self._doubted_now:
+                        await self._act(seen, release_id, "stopped", m, "its lane is drained")
                 return seen
             # A retired lane with work only its release may run and no live worker
             # gets one machine even if the release was deployed with none.
             stranded = d.role == "retired" and view is not None and view.stranded
             seen.target = max(d.desired, 1) if stranded else d.desired
-            await self._start_missing(seen, d, len(fresh))
+            await self._start_missing(seen, d, len(fresh), made_running)
             # An outdated machine stops only once the new image has the release's
             # count ready: a new image that cannot boot leaves the old ones serving.
             if outdated and seen.ready >= d.desired:
                 for m in outdated:
+                    if m.machine_id in self._doubted_now:
+                        continue
                     await self._act(seen, release_id, "stopped", m,
                                     f"its image {m.image} was replaced by {d.image}")  # fmt: skip
             # A draining release keeps one machine while its lane holds work, even one
@@ -269,21 +341,62 @@ class Reconciler:
         except BackendError as exc:
             seen.error = str(exc)
             log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
+            after_s = _retry_after_s(exc)
+            if after_s:  # rate limited: the next passes leave the backend alone meanwhile
+                self._backend_retry_at = max(self._backend_retry_at, time.monotonic() + after_s)
+                self._backend_error = str(exc)
         return seen
 
-    async def _start_missing(self, seen: ReleaseSeen, d: Deployment, listed: int) -> None:
+    def _unasked_live(self, m: Machine, live: set[str]) -> bool:
+        """Whether ``m``'s worker beats and no stop of it is known (this scaler's or the
+        backend's word): a listing that says otherwise is doubted."""
+        return (m.machine_id in live and m.machine_id not in self._stop_sent
+                and m.stopping_s is None)  # fmt: skip
+
+    def _doubted(self, m: Machine, live: set[str]) -> bool:
+        """Whether this listing of ``m`` is doubted: its worker beats, nobody was known to
+        stop it, and it is listed failed or stopped for the first time in a row (a stale
+        listing must not cut a step mid-run; the next listing decides)."""
+        if m.running:  # listed running again: its stopping clock starts over
+            self._stopping_seen.pop(m.machine_id, None)
+        if m.running or m.state == STOPPING or not self._unasked_live(m, live):
+            self._off_listings.pop(m.machine_id, None)
+            return False
+        listings = self._off_listings[m.machine_id] = self._off_listings.get(m.machine_id, 0) + 1
+        if listings >= 2:
+            return False
+        log.warning("scaler.listing_doubted", machine=m.machine_id, state=m.state,
+                    detail="its worker beats: believed running until the next listing")  # fmt: skip
+        self._doubted_now.add(m.machine_id)
+        return True
+
+    async def _start_missing(
+        self, seen: ReleaseSeen, d: Deployment, listed: int, made_running: int
+    ) -> None:
         """Create what the release lacks: a few per pass, none while the listing is wrong.
 
         A machine created but not listed yet counts as the release's (so a listing
-        that never shows it cannot make the scaler create without end).
+        that never shows it cannot make the scaler create without end), and no more
+        are created while the machines this scaler made for the release's image that
+        still run reach its count plus ``MADE_SURPLUS``, whatever the listing says.
         """
         now = time.monotonic()
         mine = [(i, image, at) for i, (r, image, at) in self._created.items() if r == d.release_id]
         have = listed + sum(1 for _, image, _ in mine if image == d.image)
+        made = made_running + sum(1 for _, image, _ in mine if image == d.image)
         unlisted = sorted(i for i, _, at in mine if now - at > UNLISTED_AFTER_S)
         seen.unlisted = len(unlisted)
         wait_s = self._not_before.get((d.release_id, d.image), 0.0) - now
-        if unlisted:
+        ceiling = seen.target + MADE_SURPLUS
+        if seen.target > have and made >= ceiling:
+            seen.error = (
+                f"this scaler made {made} machines of this release on {d.image} that still run, "
+                f"yet the backend lists {listed} of {seen.target} on it: no machine is created "
+                f"for this release above {ceiling} (is the listing wrong?)"
+            )
+            log.error("scaler.create_bound", release_id=d.release_id, made=made,
+                      listed=listed, target=seen.target)  # fmt: skip
+        elif unlisted:
             seen.error = (
                 f"the backend does not list machine(s) {', '.join(unlisted)} this scaler created "
                 f"over {UNLISTED_AFTER_S:g} s ago (listed without the scaler's metadata?): no "
@@ -293,7 +406,7 @@ class Reconciler:
         elif seen.target > have and wait_s > 0:
             seen.actions.append(f"waiting {wait_s:.0f} s before starting another machine")
         else:
-            for _ in range(min(MAX_CREATES_PER_PASS, seen.target - have)):
+            for _ in range(min(MAX_CREATES_PER_PASS, seen.target - have, ceiling - made)):
                 await self._create(seen, d, f"{have} of {seen.target} running {d.image}")
 
     async def _trim(
@@ -303,6 +416,7 @@ class Reconciler:
         live_left = len({m.machine_id for m in fresh} & live)  # machines, not listings
         # Machines without a live worker first.
         surplus = sorted(fresh, key=lambda m: (m.machine_id in live, -m.age_s))
+        surplus = [m for m in surplus if m.machine_id not in self._doubted_now]
         for m in surplus[: len(fresh) - keep]:
             if m.machine_id in live:
                 if live_left <= keep:
@@ -322,6 +436,7 @@ class Reconciler:
         await self.guard()
         made = await self.backend.create(d.release_id, d.image)
         self._created[made.machine_id] = (d.release_id, d.image, time.monotonic())
+        self._made[made.machine_id] = (d.release_id, d.image)
         seen.actions.append(f"created {made.machine_id}")
         detail = {"machine": made.machine_id, "image": d.image, "reason": reason}
         await self._record(d.release_id, "machine_created", detail)
@@ -375,3 +490,9 @@ class Reconciler:
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)
+
+
+def _retry_after_s(exc: BaseException) -> float:
+    """How long a backend that rate-limits asked to be left alone (capped), else 0."""
+    after = getattr(exc, "retry_after_s", None)
+    return min(MAX_RETRY_AFTER_S, float(after)) if isinstance(after, (int, float)) else 0.0

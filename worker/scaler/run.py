@@ -11,7 +11,8 @@ Each pass is stateless (``reconcile.py``), writes what it saw to the
 store (``scaler_state``: ``releases`` and ``releases deploy --wait`` read it)
 and is exposed on the health port: ``/healthz``, ``/readyz`` (ready while it is
 the active scaler and its last pass succeeded), ``/metrics``. SIGTERM stops it;
-the machines keep running.
+the machines keep running, and a pass in progress (a backend call waiting
+to retry) ends at once.
 """
 
 from __future__ import annotations
@@ -217,9 +218,15 @@ class Scaler:
                 lost.append(exc)
             tg.cancel_scope.cancel()
 
+        async def until_stopped(tg: anyio.abc.TaskGroup) -> None:
+            # The stop signal ends a pass wherever it waits (a backend's retries).
+            await self.stop.wait()
+            tg.cancel_scope.cancel()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_lost, lease.keep, tg)
             tg.start_soon(until_lost, lambda: self._passes(lease), tg)
+            tg.start_soon(until_stopped, tg)
         if lost:
             raise lost[0]  # out of the task group: the caller stands by
 
