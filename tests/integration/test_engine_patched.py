@@ -12,7 +12,7 @@ import pytest
 
 from support import typescript as ts
 from support.cli import operator_env, run_cli
-from support.runtime import open_client
+from support.runtime import connect, open_client
 from worker.errors import EngineSchemaError
 
 OLD = "0.5.0"
@@ -64,3 +64,44 @@ async def test_a_patched_current_engine_is_left_as_it_is_and_named(database_url:
     assert result.returncode == 0, result.stderr
     assert '"engine": "current (absurd.claim_task differ from Absurd 0.5.1' in result.stdout
     assert await ts.engine_state(database_url) == (TARGET, True)
+
+
+async def test_a_changed_function_absurdctl_cannot_compare_is_not_replaced_silently(
+    database_url: str,
+) -> None:
+    """At 0.3.0 absurdctl knows only later bodies of drop_queue: a changed one refuses too."""
+    conn = await connect(database_url)
+    try:
+        await conn.execute(
+            "create or replace function absurd.get_schema_version() returns text"
+            " language sql as $$ select '0.3.0' $$"
+        )
+        definition: str = await conn.fetchval(
+            "select pg_get_functiondef(p.oid) from pg_proc p join pg_namespace n"
+            " on n.oid = p.pronamespace where n.nspname = 'absurd' and p.proname = 'drop_queue'"
+        )
+        await conn.execute(definition.replace("begin", "begin\n  perform 1; -- TS patch", 1))
+    finally:
+        await conn.close()
+    result = run_cli(operator_env(database_url), "migrate")
+    assert result.returncode == 78, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "absurd.drop_queue, which lane-worker cannot compare with Absurd 0.3.0's own" in line
+    assert "--replace-engine-functions" in line
+    assert await _drop_queue_patched(database_url)
+    result = run_cli(operator_env(database_url), "migrate", "--replace-engine-functions")
+    assert result.returncode == 0, result.stderr
+    assert "replaced absurd.drop_queue, as asked" in result.stdout
+    assert not await _drop_queue_patched(database_url)
+
+
+async def _drop_queue_patched(database_url: str) -> bool:
+    conn = await connect(database_url)
+    try:
+        body: str = await conn.fetchval(
+            "select p.prosrc from pg_proc p join pg_namespace n on n.oid = p.pronamespace"
+            " where n.nspname = 'absurd' and p.proname = 'drop_queue'"
+        )
+        return "TS patch" in body
+    finally:
+        await conn.close()

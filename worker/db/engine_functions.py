@@ -105,18 +105,42 @@ async def check_upgrade(
     replaced = frozenset(n for step in steps for n in bodies_in(step["sql"])) - {_VERSION_FN}
     target = set(await differing(conn, absurdctl.ABSURD_SCHEMA_TARGET_VERSION, replaced))
     foreign = [n for n in await differing(conn, version, replaced) if n in target]
-    if foreign and not replace:
-        names = ", ".join(f"absurd.{n}" for n in foreign)
+    # Absurd's own body at `version` is unknown for a function only a later migration
+    # touched (the bundle holds the newest body, the migrations only what they change):
+    # one that is not already the target's cannot be shown to be stock, so it is not
+    # replaced silently either (a review, 2026-12-07, saw a patched drop_queue of a
+    # 0.3.0 engine replaced without a word).
+    unverified = sorted((target & replaced) - set(stock_bodies(version)))
+    if (foreign or unverified) and not replace:
         raise EngineSchemaError(
-            f"the Absurd engine schema {version} in this database has {names} differing from "
-            f"Absurd {version}'s own (another system, such as the TypeScript app's vendored "
-            f"Absurd, patched it), and upgrading it to {absurdctl.ABSURD_SCHEMA_TARGET_VERSION} "
-            f"would replace it: upgrade the engine with that system's own migration, or run "
-            f"`lane-worker migrate {REPLACE_FLAG}` to replace it anyway.",
+            f"the Absurd engine schema {version} in this database has "
+            f"{_what_differs(version, foreign, unverified)}, and upgrading it to "
+            f"{absurdctl.ABSURD_SCHEMA_TARGET_VERSION} would replace "
+            f"{'it' if len(foreign) + len(unverified) == 1 else 'them'}: upgrade the engine "
+            f"with the system's own migration that installed it, or run "
+            f"`lane-worker migrate {REPLACE_FLAG}` to replace "
+            f"{'it' if len(foreign) + len(unverified) == 1 else 'them'} anyway.",
             found=version,
             expected=absurdctl.ABSURD_SCHEMA_TARGET_VERSION,
         )
-    return foreign
+    return sorted([*foreign, *unverified])
+
+
+def _what_differs(version: str, foreign: list[str], unverified: list[str]) -> str:
+    parts = []
+    if foreign:
+        names = ", ".join(f"absurd.{n}" for n in foreign)
+        parts.append(
+            f"{names} differing from Absurd {version}'s own (another system, such as the "
+            "TypeScript app's vendored Absurd, patched it)"
+        )
+    if unverified:
+        names = ", ".join(f"absurd.{n}" for n in unverified)
+        parts.append(
+            f"{names}, which lane-worker cannot compare with Absurd {version}'s own (absurdctl "
+            "ships only later bodies of it), not as the upgrade would leave it"
+        )
+    return " and ".join(parts)
 
 
 async def refuse_partial_engine(conn: Connection) -> None:
