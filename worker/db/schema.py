@@ -172,23 +172,27 @@ def created_by(migration: Migration) -> frozenset[tuple[str, str]]:
 
 
 async def conflicts(conn: Connection, schema: str) -> list[str]:
-    """Name the objects in ``schema`` that this build's pending migrations would collide with.
+    """Name the objects in ``schema`` that this build's migrations would collide with.
 
-    An object a pending migration creates (a table, index, view, sequence or
-    function), which no applied migration created, and which exists already,
-    belongs to someone else: creating it would fail (a table) or silently replace
-    it (a function). So does a ``schema_migrations`` table that is not the store's.
+    In a schema lane-worker's store does not hold yet, an object a migration creates
+    (a table, index, view, sequence or function) that exists already belongs to
+    someone else: creating it would fail (a table) or silently replace it (a
+    function). So does a ``schema_migrations`` table that is not the store's.
     """
     ledger = await conn.fetch(_sql("ledger_columns", schema), schema, _LEDGER_TABLE)
     columns = {r["column_name"] for r in ledger}
     if columns and not columns >= _LEDGER_COLUMNS:
         return [_LEDGER_TABLE]
     applied = await _applied(conn, schema) if columns else {}
-    ours: set[tuple[str, str]] = set()
-    pending: set[tuple[str, str]] = set()
+    if applied:
+        # A store lane-worker already migrated: what its objects are is the history's
+        # word, not this build's files (an early build's 0008 created run_status, which
+        # 0009 creates now), and another system's same-named object would have met
+        # that first migrate. Older builds beside this one migrate here (issue 29).
+        return []
+    wanted: set[tuple[str, str]] = set()
     for migration in known_migrations():
-        (ours if migration.version in applied else pending).update(created_by(migration))
-    wanted = pending - ours
+        wanted.update(created_by(migration))
     rows = await conn.fetch(
         _sql("existing_objects", schema),
         schema,
