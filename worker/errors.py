@@ -111,6 +111,14 @@ class FatalRunError(LaneWorkerError):
     """The run cannot make progress on this build: it fails for good, with no retry."""
 
 
+class PlayValueError(FatalRunError, ValueError):
+    """A play handed the play API a value that can never be right (a sleep of NaN seconds).
+
+    Fails the run for good at once: a retry replays the same checkpoints and computes
+    the same value. Still a ``ValueError``, which a play may catch as before.
+    """
+
+
 class UnknownPlayError(FatalRunError):
     """The run names a play this app does not register."""
 

@@ -1,16 +1,21 @@
 """What a play hands the engine and what it is handed back, at their limits, on real Postgres.
 
 Durations past the engine's int32 seconds park (clamped to about 68 years)
-instead of failing every attempt (issue 34 item 6); a duration that is no number
-fails the attempt at the call, saying so. A reused ``run_detached`` name is the
-next call, as a reused step name is the next step (issue 29 §4). A payload the
-engine hands back that a run could not keep fails that run for good.
+instead of failing every attempt (issue 34 item 6), an int past a double's range
+and a runner's inf timeout too; a duration that can never be right (no number, or
+a runner timeout of 0 or less) fails the run for good at the call, saying so
+(review D8). A reused ``run_detached`` name is the next call, as a reused step
+name is the next step (issue 29 §4). A payload the engine hands back that a run
+could not keep fails that run for good.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
+
+import pytest
 
 from support.runtime import (
     SCHEMA,
@@ -42,6 +47,18 @@ def values_app(launched: list[DetachedRunner]) -> App:
     @app.play("sleep-nan")
     async def sleep_nan(ctx: TaskContext, params: Any) -> None:
         await ctx.sleep("nap", float("nan"))
+
+    @app.play("extreme")
+    async def extreme(ctx: TaskContext, params: Any) -> Any:
+        # JSON has no NaN, inf or 400-digit int that stays one: the play makes them.
+        value = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 10**400,
+                 "-huge": -(10**400), "zero": 0, "text": "5"}[params["value"]]  # fmt: skip
+        if params["call"] == "sleep":
+            await ctx.sleep("nap", value)
+            return None
+        if params["call"] == "wait":
+            return await ctx.wait_for_event("gate", "go", timeout=value)
+        return await ctx.run_detached("job", launch, timeout=value)
 
     @app.play("detached")
     async def detached(ctx: TaskContext, params: Any) -> Any:
@@ -84,22 +101,89 @@ async def test_waits_longer_than_the_engine_counts_park(database_url: str) -> No
     assert (output["timed_out"], output["by"]) == (False, "ada")
 
 
-async def test_a_sleep_of_no_number_fails_the_attempt_saying_so(database_url: str) -> None:
-    """sleep(nan) raises at the call: the attempt fails with the reason, nothing parks."""
+async def _attempt_errors(url: str, run_id: str) -> list[str]:
+    conn = await connect(url)
+    try:
+        rows = await conn.fetch(
+            f"select error from {SCHEMA}.attempts where run_id = $1 order by attempt_id",
+            uuid.UUID(run_id),
+        )
+    finally:
+        await conn.close()
+    return [r["error"]["message"] for r in rows]
+
+
+async def test_a_sleep_of_no_number_fails_the_run_for_good_saying_so(database_url: str) -> None:
+    """sleep(nan) raises at the call: the run fails for good with the reason, nothing parks.
+
+    Review D8: it failed the attempt, and every attempt after it computed NaN again
+    until the last one.
+    """
     async with (
         open_client(database_url, env_of(REL)) as client,
         open_runtime(database_url, values_app([]), REL) as rt,
     ):
         run_id = (await client.submit("sleep-nan", {})).run_id
-        assert await work_once(rt) == ["retrying"]
-        conn = await connect(database_url)
-        try:
-            error = await conn.fetchval(
-                f"select error from {SCHEMA}.attempts where run_id = $1", uuid.UUID(run_id)
-            )
-        finally:
-            await conn.close()
-    assert "sleep needs a number of seconds, not nan" in error["message"]
+        assert await work_once(rt) == ["failed"]
+        assert (await client.status(run_id)).status == "failed"
+        errors = await _attempt_errors(database_url, run_id)
+    assert len(errors) == 1
+    assert "sleep needs a number of seconds, not nan; the run fails for good" in errors[0]
+
+
+@pytest.mark.parametrize("call", ["sleep", "wait", "detached"])
+@pytest.mark.parametrize("value", ["nan", "text"])
+async def test_a_duration_that_is_no_number_fails_the_run_for_good(
+    database_url: str, call: str, value: str
+) -> None:
+    """NaN or a string as a sleep, an event timeout or a runner timeout: one attempt, failed."""
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app([]), REL) as rt,
+    ):
+        run_id = (await client.submit("extreme", {"call": call, "value": value})).run_id
+        assert await work_once(rt) == ["failed"]
+        errors = await _attempt_errors(database_url, run_id)
+    assert len(errors) == 1
+    assert "the run fails for good" in errors[0]
+
+
+@pytest.mark.parametrize("value", ["zero", "-inf", "-huge"])
+async def test_a_runner_timeout_of_zero_or_less_fails_the_run_for_good(
+    database_url: str, value: str
+) -> None:
+    """run_detached's timeout must be above 0: anything else can never be, so no retries."""
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app([]), REL) as rt,
+    ):
+        run_id = (await client.submit("extreme", {"call": "detached", "value": value})).run_id
+        assert await work_once(rt) == ["failed"]
+        errors = await _attempt_errors(database_url, run_id)
+    assert len(errors) == 1
+    assert "run_detached needs a timeout in seconds above 0" in errors[0]
+
+
+@pytest.mark.parametrize(
+    ("call", "value"),
+    [("sleep", "huge"), ("wait", "huge"), ("detached", "huge"), ("detached", "inf")],
+)
+async def test_an_int_past_a_double_or_an_infinite_runner_wait_parks_as_long_as_can_be(
+    database_url: str, call: str, value: str
+) -> None:
+    """10**400 s (no double holds it) and a runner's inf wait park, clamped as 1e300 is.
+
+    Review D8: run_detached refused inf and raised OverflowError on the int, each
+    retried through every attempt.
+    """
+    async with (
+        open_client(database_url, env_of(REL)) as client,
+        open_runtime(database_url, values_app([]), REL) as rt,
+    ):
+        run_id = (await client.submit("extreme", {"call": call, "value": value})).run_id
+        assert await work_once(rt) == ["parked"]
+        status = await client.status(run_id)
+    assert status.status == "waiting"
 
 
 async def test_a_reused_detached_name_is_the_next_call(database_url: str) -> None:

@@ -393,12 +393,18 @@ class LaneClient:
                     f"lanes: {listed}{more}. Check the id, or pass --force to create it anyway.",
                     known=names,
                 )
-            # A lane row without its engine queue would break every maintenance pass
-            # that reconciles it, so the registry only ever names queues that exist.
-            await engine.ensure_queue(conn, queue)
+            # The lane row first: every claim of the lane's workers share-locks it
+            # before it touches an engine table (claim_v1.sql), so the status change
+            # waits for the claims in flight and holds back the next ones. Creating
+            # the queue first (its index checks share-lock the queue's tables, which
+            # such a claim writes) would deadlock with a claim between the two.
             await self.store.lanes.set_status(
                 conn, queue=queue, status=status, release_id=release_id.strip()
             )
+            # A lane row without its engine queue would break every maintenance pass
+            # that reconciles it, so the registry only ever names queues that exist
+            # (one transaction: never one without the other).
+            await engine.ensure_queue(conn, queue)
             # Running workers re-read the lane registry at once.
             await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
 

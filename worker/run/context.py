@@ -27,7 +27,7 @@ import structlog
 from worker import checkpoint
 from worker.db import engine
 from worker.db.pool import Connection
-from worker.errors import FatalRunError
+from worker.errors import SHOWN_CHARS, FatalRunError, PlayValueError
 from worker.jsonvalue import require_json, require_readable
 from worker.run.attempt import Attempt
 from worker.run.handle import STEP_KEYS_LEGACY
@@ -48,19 +48,41 @@ class Suspended(BaseException):
     """
 
 
-def _duration_s(value: Any, what: str) -> float:
-    """Return ``value`` as seconds within [0, MAX_WAIT_S] (below 0 is 0); refuse a non-number."""
+def _seconds(value: Any) -> float:
+    """Return ``value`` as a float of seconds (NaN when it is no number, inf past a double)."""
     seconds = math.nan
     if not isinstance(value, bool | str | bytes):  # float() would read "5" and True
         try:
             seconds = float(value)  # numpy's and Decimal's numbers too
-        except OverflowError:  # an int past a double: the longest wait there is
-            seconds = math.inf if value > 0 else 0.0
+        except OverflowError:  # an int past a double: as long (or short) as a wait can be
+            seconds = math.inf if value > 0 else -math.inf
         except (TypeError, ValueError):
             pass
+    return seconds
+
+
+def _duration_s(value: Any, what: str) -> float:
+    """Return ``value`` as seconds within [0, MAX_WAIT_S] (below 0 is 0).
+
+    A value that is no number (NaN, a string, None) fails the run for good
+    (``PlayValueError``): every attempt would compute it again.
+    """
+    seconds = _seconds(value)
     if math.isnan(seconds):
-        raise ValueError(f"{what} needs a number of seconds, not {value!r}")
+        raise PlayValueError(
+            f"{what} needs a number of seconds, not {_shown(value)}; the run fails for good"
+            " (a retry would compute the same value)"
+        )
     return min(max(seconds, 0.0), float(MAX_WAIT_S))
+
+
+def _shown(value: Any) -> str:
+    """Return ``repr(value)``, cut to 100 characters (a 400-digit int stays readable)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past the interpreter's digit limit for str()
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
@@ -437,9 +459,17 @@ class TaskContext:
         ``{"runnerAttempt", "result", "timedOut", "launched"}``.
         """
         if not isinstance(name, str) or not name.strip():
-            raise ValueError("run_detached needs a name (a non-blank string)")
-        if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
-            raise ValueError(f"run_detached needs a timeout in seconds above 0, not {timeout!r}")
+            raise PlayValueError(
+                "run_detached needs a name (a non-blank string); the run fails for good"
+            )
+        # Any number above 0 (inf and an int past a double wait as long as the engine
+        # counts, as 1e300 does); NaN, 0 or below, or no number fails the run for good.
+        if not _seconds(timeout) > 0:
+            raise PlayValueError(
+                f"run_detached needs a timeout in seconds above 0, not {_shown(timeout)};"
+                " the run fails for good (a retry would compute the same value)"
+            )
+        timeout_s = _duration_s(timeout, "run_detached's timeout")
         # A name used again is the next call, as a step name is the next step
         # (a loop that relaunches until a runner reports in time): its own launch
         # step and boundary. The first use keeps the keys it always had; later
@@ -472,7 +502,7 @@ class TaskContext:
             armed = {
                 "kind": checkpoint.RUNNER_BOUNDARY,
                 "runnerAttempt": number,
-                "deadlineMs": now_ms + max(1, round(min(timeout, MAX_WAIT_S) * 1000)),
+                "deadlineMs": now_ms + max(1, round(timeout_s * 1000)),
                 "armedAtMs": now_ms,
             }
         wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,

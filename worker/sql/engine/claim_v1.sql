@@ -281,6 +281,16 @@ begin
       using errcode = '22023';
   end if;
   perform absurd.validate_queue_name(p_queue_name);
+  -- The claimer's lane row, share-locked until the claim commits, before any
+  -- engine table is touched: claims never wait for each other (share locks),
+  -- but a retirement's update of that row (set_release_status,
+  -- retire_superseded) waits for every claim that read it as claiming, and a
+  -- claim that starts after it waits and reads it as retired. Without the lock
+  -- a claim that read 'claiming' could commit after the retirement and after
+  -- `lanes wait` had said drained (review D7). Not `for key share`: a status
+  -- update does not conflict with that one.
+  execute format('select 1 from %I.releases where queue = $1 for share', p_store_schema)
+    using p_own_queue;
   v_mode := lane_worker.claim_mode_v1(p_store_schema, p_own_queue, p_mode);
   if coalesce(p_claim_timeout, 0) > 0 then
     v_lease_until := v_now + make_interval(secs => p_claim_timeout);
