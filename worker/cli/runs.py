@@ -29,6 +29,7 @@ from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunStatus
 from worker.config import settings
 from worker.errors import printable
+from worker.jsonvalue import unreadable_in
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
 from worker.ops.report import aligned
 
@@ -191,9 +192,11 @@ def status(run_id: str, as_json: bool) -> None:
     if now.retry_of is not None:
         rows.append(("retry of", now.retry_of))
     if now.output is not None:
-        rows.append(("output", json.dumps(now.output, default=str)))
+        rows.append(("output", unreadable_in("the output", now.output)
+                     or json.dumps(now.output, default=str)))  # fmt: skip
     if now.error is not None:
-        rows.append(("error", one_line(now.error, limit=2000)))
+        rows.append(("error", unreadable_in("the error", now.error)
+                     or one_line(now.error, limit=2000)))  # fmt: skip
     for fact in now.ledger:
         delivery = fact.get("delivery")
         said = "recorded" if delivery is None else _delivery_line(delivery)
@@ -206,11 +209,14 @@ def _delivery_line(delivery: dict[str, Any]) -> str:
     if state == "delivered":
         return f"delivered to the runtime API ({tries} {'try' if tries == 1 else 'tries'})"
     error = delivery.get("error") or {}
-    why = (
-        error.get("reason")
-        or error.get("error")
-        or (f"HTTP {error['status']}" if "status" in error else None)
-    )
+    if isinstance(error, dict):
+        why = (
+            error.get("reason")
+            or error.get("error")
+            or (f"HTTP {error['status']}" if "status" in error else None)
+        )
+    else:  # stored JSON of another shape, or none Python can read
+        why = unreadable_in("the delivery error", error) or one_line(error)
     if state == "failed":
         return f"delivery given up after {tries}: {why or 'no reason recorded'}"
     return f"delivery pending ({tries} tries so far{f', last: {why}' if why else ''})"
