@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure
-from worker.cli.output import columns, emit, one_line
+from worker.cli.output import cell, columns, emit, one_line
 from worker.cli.params import (
     EVENT_KEY,
     IDEMPOTENCY_KEY,
@@ -250,7 +250,10 @@ def runs_group(ctx: click.Context, status: str | None, lane: str | None, play: s
         lambda client: client.runs(status=status, lane=lane, play=play, limit=limit)
     )
     rows = [("RUN", "PLAY", "STATUS", "RELEASE", "QUEUE", "ATTEMPTS", "CREATED")]
-    rows += [(r.run_id, r.play, r.status, r.release_id, r.queue, str(r.attempts),
+    # A play name is the app's text: one with a line break must not split its row,
+    # nor a 100,000-character one pad every line (cut, and shown as repr if not printable).
+    rows += [(r.run_id, cell("play", r.play), r.status, cell("release", r.release_id),
+              cell("queue", r.queue), str(r.attempts),
               r.created_at.isoformat(timespec="seconds")) for r in found]  # fmt: skip
     lines = aligned(rows)
     emit(as_json, {"runs": [r.as_json() for r in found]},
