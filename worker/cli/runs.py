@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure
-from worker.cli.output import columns, emit, one_line
+from worker.cli.output import cell, columns, emit, one_line
 from worker.cli.params import (
     EVENT_KEY,
     IDEMPOTENCY_KEY,
@@ -29,6 +29,7 @@ from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunStatus
 from worker.config import settings
 from worker.errors import printable
+from worker.jsonvalue import unreadable_in
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
 from worker.ops.report import aligned
 
@@ -191,9 +192,11 @@ def status(run_id: str, as_json: bool) -> None:
     if now.retry_of is not None:
         rows.append(("retry of", now.retry_of))
     if now.output is not None:
-        rows.append(("output", json.dumps(now.output, default=str)))
+        rows.append(("output", unreadable_in("the output", now.output)
+                     or json.dumps(now.output, default=str)))  # fmt: skip
     if now.error is not None:
-        rows.append(("error", one_line(now.error, limit=2000)))
+        rows.append(("error", unreadable_in("the error", now.error)
+                     or one_line(now.error, limit=2000)))  # fmt: skip
     for fact in now.ledger:
         delivery = fact.get("delivery")
         said = "recorded" if delivery is None else _delivery_line(delivery)
@@ -206,11 +209,14 @@ def _delivery_line(delivery: dict[str, Any]) -> str:
     if state == "delivered":
         return f"delivered to the runtime API ({tries} {'try' if tries == 1 else 'tries'})"
     error = delivery.get("error") or {}
-    why = (
-        error.get("reason")
-        or error.get("error")
-        or (f"HTTP {error['status']}" if "status" in error else None)
-    )
+    if isinstance(error, dict):
+        why = (
+            error.get("reason")
+            or error.get("error")
+            or (f"HTTP {error['status']}" if "status" in error else None)
+        )
+    else:  # stored JSON of another shape, or none Python can read
+        why = unreadable_in("the delivery error", error) or one_line(error)
     if state == "failed":
         return f"delivery given up after {tries}: {why or 'no reason recorded'}"
     return f"delivery pending ({tries} tries so far{f', last: {why}' if why else ''})"
@@ -244,7 +250,10 @@ def runs_group(ctx: click.Context, status: str | None, lane: str | None, play: s
         lambda client: client.runs(status=status, lane=lane, play=play, limit=limit)
     )
     rows = [("RUN", "PLAY", "STATUS", "RELEASE", "QUEUE", "ATTEMPTS", "CREATED")]
-    rows += [(r.run_id, r.play, r.status, r.release_id, r.queue, str(r.attempts),
+    # A play name is the app's text: one with a line break must not split its row,
+    # nor a 100,000-character one pad every line (cut, and shown as repr if not printable).
+    rows += [(r.run_id, cell("play", r.play), r.status, cell("release", r.release_id),
+              cell("queue", r.queue), str(r.attempts),
               r.created_at.isoformat(timespec="seconds")) for r in found]  # fmt: skip
     lines = aligned(rows)
     emit(as_json, {"runs": [r.as_json() for r in found]},

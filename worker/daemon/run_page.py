@@ -19,6 +19,7 @@ import anyio
 
 from worker import checkpoint
 from worker.daemon.page import REFRESH_S, STYLE, age, bucket_html
+from worker.jsonvalue import unreadable_in
 from worker.ops.run_view import RunView
 
 # Output and error are cut to this many characters (the CLI prints them whole).
@@ -58,13 +59,25 @@ def _seconds(now: datetime, then: datetime) -> float:
 def _from_ms(ms: Any) -> str:
     if not isinstance(ms, int | float) or isinstance(ms, bool):
         return "no deadline"
-    return _when(datetime.fromtimestamp(ms / 1000, UTC))
+    try:
+        return _when(datetime.fromtimestamp(ms / 1000, UTC))
+    except (OverflowError, ValueError, OSError):  # stored JSON: any number may stand there
+        return f"an impossible time ({ms!r} ms)"
 
 
-def waits_for(run_id: str, wait: dict[str, Any] | None) -> str:
-    """Say what a parked run waits for: a sleep's end, an event, a detached runner."""
-    if not wait:
+def waits_for(run_id: str, wait: Any) -> str:
+    """Say what a parked run waits for: a sleep's end, an event, a detached runner.
+
+    The wait is stored JSON: one this process cannot decode, or that is not an
+    object, is named as such rather than failing the page.
+    """
+    if wait is None or wait == {}:
         return ""
+    unreadable = unreadable_in("the stored wait", wait)
+    if unreadable is not None:
+        return unreadable
+    if not isinstance(wait, dict):
+        return f"the stored wait is not an object: {_cut(json.dumps(wait, default=str))}"
     kind = wait.get("kind")
     boundary = f" (boundary {wait.get('boundaryId')})" if wait.get("boundaryId") else ""
     if kind == checkpoint.SLEEP_BOUNDARY:
@@ -84,7 +97,14 @@ def waits_for(run_id: str, wait: dict[str, Any] | None) -> str:
     return f"a wait of kind {kind!r}{boundary}"
 
 
-def _value(value: Any) -> str:
+def _cut(text: str) -> str:
+    return text[:VALUE_CHARS] + f"... ({len(text)} characters)" if len(text) > VALUE_CHARS else text
+
+
+def _value(value: Any, what: str) -> str:
+    unreadable = unreadable_in(what, value)
+    if unreadable is not None:
+        return f'<span data-unreadable="true">{escape(unreadable)}</span>'
     text = json.dumps(value, default=str, ensure_ascii=False)
     if len(text) > VALUE_CHARS:
         text = text[:VALUE_CHARS] + f"... ({len(text)} characters)"
@@ -135,9 +155,9 @@ def render_run(view: RunView) -> str:
         facts.append(("retry of", f'<a href="/runs/{escape(str(said["retryOf"]))}">'
                       f"{escape(str(said['retryOf']))}</a>"))  # fmt: skip
     if said["output"] is not None:
-        facts.append(("output", _value(said["output"])))
+        facts.append(("output", _value(said["output"], "the output")))
     if said["error"] is not None:
-        facts.append(("error", _value(said["error"])))
+        facts.append(("error", _value(said["error"], "the error")))
     rows = "".join(
         f'<tr><th>{escape(name)}</th><td data-field="{escape(name)}">{cell}</td></tr>'
         for name, cell in facts

@@ -7,28 +7,84 @@ machine's ``lanes`` and lanes page read them from there.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
+
+from worker.jsonvalue import decode_json, unreadable_in
 
 # What a worker that recorded no version runs: builds before 0.2.0 had no column for it.
 NO_VERSION = "before 0.2.0"
 
 
-def worker_json(raw: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """Return one live worker of the report's read as ``lanes --json`` shows it."""
-    not_claiming = []
-    for failure in raw.get("claimFailures") or ():
+# What a worker's claim report is said to be when it cannot be read: a newer build
+# may write another shape, and a worker this build cannot vouch for is not called healthy.
+UNREADABLE_REPORT = "unreadable claim report"
+
+
+def _unreadable(why: str) -> dict[str, Any]:
+    return {"queue": None, "loop": None, "since": None, "failingForSeconds": None,
+            "failures": None, "reason": f"{UNREADABLE_REPORT}: {why}",
+            "unreadable": True}  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    text = " ".join(json.dumps(value, default=str).split())
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+_SHOWN = 100
+
+
+def _failing_for(since: Any, now: datetime) -> float | None:
+    """Seconds since ``since`` (an ISO time with its zone), None when it is not one."""
+    if not isinstance(since, str):
+        return None
+    try:
+        at = datetime.fromisoformat(since)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        return None
+    return round((now - at).total_seconds(), 1)
+
+
+def not_claiming_of(report: Any, now: datetime) -> list[dict[str, Any]]:
+    """Read a worker's stored claim report (``claim_failures``): one entry per loop not claiming.
+
+    A report of any other shape (or one Python cannot decode) is one entry saying
+    so: the worker shows as not claiming, everything else of it (and of the lane) shown.
+    """
+    if report is None or report == []:
+        return []
+    unreadable = unreadable_in("the report", report)
+    if unreadable is not None:
+        return [_unreadable(unreadable)]
+    if not isinstance(report, list):
+        return [_unreadable(f"not a list: {_shown(report)}")]
+    entries = []
+    for failure in report:
+        if not isinstance(failure, dict):
+            entries.append(_unreadable(f"an entry is not an object: {_shown(failure)}"))
+            continue
         since = failure.get("since")
-        at = datetime.fromisoformat(since) if isinstance(since, str) else None
-        not_claiming.append({
+        entries.append({
             "queue": failure.get("queue"),
             "loop": failure.get("loop"),
             "since": since,
-            "failingForSeconds": None if at is None else round((now - at).total_seconds(), 1),
+            "failingForSeconds": _failing_for(since, now),
             "failures": failure.get("failures"),
             "reason": failure.get("reason"),
         })  # fmt: skip
+    return entries
+
+
+def worker_json(raw: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """Return one live worker of the report's read as ``lanes --json`` shows it."""
+    report = raw.get("claimFailures")
+    # The report's read gives it as its JSON text, decoded here for this worker alone.
+    not_claiming = not_claiming_of(decode_json(report) if isinstance(report, str) else report, now)
     return {
         "workerId": raw["workerId"],
         "plays": raw.get("plays") or [],
@@ -37,6 +93,12 @@ def worker_json(raw: dict[str, Any], now: datetime) -> dict[str, Any]:
         "claiming": not not_claiming,
         "notClaiming": not_claiming,
     }
+
+
+def _text(value: Any) -> str:
+    """A stored value as one line of text, cut: it came from another build's report."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= 3 * _SHOWN else text[: 3 * _SHOWN] + "..."
 
 
 def version_of(worker: dict[str, Any]) -> str:
@@ -53,9 +115,15 @@ def why_not(worker: dict[str, Any]) -> str:
     """Say which loops of a worker do not claim, since how long, and why."""
     parts = []
     for f in worker.get("notClaiming") or ():
+        if f.get("unreadable"):
+            parts.append(_text(f.get("reason")))
+            continue
         seconds = f.get("failingForSeconds")
         since = "" if seconds is None else f" for {seconds:.0f} s"
-        parts.append(f"{f.get('loop')} loop on {f.get('queue')} failing{since}: {f.get('reason')}")
+        parts.append(
+            f"{_text(f.get('loop'))} loop on {_text(f.get('queue'))} failing{since}: "
+            f"{_text(f.get('reason'))}"
+        )
     return "; ".join(parts)
 
 

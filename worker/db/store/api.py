@@ -90,6 +90,20 @@ class ApiQueries(Queries):
         return said
 
     async def status(self, conn: Connection, *, run_id: uuid.UUID) -> dict[str, Any]:
-        """Return what ``status --json`` prints about a run."""
-        result: dict[str, Any] = await refusals(self._value(conn, "run_status", run_id))
+        """Return what ``status --json`` prints about a run.
+
+        Read in parts, so a stored value this process cannot decode (its output,
+        error, or a fact's delivery error) stands in alone as ``Unreadable``.
+        """
+        row = await refusals(conn.fetchrow(self._q["run_status"], run_id))
+        assert row is not None  # one row per call; an unknown run raises
+        result: dict[str, Any] = dict(row["rest"])
+        result["output"], result["error"] = row["output"], row["error"]
+        facts = []
+        for fact, error in zip(row["facts"], row["delivery_errors"], strict=True):
+            fact = dict(fact)
+            if isinstance(fact.get("delivery"), dict):
+                fact["delivery"] = fact["delivery"] | {"error": error}
+            facts.append(fact)
+        result["facts"] = facts
         return result

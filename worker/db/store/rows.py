@@ -261,7 +261,7 @@ class RunPageRow:
     """What the run page shows beside ``run_status`` (``run_page``)."""
 
     run_id: uuid.UUID
-    current_wait: dict[str, Any] | None
+    current_wait: Any  # stored JSON: an object, or Unreadable, or (written past the API) anything
     attempts: int
     max_attempts: int
     defer_count: int

@@ -13,7 +13,16 @@ select {schema}.signal_run($1, $2, $3);
 select {schema}.cancel_run($1, $2);
 
 -- name: run_status
-select {schema}.run_status($1);
+-- In parts, each decoded alone: a stored value Python cannot decode (an
+-- output 3,000 levels deep, written past the API's checks) then stands in as
+-- that one value, never as the whole status (worker/db/store/api.py).
+select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
+       s -> 'error' as error,
+       array(select f #- '{delivery,error}' from jsonb_array_elements(s -> 'facts')
+                      with ordinality as e(f, n) order by n) as facts,
+       array(select f #> '{delivery,error}' from jsonb_array_elements(s -> 'facts')
+                      with ordinality as e(f, n) order by n) as delivery_errors
+  from {schema}.run_status($1) s;
 
 -- name: report_runner_result
 select {schema}.report_runner_result($1, $2, $3);

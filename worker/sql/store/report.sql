@@ -24,7 +24,10 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
                                                      'plays', to_jsonb(w.plays),
                                                      'machineId', w.machine_id,
                                                      'version', w.version,
-                                                     'claimFailures', w.claim_failures)
+                                                     -- As its text: Python decodes each alone
+                                                     -- (worker/ops/workers.py), so one it
+                                                     -- cannot read fails only that worker.
+                                                     'claimFailures', w.claim_failures::text)
                                   order by w.worker_id)
                    from {schema}.workers w
                   where w.queue = l.queue
