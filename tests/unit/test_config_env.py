@@ -359,9 +359,7 @@ def test_a_deploy_version_over_200_characters_is_refused(length: int, refused: b
 # --- the store schema --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "schema", ["runtime_scheduler_typo", "runtime_schedular", "Runtime_Scheduler"]
-)
+@pytest.mark.parametrize("schema", ["runtime_scheduler_typo", "runtime_schedular"])
 def test_a_mistyped_store_schema_is_an_isolated_topology_without_a_suffix(schema: str) -> None:
     """Any schema but runtime_scheduler is isolated; without a suffix that refuses."""
     (message,) = refusals(
@@ -369,6 +367,27 @@ def test_a_mistyped_store_schema_is_an_isolated_topology_without_a_suffix(schema
     )
     assert f"DEEPLINE_RUNTIME_SCHEDULER_SCHEMA={schema!r} is an isolated topology" in message
     assert "set DEEPLINE_ABSURD_QUEUE_SUFFIX" in message
+
+
+@pytest.mark.parametrize(
+    "variable", ["DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", "LANE_WORKER_STORE_SCHEMA"]
+)
+@pytest.mark.parametrize("schema", ["Runtime", "Runtime_Scheduler", "RUNTIME_SCHEDULER", "pr_X1"])
+def test_a_schema_name_with_upper_case_letters_is_refused(variable: str, schema: str) -> None:
+    """`Runtime` made the quoted schema "Runtime"; the app's unquoted Runtime.submit_run missed it.
+
+    Refused at boot (78) naming the variable and the lower-case spelling, by doctor too.
+    """
+    env = {variable: schema, "DEEPLINE_ABSURD_QUEUE_SUFFIX": "x"}
+    (message,) = refusals(env, variable)
+    assert message.startswith(f"{variable}={schema!r} has upper-case letters: Postgres folds")
+    assert f"set it to {schema.lower()!r}" in message
+    result = doctor({**BASE, **env})
+    assert result.exit_code == settings.EXIT_CONFIG
+    assert result.stderr.splitlines() == [f"lane-worker: {message}"]
+    with pytest.raises(LaneConfigError) as caught:
+        settings.Settings.from_env({**BASE, **env})
+    assert caught.value.variable == variable
 
 
 def test_the_default_store_schema_blank_stripped_is_not_isolated() -> None:
