@@ -287,17 +287,71 @@ def test_a_misspelt_shared_variable_is_warned_naming_the_one_meant(name: str, me
 
 
 def test_the_apps_own_deepline_variables_are_not_called_typos() -> None:
-    """The TypeScript app reads DEEPLINE_* names lane-worker does not: far from ours, no warning."""
+    """The TypeScript app reads DEEPLINE_* names lane-worker does not: far from ours, no warning.
+
+    Nor are the platforms' and the shell's own names, whole-name close or not.
+    """
     env = {
         **BASE,
         "DEEPLINE_API_KEY": "k",
         "DEEPLINE_APP_URL": "https://app.example.com",
         "DEEPLINE_RUNTIME_API_URL": "https://app.example.com/api",
         "DEEPLINE_RUNTIME_DEPLOY_ENV": "production",
+        "deepline_runtime_deploy_env": "production",
         "WORKFLOW_RUNTIME_ENGINE": "absurd",
         "DAYTONA_API_KEY": "d",
+        "VERCEL": "1",
+        "VERCEL_ENV": "preview",
+        "VERCEL_URL": "x.vercel.app",
+        "FLY_MACHINE_ID": "m",
+        "FLY_MACHINE_VERSION": "v",
+        "FLY_PRIVATE_IP": "fdaa::1",
+        "FLY_REGION": "ams",
+        "DATABASE_URL": DB,
+        "NODE_ENV": "production",
+        "PATH": "/usr/bin",
+        "http_proxy": "http://proxy:3128",
     }
     assert diagnose(env).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "meant", "why"),
+    [
+        ("DEEPLNE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_ABSURD_QUEUE_SUFFIX", "a typo of"),
+        ("DEEPLIN_RUNTIME_DEPLOY_VERSION", "DEEPLINE_RUNTIME_DEPLOY_VERSION", "a typo of"),
+        ("WORKFLOWRUNTIME_POSTGRES", "WORKFLOW_RUNTIME_POSTGRES", "a typo of"),
+        ("LANEWORKER_CONCURRENCY", "LANE_WORKER_CONCURRENCY", "a typo of"),
+        ("LANE_WORKR_CONCURRENCY", "LANE_WORKER_CONCURRENCY", "a typo of"),
+        (
+            "deepline_absurd_queue_suffix",
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX",
+            "names are case-sensitive:",
+        ),
+        (
+            "Deepline_Absurd_Queue_Suffix",
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX",
+            "names are case-sensitive:",
+        ),
+        ("deepline_absurd_queue_sufix", "DEEPLINE_ABSURD_QUEUE_SUFFIX", "a typo of"),
+        ("lane_worker_concurrency", "LANE_WORKER_CONCURRENCY", "names are case-sensitive:"),
+        ("workflow_runtime_postgres", "WORKFLOW_RUNTIME_POSTGRES", "names are case-sensitive:"),
+    ],
+)
+def test_a_name_close_to_one_lane_worker_reads_is_warned_whatever_its_prefix_or_case(
+    name: str, meant: str, why: str
+) -> None:
+    """A typo in the prefix, or the right name in lower case, served the shared lane silently.
+
+    The whole name is compared, upper-cased, with every name lane-worker reads:
+    doctor and the boot's diagnosis warn, naming the one meant.
+    """
+    env = {**BASE, name: "me"}
+    (warning,) = diagnose(env).warnings
+    assert warning.startswith(f"{name} is set but lane-worker does not read it ({why} {meant}?)")
+    text = doctor(env)
+    assert text.exit_code == 0, text.output
+    assert f"  warning: {warning}" in text.stdout.splitlines()
 
 
 def test_an_unknown_lane_worker_variable_far_from_every_name_is_still_warned() -> None:
