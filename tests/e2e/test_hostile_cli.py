@@ -831,23 +831,29 @@ async def test_daemon_logs_an_unknown_lane_worker_variable_as_a_warning(
     assert "Traceback" not in daemon.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("DEEPLINE_ABSURD_QUEUE_SUFIX", "a typo of"),
+        ("DEEPLNE_ABSURD_QUEUE_SUFFIX", "a typo of"),
+        ("deepline_absurd_queue_suffix", "names are case-sensitive:"),
+    ],
+)
 async def test_daemon_warns_of_a_misspelt_queue_suffix_naming_the_variable_meant(
-    database_url: str,
+    database_url: str, name: str, why: str
 ) -> None:
-    """DEEPLINE_ABSURD_QUEUE_SUFIX (one F) boots on the shared lane: its log says so at once."""
+    """A misspelt suffix (one F, a letter missing in the prefix, lower case) boots on the
+    shared lane: its log says so at once."""
     async with Daemons(database_url) as pool:
         # A dev worktree: no deploy version, so the worker serves the shared `runs` lane.
-        daemon = pool.start(
-            "dev", DEEPLINE_RUNTIME_DEPLOY_VERSION=None, DEEPLINE_ABSURD_QUEUE_SUFIX="my_branch"
-        )
+        daemon = pool.start("dev", DEEPLINE_RUNTIME_DEPLOY_VERSION=None, **{name: "my_branch"})
         warning = await daemon.wait_for("config.warning", timeout_s=30)
         await daemon.ready()
         daemon.terminate()
         assert await daemon.wait_exit() == 0, daemon.tail()
     assert warning["level"] == "warning"
     assert warning["message"].startswith(
-        "DEEPLINE_ABSURD_QUEUE_SUFIX is set but lane-worker does not read it "
-        "(a typo of DEEPLINE_ABSURD_QUEUE_SUFFIX?)"
+        f"{name} is set but lane-worker does not read it ({why} DEEPLINE_ABSURD_QUEUE_SUFFIX?)"
     )
     assert daemon.index_of("config.warning") < daemon.index_of("worker.ready")
 

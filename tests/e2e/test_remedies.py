@@ -187,6 +187,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "queues": [],
             "keptLive": [],
             "keptBusy": [],
+            "keptForeign": [],
         }
         (tmp_path / "gate").touch()  # the retry's step can finish
         retry = await lane_worker_json(database_url, "runs", "retry", held)
@@ -250,10 +251,22 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
         dry = await lane_worker_json(
             database_url, "lanes", "prune", "--older-than", "0s", "--dry-run"
         )
-        assert dry == {"dryRun": True, "queues": [QA], "keptLive": [], "keptBusy": []}
+        assert dry == {
+            "dryRun": True,
+            "queues": [QA],
+            "keptLive": [],
+            "keptBusy": [],
+            "keptForeign": [],
+        }
         assert QA in await engine_queues(database_url)
         pruned = await lane_worker_json(database_url, "lanes", "prune", "--older-than", "0s")
-        assert pruned == {"dryRun": False, "queues": [QA], "keptLive": [], "keptBusy": []}
+        assert pruned == {
+            "dryRun": False,
+            "queues": [QA],
+            "keptLive": [],
+            "keptBusy": [],
+            "keptForeign": [],
+        }
         assert await engine_queues(database_url) == [QB]
         report = await lane_worker_json(database_url, "lanes")
         assert [lane["queue"] for lane in report["lanes"]] == [QB]

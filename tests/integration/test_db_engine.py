@@ -200,7 +200,7 @@ async def test_continuation_fence_hands_out_woken_sleeper_and_event_woken_run(
         await store_row(eng, task.task_id, "waiting")
     runs = {r.task_name: r for r in (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=2)).runs}
     await engine.schedule(eng, QUEUE, runs["sleeper"].run_id, datetime.now(UTC))
-    suspended, _ = await engine.await_event(
+    suspended, _, _ = await engine.await_event(
         eng, QUEUE, waiter.task_id, runs["waiter"].run_id, "wait:approval", "evt:x:approval", None
     )
     assert suspended
@@ -225,7 +225,7 @@ async def test_a_queue_holding_only_an_open_event_wait_has_no_due_time(
     waiter = await spawn(eng, "waiter")
     await store_row(eng, waiter.task_id, "waiting")
     (run,) = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
-    suspended, _ = await engine.await_event(
+    suspended, _, _ = await engine.await_event(
         eng, QUEUE, waiter.task_id, run.run_id, "wait:hook", "evt:x:hook", None
     )
     assert suspended

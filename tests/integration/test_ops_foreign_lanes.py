@@ -3,7 +3,8 @@
 The TypeScript app creates engine queues of its own and spawns tasks on lane
 queues when release ids coincide. `lanes retire/activate/move/show` act only on
 lanes lane-worker registered (a lane row, or its runs); `lanes prune` never drops
-a queue that holds any unfinished task (another system's, a sandbox cleanup);
+a queue that holds any unfinished task (another system's, a sandbox cleanup) nor
+one that holds another system's task at all, finished or not;
 `lanes --json` counts the tasks on a lane's queue that lane-worker did not create.
 """
 
@@ -30,6 +31,7 @@ from worker.ops.report import lanes_table
 A, B = "rel-fa", "rel-fb"
 QA, QB = queue_of(A), queue_of(B)
 TS_ONLY = "rel-ts-only"  # a release only the TypeScript app ever used: its queue, no lane
+TS_REL = "rel-tsrel"  # one only the TypeScript app used, retired with --force
 
 
 def app_with_sandbox() -> App:
@@ -121,12 +123,51 @@ async def test_prune_keeps_a_lane_whose_queue_holds_a_foreign_task(database_url:
         assert await queue_exists(database_url, QA)
         (run,) = await ts.task_runs(database_url, QA, task_id)
         assert (run["state"], run["task_state"]) == ("pending", "pending")
-        # Its owner finishes it: now the lane goes.
+        # Its owner finishes it: the queue is still the TS app's too (its history,
+        # the queue it spawns on), so the lane is kept, named apart from busy ones.
         (claimed,) = await ts.claim(database_url, QA)
         await ts.complete(database_url, QA, claimed["run_id"])
-        assert await client.prune_lanes(0) == [QA]
-        assert not await queue_exists(database_url, QA)
+        assert await client.prune_lanes(0, dry_run=True) == []
+        assert await client.prune_lanes(0) == []
+        assert await client.prune_kept_busy(0) == []
+        assert await client.prune_kept_foreign(0) == [QA]
+        assert await queue_exists(database_url, QA)
+        (run,) = await ts.task_runs(database_url, QA, task_id)
+        assert (run["state"], run["task_state"]) == ("completed", "completed")
+        await ts.spawn(database_url, QA)  # the TS app's next spawn finds its queue
         assert (await client.status(mine.run_id)).status == "completed"
+
+
+async def test_prune_keeps_a_lane_whose_queue_holds_only_finished_foreign_tasks(
+    database_url: str,
+) -> None:
+    """Retired with --force, the TS app's finished task alone: kept, until the engine cleans it.
+
+    Before, `lanes prune` dropped the queue with the TS app's history, and its next
+    spawn_task failed: relation "absurd.t_<queue>" does not exist.
+    """
+    queue = queue_of(TS_REL)
+    async with open_client(database_url, env_of(B)) as client:
+        task_id = await ts.spawn(database_url, queue)
+        (claimed,) = await ts.claim(database_url, queue)
+        await ts.complete(database_url, queue, claimed["run_id"])
+        await client.retire_release(TS_REL, force=True)
+        await retired_long_ago(database_url, queue)
+        assert await client.prune_lanes(0, dry_run=True) == []
+        assert await client.prune_lanes(0) == []
+        assert (await client.prune_kept_busy(0), await client.prune_kept_foreign(0)) == (
+            [],
+            [queue],
+        )
+        assert await queue_exists(database_url, queue)
+        await ts.spawn(database_url, queue)  # no "relation ... does not exist"
+        # Once the engine's cleanup has removed the TS app's tasks, the lane goes.
+        await sql(database_url, f'delete from absurd."r_{queue}"')
+        await sql(database_url, f'delete from absurd."t_{queue}"')
+        assert await client.prune_kept_foreign(0) == []
+        assert await client.prune_lanes(0) == [queue]
+        assert not await queue_exists(database_url, queue)
+    assert task_id is not None
 
 
 async def test_prune_keeps_a_lane_whose_sandbox_cleanup_is_pending(database_url: str) -> None:

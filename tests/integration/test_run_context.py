@@ -18,7 +18,7 @@ import pytest
 
 from support.db import attempt_rows
 from support.runtime import eventually, open_client, open_runtime, work_once, work_until
-from worker import App, TaskContext
+from worker import App, DetachedRunner, TaskContext
 from worker.run.execute import Runtime
 
 RELEASE = "rel-a"
@@ -226,3 +226,64 @@ async def test_a_sleep_inside_a_task_group_parks_without_spending_an_attempt(
         status = await client.status(run.run_id)
     assert status.status == "completed"
     assert [(a.attempt, a.outcome) for a in status.attempts] == [(1, "parked"), (1, "completed")]
+
+
+# -- an engine event without a payload --------------------------------------------------------
+
+
+async def test_an_engine_event_with_a_null_payload_resumes_the_wait_as_a_signal_does(
+    database_url: str,
+) -> None:
+    """``absurd.emit_event`` with no payload (or JSON null) resumes a wait, not fails the run.
+
+    The engine stores JSON null for an event emitted without a payload; read back,
+    that is None, as the engine's "timed out" answer is. A wait took the event for a
+    stale timeout three times and failed the run for good ("neither parked nor
+    resolved"). Resumed, it sees what ``signal`` with no data gives: no payload.
+    """
+    app = App()
+    launched: list[DetachedRunner] = []
+
+    @app.play("wait")
+    async def wait(ctx: TaskContext, params: Any) -> dict[str, Any]:
+        return await ctx.wait_for_event("gate", "go", timeout=600)
+
+    @app.play("detached")
+    async def detached(ctx: TaskContext, params: Any) -> dict[str, Any]:
+        return await ctx.run_detached("job", launched.append, timeout=600)
+
+    emits = {
+        "default": "select absurd.emit_event($1, $2)",
+        "sql null": "select absurd.emit_event($1, $2, null)",
+        "json null": "select absurd.emit_event($1, $2, 'null'::jsonb)",
+    }
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, app, RELEASE) as rt,
+    ):
+        signalled = (await client.submit("wait")).run_id
+        emitted = {how: (await client.submit("wait")).run_id for how in emits}
+        runner = (await client.submit("detached")).run_id
+        assert await work_once(rt) == ["parked"] * (len(emits) + 2)
+        await client.signal(signalled, "go")
+        for how, sql in emits.items():
+            await rt.db.execute(sql, QUEUE, f"evt:{emitted[how]}:go")
+        # A runner's terminal event emitted straight to the engine, without a report.
+        await rt.db.execute(
+            "select absurd.emit_event($1, $2)", QUEUE, f"runner-terminal:{runner}:1"
+        )
+        assert await work_once(rt) == ["completed"] * (len(emits) + 2)
+        by_signal = await client.status(signalled)
+        by_engine = {how: await client.status(run_id) for how, run_id in emitted.items()}
+        by_runner = await client.status(runner)
+    assert by_signal.output["resumed"] is True
+    assert by_signal.output["event_payload"] is None
+    for how, status in by_engine.items():
+        assert (status.status, status.output) == ("completed", by_signal.output), how
+    assert by_runner.status == "completed"
+    assert by_runner.output == {
+        "runnerAttempt": 1,
+        "result": None,
+        "timedOut": False,
+        "launched": None,
+    }

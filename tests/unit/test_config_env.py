@@ -287,17 +287,71 @@ def test_a_misspelt_shared_variable_is_warned_naming_the_one_meant(name: str, me
 
 
 def test_the_apps_own_deepline_variables_are_not_called_typos() -> None:
-    """The TypeScript app reads DEEPLINE_* names lane-worker does not: far from ours, no warning."""
+    """The TypeScript app reads DEEPLINE_* names lane-worker does not: far from ours, no warning.
+
+    Nor are the platforms' and the shell's own names, whole-name close or not.
+    """
     env = {
         **BASE,
         "DEEPLINE_API_KEY": "k",
         "DEEPLINE_APP_URL": "https://app.example.com",
         "DEEPLINE_RUNTIME_API_URL": "https://app.example.com/api",
         "DEEPLINE_RUNTIME_DEPLOY_ENV": "production",
+        "deepline_runtime_deploy_env": "production",
         "WORKFLOW_RUNTIME_ENGINE": "absurd",
         "DAYTONA_API_KEY": "d",
+        "VERCEL": "1",
+        "VERCEL_ENV": "preview",
+        "VERCEL_URL": "x.vercel.app",
+        "FLY_MACHINE_ID": "m",
+        "FLY_MACHINE_VERSION": "v",
+        "FLY_PRIVATE_IP": "fdaa::1",
+        "FLY_REGION": "ams",
+        "DATABASE_URL": DB,
+        "NODE_ENV": "production",
+        "PATH": "/usr/bin",
+        "http_proxy": "http://proxy:3128",
     }
     assert diagnose(env).warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("name", "meant", "why"),
+    [
+        ("DEEPLNE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_ABSURD_QUEUE_SUFFIX", "a typo of"),
+        ("DEEPLIN_RUNTIME_DEPLOY_VERSION", "DEEPLINE_RUNTIME_DEPLOY_VERSION", "a typo of"),
+        ("WORKFLOWRUNTIME_POSTGRES", "WORKFLOW_RUNTIME_POSTGRES", "a typo of"),
+        ("LANEWORKER_CONCURRENCY", "LANE_WORKER_CONCURRENCY", "a typo of"),
+        ("LANE_WORKR_CONCURRENCY", "LANE_WORKER_CONCURRENCY", "a typo of"),
+        (
+            "deepline_absurd_queue_suffix",
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX",
+            "names are case-sensitive:",
+        ),
+        (
+            "Deepline_Absurd_Queue_Suffix",
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX",
+            "names are case-sensitive:",
+        ),
+        ("deepline_absurd_queue_sufix", "DEEPLINE_ABSURD_QUEUE_SUFFIX", "a typo of"),
+        ("lane_worker_concurrency", "LANE_WORKER_CONCURRENCY", "names are case-sensitive:"),
+        ("workflow_runtime_postgres", "WORKFLOW_RUNTIME_POSTGRES", "names are case-sensitive:"),
+    ],
+)
+def test_a_name_close_to_one_lane_worker_reads_is_warned_whatever_its_prefix_or_case(
+    name: str, meant: str, why: str
+) -> None:
+    """A typo in the prefix, or the right name in lower case, served the shared lane silently.
+
+    The whole name is compared, upper-cased, with every name lane-worker reads:
+    doctor and the boot's diagnosis warn, naming the one meant.
+    """
+    env = {**BASE, name: "me"}
+    (warning,) = diagnose(env).warnings
+    assert warning.startswith(f"{name} is set but lane-worker does not read it ({why} {meant}?)")
+    text = doctor(env)
+    assert text.exit_code == 0, text.output
+    assert f"  warning: {warning}" in text.stdout.splitlines()
 
 
 def test_an_unknown_lane_worker_variable_far_from_every_name_is_still_warned() -> None:
@@ -359,9 +413,7 @@ def test_a_deploy_version_over_200_characters_is_refused(length: int, refused: b
 # --- the store schema --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "schema", ["runtime_scheduler_typo", "runtime_schedular", "Runtime_Scheduler"]
-)
+@pytest.mark.parametrize("schema", ["runtime_scheduler_typo", "runtime_schedular"])
 def test_a_mistyped_store_schema_is_an_isolated_topology_without_a_suffix(schema: str) -> None:
     """Any schema but runtime_scheduler is isolated; without a suffix that refuses."""
     (message,) = refusals(
@@ -369,6 +421,27 @@ def test_a_mistyped_store_schema_is_an_isolated_topology_without_a_suffix(schema
     )
     assert f"DEEPLINE_RUNTIME_SCHEDULER_SCHEMA={schema!r} is an isolated topology" in message
     assert "set DEEPLINE_ABSURD_QUEUE_SUFFIX" in message
+
+
+@pytest.mark.parametrize(
+    "variable", ["DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", "LANE_WORKER_STORE_SCHEMA"]
+)
+@pytest.mark.parametrize("schema", ["Runtime", "Runtime_Scheduler", "RUNTIME_SCHEDULER", "pr_X1"])
+def test_a_schema_name_with_upper_case_letters_is_refused(variable: str, schema: str) -> None:
+    """`Runtime` made the quoted schema "Runtime"; the app's unquoted Runtime.submit_run missed it.
+
+    Refused at boot (78) naming the variable and the lower-case spelling, by doctor too.
+    """
+    env = {variable: schema, "DEEPLINE_ABSURD_QUEUE_SUFFIX": "x"}
+    (message,) = refusals(env, variable)
+    assert message.startswith(f"{variable}={schema!r} has upper-case letters: Postgres folds")
+    assert f"set it to {schema.lower()!r}" in message
+    result = doctor({**BASE, **env})
+    assert result.exit_code == settings.EXIT_CONFIG
+    assert result.stderr.splitlines() == [f"lane-worker: {message}"]
+    with pytest.raises(LaneConfigError) as caught:
+        settings.Settings.from_env({**BASE, **env})
+    assert caught.value.variable == variable
 
 
 def test_the_default_store_schema_blank_stripped_is_not_isolated() -> None:

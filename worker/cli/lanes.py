@@ -180,25 +180,37 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
 
     Many deploys a day leave many retired lanes, each with six engine tables.
     A lane qualifies when it was retired more than --older-than ago, none of
-    its runs is open and its queue holds no unfinished task of any kind (a
-    sandbox cleanup, another system's task); its lane row and its runs stay.
+    its runs is open, its queue holds no unfinished task of any kind (a
+    sandbox cleanup, another system's task) and no task of another system at
+    all, finished or not (the queue is that system's too); its lane row and its
+    runs stay.
     `lanes activate` recreates the queue.
     """
 
-    async def pruning(client: LaneClient) -> tuple[list[str], list[str], list[str]]:
+    async def pruning(client: LaneClient) -> tuple[list[str], list[str], list[str], list[str]]:
         queues = await client.prune_lanes(older_than, dry_run=dry_run)
         live = await client.prune_kept_live(older_than)
-        return queues, live, await client.prune_kept_busy(older_than)
+        busy = await client.prune_kept_busy(older_than)
+        return queues, live, busy, await client.prune_kept_foreign(older_than)
 
-    queues, kept, busy = with_client(pruning)
+    queues, kept, busy, foreign = with_client(pruning)
     verb = "would prune" if dry_run else "pruned"
-    emit(as_json, {"dryRun": dry_run, "queues": queues, "keptLive": kept, "keptBusy": busy},
+    emit(as_json, {"dryRun": dry_run, "queues": queues, "keptLive": kept, "keptBusy": busy,
+                   "keptForeign": foreign},
           f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
     if busy and not as_json:
         click.echo(
             f"kept {len(busy)} drained lane(s) whose queue still holds an unfinished task (a "
             "sandbox cleanup, or another system's task: `lanes --json` counts those as "
             f"foreignTasks): {' '.join(busy)}",
+            err=True,
+        )
+    if foreign and not as_json:
+        click.echo(
+            f"kept {len(foreign)} drained lane(s) whose queue holds tasks lane-worker did not "
+            "create (another system's, such as the TypeScript app's, finished ones too: "
+            "dropping the queue would drop its history and the queue it spawns on): "
+            f"{' '.join(foreign)}",
             err=True,
         )
     if kept and not as_json:

@@ -446,6 +446,10 @@ class LaneClient:
         """Name the lanes ``prune_lanes`` keeps because their queue holds an unfinished task."""
         return await self.remedies.prune_kept_busy(older_than_s)
 
+    async def prune_kept_foreign(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because their queue holds another system's task."""
+        return await self.remedies.prune_kept_foreign(older_than_s)
+
     async def prune_kept_live(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
         return await self.remedies.prune_kept_live(older_than_s)

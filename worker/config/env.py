@@ -169,6 +169,11 @@ _SHARED_FAMILIES = ("DEEPLINE_", "WORKFLOW_RUNTIME_")
 # difflib's ratio at or above which a name in a shared family reads as a misspelling
 # (after the prefix: ABSURD_QUEUE_SUFIX to ABSURD_QUEUE_SUFFIX is 0.97).
 _TYPO_RATIO = 0.85
+# difflib's ratio of whole names (upper-cased) at or above which any other name reads as
+# a misspelling of one lane-worker reads: a typo in the prefix (DEEPLNE_ABSURD_QUEUE_SUFFIX
+# 0.98, LANEWORKER_CONCURRENCY 0.98), or the right name in the wrong case (1.0). The
+# app's own names stay below it (DEEPLINE_RUNTIME_DEPLOY_ENV is 0.90).
+_WHOLE_NAME_RATIO = 0.92
 
 
 def known_variables() -> frozenset[str]:
@@ -178,30 +183,55 @@ def known_variables() -> frozenset[str]:
     return frozenset(n for n in names if n.startswith((_OWN_FAMILY, *_SHARED_FAMILIES)))
 
 
-def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    """Warn of every set variable in lane-worker's families that it does not read.
+def read_variables() -> frozenset[str]:
+    """Return every variable name lane-worker reads, in any family or none."""
+    names = {value for key, value in globals().items() if key.endswith("_ENV")}
+    return frozenset(names | known_variables())
 
-    Each warning names the closest name lane-worker reads (a typo such as
-    DEEPLINE_ABSURD_QUEUE_SUFIX silently served the shared lane).
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """Warn of every set variable that looks meant for lane-worker but is not read.
+
+    In lane-worker's families (the prefix in any case), each warning names the
+    closest name lane-worker reads (a typo such as DEEPLINE_ABSURD_QUEUE_SUFIX
+    silently served the shared lane). Any other name is warned when its whole
+    name, upper-cased, is close to one lane-worker reads: a typo in the prefix
+    (DEEPLNE_ABSURD_QUEUE_SUFFIX) or a name in the wrong case.
     """
     known = known_variables()
+    every = read_variables()
     said = []
     for name in sorted(env):
-        family = next((f for f in (_OWN_FAMILY, *_SHARED_FAMILIES) if name.startswith(f)), None)
-        if family is None or name in known:
+        if name in every:
             continue
-        # Compared without the family's prefix, which every candidate shares.
-        tails = {k[len(family) :]: k for k in known if k.startswith(family)}
-        cutoff = 0.6 if family == _OWN_FAMILY else _TYPO_RATIO
-        near = [tails[t] for t in difflib.get_close_matches(name[len(family) :], tails, 1, cutoff)]
-        if family == _OWN_FAMILY:
-            typo = f"a typo of {near[0]}?" if near else "a typo?"
-            said.append(f"{name} is set but lane-worker does not read it ({typo}); it is ignored.")
+        upper = name.upper()
+        family = next((f for f in (_OWN_FAMILY, *_SHARED_FAMILIES) if upper.startswith(f)), None)
+        near: list[str] = []
+        if family is not None:
+            # Compared without the family's prefix, which every candidate shares.
+            tails = {k[len(family) :]: k for k in known if k.startswith(family)}
+            cutoff = 0.6 if family == _OWN_FAMILY else _TYPO_RATIO
+            tail = upper[len(family) :]
+            near = [tails[t] for t in difflib.get_close_matches(tail, tails, 1, cutoff)]
+        if not near:
+            near = difflib.get_close_matches(upper, sorted(every), 1, _WHOLE_NAME_RATIO)
+        if near and near[0] == upper:
+            said.append(
+                f"{name} is set but lane-worker does not read it (names are case-sensitive: "
+                f"{near[0]}?); it is ignored."
+            )
+        elif near and near[0].startswith(_OWN_FAMILY):
+            said.append(
+                f"{name} is set but lane-worker does not read it (a typo of {near[0]}?); "
+                "it is ignored."
+            )
         elif near:
             said.append(
                 f"{name} is set but lane-worker does not read it (a typo of {near[0]}?); it is "
                 "ignored (a name only the app reads is no typo: then ignore this warning)."
             )
+        elif family == _OWN_FAMILY:
+            said.append(f"{name} is set but lane-worker does not read it (a typo?); it is ignored.")
     return said
 
 

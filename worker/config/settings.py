@@ -57,7 +57,9 @@ from worker.errors import LaneConfigError, exit_code_for, shown
 WORKER_POOL_SIZE = 2
 SERVERLESS_CLIENT_POOL_SIZE = 1
 _PG_IDENTIFIER_MAX_BYTES = 63
-_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Lower case only: Postgres folds an unquoted name to lower case, so a schema made
+# as "Runtime" (quoted, as the store quotes it) is not the app's unquoted Runtime.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 # The engine's schemas and Postgres's own: store tables there would mix with theirs.
 _RESERVED_SCHEMAS = frozenset({"absurd", "lane_worker", "public", "information_schema"})
 
@@ -260,13 +262,25 @@ def _check_schema_name(variable: str, schema: str, unset_means: str, problems: P
             f"{variable}={shown(schema)} is a schema the engine or Postgres owns: choose a "
             f"schema of the run-state store's own, or unset it for {unset_means}.",
         )
+    elif (
+        schema != schema.lower()
+        and _SCHEMA_NAME.fullmatch(schema.lower())
+        and len(schema) <= _PG_IDENTIFIER_MAX_BYTES
+    ):
+        problems.refuse(
+            variable,
+            f"{variable}={shown(schema)} has upper-case letters: Postgres folds an unquoted "
+            f"name to lower case, so the app's {schema}.submit_run would look in "
+            f"{schema.lower()}, not in the schema lane-worker would create; set it to "
+            f"{schema.lower()!r}, or unset it for {unset_means}.",
+        )
     # The pattern is ASCII, so a name it matches has as many bytes as characters.
     elif not _SCHEMA_NAME.fullmatch(schema) or len(schema) > _PG_IDENTIFIER_MAX_BYTES:
         problems.refuse(
             variable,
-            f"{variable}={shown(schema)} is not a usable schema name: set it to letters, "
-            "digits and underscores (at most 63 bytes, not starting with a digit), or unset "
-            f"it for {unset_means}.",
+            f"{variable}={shown(schema)} is not a usable schema name: set it to lower-case "
+            "letters, digits and underscores (at most 63 bytes, not starting with a digit), "
+            f"or unset it for {unset_means}.",
         )
 
 

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 
@@ -428,6 +428,14 @@ async def set_checkpoint(
     )
 
 
+class AwaitedEvent(NamedTuple):
+    """What ``await_event`` answered: parked, or the event's payload if it was delivered."""
+
+    suspended: bool
+    delivered: bool
+    payload: Any
+
+
 async def await_event(
     conn: Connection,
     queue: str,
@@ -436,8 +444,13 @@ async def await_event(
     step_name: str,
     event_name: str,
     timeout_s: int | None,
-) -> tuple[bool, Any]:
-    """Wait for an engine event: ``(True, None)`` means the run is now parked."""
+) -> AwaitedEvent:
+    """Wait for an engine event: ``suspended`` means the run is now parked.
+
+    ``delivered`` tells an event the engine holds (its payload may be JSON null,
+    the payload of ``emit_event`` without one) from the engine's belief that the
+    wait timed out (no payload at all); both read back as ``None`` in Python.
+    """
     try:
         row = await conn.fetchrow(
             engine_query("await_event"), queue, task_id, run_id, step_name, event_name, timeout_s
@@ -447,4 +460,4 @@ async def await_event(
             raise _engine_error(exc, run_id) from exc
         raise
     assert row is not None  # await_event always returns one row
-    return bool(row["should_suspend"]), row["payload"]
+    return AwaitedEvent(bool(row["should_suspend"]), bool(row["delivered"]), row["payload"])

@@ -411,9 +411,11 @@ class Remedies:
 
         The lane rows and every run stay (history: ``status``, ``runs``); only the
         engine tables go. A lane with a live worker is kept (its loops poll the
-        queue: ``prune_kept_live`` names them). One transaction per lane,
-        re-checked under the lane row's lock. Returns the queues pruned (or,
-        with ``dry_run``, that would be).
+        queue: ``prune_kept_live`` names them), so is one whose queue holds an
+        unfinished task (``prune_kept_busy``) or any task lane-worker did not
+        create, finished or not (``prune_kept_foreign``: another system's queue
+        too). One transaction per lane, re-checked under the lane row's lock.
+        Returns the queues pruned (or, with ``dry_run``, that would be).
         """
         if not older_than_s >= 0:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
@@ -421,7 +423,11 @@ class Remedies:
         rows = await self.db.run(
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        rows = [r for r in rows if not r.live and not await self._busy(r.queue)]
+        rows = [
+            r
+            for r in rows
+            if not r.live and not await self._busy(r.queue) and not await self._foreign(r.queue)
+        ]
         if dry_run:
             return [r.queue for r in rows]
         pruned = []
@@ -433,6 +439,10 @@ class Remedies:
                     return False  # work arrived, or it was activated, meanwhile
                 # Dropping waits for any submit still writing to the queue's tables;
                 # one that committed meanwhile makes the whole prune roll back.
+                # With the queue's task writers held off (prune_lane), a task of
+                # another system that came and finished since the check above.
+                if await self._holds_foreign(conn, queue):
+                    raise _PruneRace
                 await engine.drop_queue(conn, queue)
                 if await self.store.runs.queue_has_open(conn, queue=queue):
                     raise _PruneRace
@@ -449,6 +459,31 @@ class Remedies:
         """Tell whether the queue holds an unfinished task of any kind (one queue a statement)."""
         open_tasks, _ = await self.db.run(lambda c: self.store.lanes.open_tasks(c, queue=queue))
         return open_tasks > 0
+
+    async def _holds_foreign(self, conn: Connection, queue: str) -> bool:
+        return await engine.queue_exists(conn, queue) and await self.store.lanes.holds_foreign_task(
+            conn, queue=queue
+        )
+
+    async def _foreign(self, queue: str) -> bool:
+        """Tell whether the queue holds a task lane-worker did not create, finished or not."""
+        return await self.db.run(lambda c: self._holds_foreign(c, queue))
+
+    async def prune_kept_foreign(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because their queue holds another system's task.
+
+        Only finished ones (an unfinished one keeps it busy): dropping the queue
+        would drop that system's history and the queue it still spawns on.
+        """
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
+        )
+        return [
+            r.queue
+            for r in rows
+            if not r.live and not await self._busy(r.queue) and await self._foreign(r.queue)
+        ]
 
     async def prune_kept_busy(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps because their queue holds an unfinished task."""

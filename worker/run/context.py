@@ -227,11 +227,13 @@ class TaskContext:
                 "armedAtMs": now_ms,
             }
         timeout_ms = 0 if armed["deadlineMs"] is None else armed["deadlineMs"] - armed["armedAtMs"]
-        engine_payload: Any = None
+        # What the engine delivered, if anything: an event emitted straight to the
+        # engine may carry JSON null, which is still an event (not a timeout).
+        engine_event: tuple[bool, Any] = (False, None)
         # Two turns at most: a stale engine wake-up is consumed by the first
         # await_event call, so the second one parks.
         for _ in range(3):
-            output = await self._take_signal(boundary_id, event_key, timeout_ms, engine_payload)
+            output = await self._take_signal(boundary_id, event_key, timeout_ms, engine_event)
             if output is not None:
                 return output
             deadline_ms = armed["deadlineMs"]
@@ -241,7 +243,7 @@ class TaskContext:
             # with it: the next turn reads the authoritative payload from the
             # store), or the engine took a stale wake-up for a timeout: only the
             # armed deadline decides that, and the next turn parks until it.
-            engine_payload = await self._park_for_event(boundary_id, event_key, armed)
+            engine_event = await self._park_for_event(boundary_id, event_key, armed)
         raise FatalRunError(
             f"wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
             f"the engine and the store disagree about event {event_key!r}."
@@ -319,18 +321,20 @@ class TaskContext:
         self._envelope = envelope
 
     async def _take_signal(
-        self, boundary_id: str, event_key: str, timeout_ms: int, engine_payload: Any
+        self, boundary_id: str, event_key: str, timeout_ms: int, engine_event: tuple[bool, Any]
     ) -> dict[str, Any] | None:
         """Resolve the wait from the store's signal row, if the signal has arrived.
 
-        ``engine_payload`` is what the engine delivered, used only when an event
-        was emitted without a signal row (not by ``LaneClient.signal``).
+        ``engine_event`` is ``(delivered, payload)`` as the engine answered, used
+        only when an event was emitted without a signal row (not by
+        ``LaneClient.signal``); its payload may be None (``emit_event`` without one).
         """
+        delivered, engine_payload = engine_event
 
         async def take(conn: Connection) -> dict[str, Any] | None:
             found, payload = await self._attempt.consume_signal(conn, event_key)
             if not found:
-                if engine_payload is None:
+                if not delivered:
                     return None
                 self._log.warning("wait.event_without_signal_row", event_key=event_key)
                 payload = engine_payload
@@ -377,7 +381,9 @@ class TaskContext:
         await self._save(self._disarm(envelope, boundary_id))
         return output
 
-    async def _park_for_event(self, boundary_id: str, event_key: str, armed: dict[str, Any]) -> Any:
+    async def _park_for_event(
+        self, boundary_id: str, event_key: str, armed: dict[str, Any]
+    ) -> tuple[bool, Any]:
         """Park until the event or the armed deadline (raises ``Suspended``)."""
         wait = {
             "kind": "integration_event",
@@ -390,11 +396,12 @@ class TaskContext:
 
     async def _park_on_event(
         self, boundary_id: str, event_name: str, armed: dict[str, Any], wait: dict[str, Any]
-    ) -> Any:
+    ) -> tuple[bool, Any]:
         """Park on engine event ``event_name`` until it comes or the armed deadline passes.
 
-        Raises ``Suspended`` when parked. Returns the engine's payload when the
-        event is already there (or None when the engine believes the wait timed out).
+        Raises ``Suspended`` when parked. Returns ``(True, payload)`` when the event
+        is already there (its payload may be None: JSON null) and ``(False, None)``
+        when the engine believes the wait timed out.
         """
         h = self._h
         deadline_ms = armed["deadlineMs"]
@@ -407,17 +414,18 @@ class TaskContext:
         )
         envelope = self._arm(boundary_id, armed)
 
-        async def park(conn: Connection) -> tuple[bool, Any]:
-            return await engine.await_event(
+        async def park(conn: Connection) -> tuple[bool, tuple[bool, Any]]:
+            got = await engine.await_event(
                 conn, h.queue, h.task_id, h.engine_run_id, f"wait:{boundary_id}", event_name,
                 remaining_s,
             )  # fmt: skip
+            return got.suspended, (got.delivered, got.payload)
 
-        suspended, payload = await self._attempt.park(park, wait, envelope)
+        suspended, event = await self._attempt.park(park, wait, envelope)
         if suspended:
             self._envelope = envelope
             raise Suspended
-        return payload
+        return event
 
     # -- sandboxes ------------------------------------------------------------
 
@@ -508,26 +516,34 @@ class TaskContext:
         wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,
                 "runnerAttempt": number, "deadlineMs": armed["deadlineMs"]}  # fmt: skip
         event_name = checkpoint.runner_terminal_event_name(self.run_id, number)
-        engine_payload: Any = None
+        engine_event: tuple[bool, Any] = (False, None)
         for _ in range(3):
-            output = await self._take_runner(boundary_id, launched, engine_payload, timed_out=False)
+            output = await self._take_runner(boundary_id, launched, engine_event, timed_out=False)
             if output is not None:
                 return output
             if self._now_ms() >= armed["deadlineMs"]:
-                output = await self._take_runner(boundary_id, launched, None, timed_out=True)
+                output = await self._take_runner(
+                    boundary_id, launched, (False, None), timed_out=True
+                )
                 assert output is not None  # at the deadline it always resolves
                 return output
-            engine_payload = await self._park_on_event(boundary_id, event_name, armed, wait)
+            engine_event = await self._park_on_event(boundary_id, event_name, armed, wait)
         raise FatalRunError(
             f"runner wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
             f"the engine and the store disagree about runner attempt {number}."
         )
 
     async def _take_runner(
-        self, boundary_id: str, launched: dict[str, Any], engine_payload: Any, *, timed_out: bool
+        self,
+        boundary_id: str,
+        launched: dict[str, Any],
+        engine_event: tuple[bool, Any],
+        *,
+        timed_out: bool,
     ) -> dict[str, Any] | None:
         """Resolve the runner wait from the stored report, or as timed out at the deadline."""
         number = int(launched["runnerAttempt"])
+        delivered, engine_payload = engine_event
         attempts = self._attempt.store.attempts
         h = self._h
 
@@ -540,7 +556,7 @@ class TaskContext:
                 reported, result = await attempts.take_runner_result(
                     conn, run_id=h.run_id, runner_attempt=number
                 )
-                if not reported and engine_payload is not None:
+                if not reported and delivered:
                     # Emitted straight to the engine (a runner that does not report
                     # through lane-worker): its payload is the result.
                     self._log.warning("wait.runner_event_without_report", runner_attempt=number)

@@ -79,6 +79,14 @@ class LaneQueries(Queries):
         row = await self._records(conn, "queue_tasks", queue)
         return int(row[0]["open_tasks"]), int(row[0]["foreign_tasks"])
 
+    async def holds_foreign_task(self, conn: Connection, *, queue: str) -> bool:
+        """Tell whether the queue holds a task this store did not create, finished or not.
+
+        The engine must have the queue (its task table is named in the statement).
+        """
+        found = await conn.fetchval(self._on_queue("queue_holds_foreign_task", queue))
+        return bool(found)
+
     async def prune(self, conn: Connection, *, queue: str) -> bool:
         """Mark the lane pruned, re-checked under its row lock; say whether it was."""
         return await self._value(conn, "prune_lane", queue) is not None

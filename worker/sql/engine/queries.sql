@@ -102,7 +102,10 @@ select lane_worker.extend_claim_within_v1($1, $2, $3, $4);
 select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
 
 -- name: await_event
-select should_suspend, payload from absurd.await_event($1, $2, $3, $4, $5, $6);
+-- An emitted event's payload is never SQL NULL (emit_event stores JSON null when
+-- given none); SQL NULL is the engine saying the wait timed out.
+select should_suspend, payload, payload is not null as delivered
+  from absurd.await_event($1, $2, $3, $4, $5, $6);
 
 -- name: cancel_task
 select absurd.cancel_task($1, $2);

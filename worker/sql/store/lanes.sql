@@ -146,6 +146,24 @@ select l.queue, l.release_ids, l.retired_at,
 -- The unfinished engine tasks of queue $1, and how many this store did not create.
 select open_tasks, foreign_tasks from {schema}.queue_open_tasks($1);
 
+-- name: queue_holds_foreign_task
+-- Whether the queue's engine tasks ({tasks}) hold one, in any state (a finished one
+-- too, until the engine's cleanup removes it), that this store did not create: no
+-- run row names it as its task or by the runId of its params (a task `lanes move`
+-- or `runs retry` replaced), no sandbox cleanup row names it. Such a queue is
+-- another system's too (the TypeScript app's): `lanes prune` keeps it. The caller
+-- checks first that the engine has the queue.
+select exists (
+  select 1 from {tasks} t
+   where not exists (select 1 from {schema}.runs r where r.task_id = t.task_id)
+     and not exists (
+           select 1 from {schema}.runs r
+            where r.run_id = case
+                    when t.params->>'runId'
+                         ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                    then (t.params->>'runId')::uuid end)
+     and not exists (select 1 from {schema}.run_sandboxes x where x.cleanup_task_id = t.task_id));
+
 -- name: prune_lane
 -- Under the lane row's lock, re-checked: still retired, still no open run, no
 -- live worker of the lane, no pending sandbox cleanup; and last, with every
