@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from support import step_logged
 from support.cli import lane_worker_json
 from support.daemon import Daemon, Daemons
 from support.db import age_worker, fetch
@@ -46,7 +47,10 @@ async def start_mid_step(pool: Daemons, database_url: str, tmp_path: Path) -> tu
     await k.wait_for("run.started", run_id=run_id)
 
     async def in_step_two() -> bool:
-        return (tmp_path / "two.log").exists()
+        # Its line written, not only the file created: `record` opens the file, then
+        # writes, and a kill between the two left the re-run taking itself for the
+        # first execution (60 s, past the test's wait; CI, 2026-12-07).
+        return step_logged(tmp_path / "two.log")
 
     await eventually(in_step_two, what="K executing step two")
     return k, run_id

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from support import step_logged
 from support.daemon import Daemons, queue_of
 from support.db import make_sleepers_due
 from support.runtime import eventually, open_client
@@ -86,7 +87,7 @@ async def test_a_sigkilled_workers_run_is_claimed_when_its_lease_ends(
         ).run_id
 
         async def in_step_two() -> bool:
-            return (tmp_path / "two.log").exists()
+            return step_logged(tmp_path / "two.log")
 
         await eventually(in_step_two, timeout_s=FOUND_WITHIN_S, what="K executing step two")
         k2 = pool.start(RELEASE, name="K2", **lease)

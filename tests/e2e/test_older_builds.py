@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from support import builds
+from support import builds, step_logged
 from support.builds import OLDER_BUILDS, Build, build
 from support.cli import cli_env, lane_worker
 from support.daemon import Daemon, Daemons, base_env
@@ -129,7 +129,7 @@ class Story:
         """Wait until step two of every run began."""
 
         def begun() -> bool:
-            return all((self.dirs[r] / "two.log").exists() for r in run_ids)
+            return all(step_logged(self.dirs[r] / "two.log") for r in run_ids)
 
         async def check() -> bool:
             return begun()

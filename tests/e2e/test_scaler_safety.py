@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO
+from support import REPO, step_logged
 from support.daemon import base_env
 from support.db import fetch
 from support.machines import destroy_all
@@ -44,7 +44,7 @@ async def test_a_machine_scaled_away_finishes_its_step_stopped_once(
         run_id = (await c.submit("slow", {"dir": str(steps), "seconds": 10})).run_id
 
         async def step_two_running() -> bool:
-            return (steps / "two.log").exists()
+            return step_logged(steps / "two.log")
 
         await eventually(step_two_running, timeout_s=30, what="step two running")
         await c.releases.deploy("once", image=APP, machines=0)  # scaled away mid-step

@@ -23,3 +23,12 @@ from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REPO = TESTS_DIR.parent
+
+
+def step_logged(log: Path) -> bool:
+    """Tell whether an execution's line is in ``log`` (support.apps' ``record``), not only its file.
+
+    ``record`` opens the file, then writes: a worker killed between the two leaves an
+    empty file, and its re-run takes itself for the first execution.
+    """
+    return log.exists() and log.read_text().endswith("\n")
