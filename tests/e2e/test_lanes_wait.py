@@ -42,9 +42,11 @@ QA, QB = queue_of(A), queue_of(B)
 APP = "support.apps.drain:app"
 # Many attempts: the run that fails until told otherwise stays in retry backoff.
 CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
-# Long enough to stay parked until A is drained (under 3 s after it parks on a 2-core
-# machine; the test prints it), short enough that B's adoption of it is seen soon.
-NAP_S = 15.0
+# Long enough to stay parked until A is drained and the reports that check it agree
+# (under 3 s after it parks on a quiet 2-core machine, the test prints it; 15 s ran out
+# on a loaded CI machine, and B had adopted the nap before the report was read),
+# short enough that B's adoption of it is seen within the test's time.
+NAP_S = 40.0
 
 
 # -- the operator's views --------------------------------------------------------------------
