@@ -9,6 +9,7 @@ spending an attempt.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -27,6 +28,14 @@ QUEUE = "runs_rel_a"
 # Three attempts: a play that fails is retried, so its first error is seen on a live run.
 ENV_A3 = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE, "LANE_WORKER_MAX_ATTEMPTS": "3"}
 SCHEMA = "runtime_scheduler"
+
+
+# Workers' clocks are set an hour off: far outside anything load can do to a
+# claim's round trip, so a duration measured on a worker's own clock shows.
+SKEW_S = 3600.0
+# The worker reads the database's clock at its claim and counts from when it sent
+# the claim, so a wait is armed up to one round trip late (never early).
+ROUND_TRIP_SLACK_MS = 60_000
 
 
 def skew_clock(monkeypatch: pytest.MonkeyPatch, offset_s: float) -> dict[str, float]:
@@ -125,6 +134,42 @@ async def drive_to_completion(rt: Runtime, *, timeout_s: float = 10) -> None:
     await eventually(completed, timeout_s=timeout_s, what="the run to complete")
 
 
+async def armed_wait(rt: Runtime, run_id: str, boundary_id: str) -> dict[str, Any]:
+    """The wait ``boundary_id`` as armed in the run's stored envelope (while it is parked)."""
+    armed = await rt.db.fetchval(
+        f"select checkpoint->'armedWaits'->$2 from {SCHEMA}.runs where run_id = $1::uuid",
+        run_id,
+        boundary_id,
+    )
+    assert armed is not None, f"{boundary_id!r} is not armed in run {run_id}"
+    return dict(json.loads(armed) if isinstance(armed, str) else armed)
+
+
+def ms(at: Any) -> int:
+    """Unix milliseconds of a timestamptz read from the database."""
+    return round(at.timestamp() * 1000)
+
+
+def assert_measured_on_the_db_clock(
+    attempts: list[dict[str, Any]], armed_at_ms: int, due_ms: int
+) -> None:
+    """The wait was armed on the database's clock and ended by it, however skewed the workers.
+
+    Armed inside the first attempt (claim to park plus a round trip, on the
+    database's clock: a worker's own would put it an hour outside); parked again
+    only by an attempt claimed before it was due (a worker's clock that lags
+    would park after); ended no earlier than it was due. These hold however
+    slow the machine is (1 ms is rounding: both sides are whole milliseconds).
+    """
+    first = attempts[0]
+    armed_from, armed_by = ms(first["claimed_at"]), ms(first["finished_at"])
+    assert armed_from - 1 <= armed_at_ms <= armed_by + ROUND_TRIP_SLACK_MS
+    for later in attempts[1:]:
+        if later["outcome"] == "parked":
+            assert ms(later["claimed_at"]) < due_ms, "parked again after it was due"
+    assert ms(attempts[-1]["finished_at"]) >= due_ms, "ended before it was due"
+
+
 def resumed_after(attempts: list[asyncpg.Record]) -> tuple[float, float]:
     """Seconds (DB clock) from the first claim and from the park to the next claim."""
     parked, resumed = attempts[0], attempts[1]
@@ -134,11 +179,11 @@ def resumed_after(attempts: list[asyncpg.Record]) -> tuple[float, float]:
     )
 
 
-@pytest.mark.parametrize("offset_s", [-1.5, 1.5], ids=["worker-behind", "worker-ahead"])
+@pytest.mark.parametrize("offset_s", [-SKEW_S, SKEW_S], ids=["worker-behind", "worker-ahead"])
 async def test_durable_sleep_on_a_skewed_worker_wakes_on_time(
     database_url: str, monkeypatch: pytest.MonkeyPatch, offset_s: float
 ) -> None:
-    """A 2 s sleep on a worker 1.5 s off wakes after 2 s of database time, in few claims."""
+    """A 2 s sleep on a worker an hour off wakes after 2 s of database time, in few claims."""
     app = App()
 
     @app.play("napper")
@@ -153,24 +198,26 @@ async def test_durable_sleep_on_a_skewed_worker_wakes_on_time(
         submitted = await client.submit("napper")
         skew_clock(monkeypatch, offset_s)
         assert await work_once(rt) == ["parked"]
+        armed = await armed_wait(rt, submitted.run_id, "nap")
         await drive_to_completion(rt)
         monkeypatch.undo()
         status = await client.status(submitted.run_id)
         attempts = await attempt_rows(database_url, submitted.run_id)
     assert status.output == "rested"
-    from_claim_s, from_park_s = resumed_after(attempts)
+    from_claim_s, _ = resumed_after(attempts)
     outcomes = [a["outcome"] for a in attempts]
     assert len(attempts) <= 3, f"{len(attempts)} claims; first resume after {from_claim_s:.2f} s"
     assert outcomes[0] == "parked"
     assert outcomes[-1] == "completed"
     assert from_claim_s >= 2.0
-    assert from_park_s <= 2.6
+    assert armed["wakeAtMs"] - armed["armedAtMs"] == 2000
+    assert_measured_on_the_db_clock(attempts, armed["armedAtMs"], armed["wakeAtMs"])
 
 
 async def test_event_wait_timeout_armed_and_resumed_on_skewed_workers_ends_on_time(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 2 s wait armed on a worker 1.5 s ahead, resumed on one 1.5 s behind, times out at ~2 s."""
+    """A 2 s wait armed on a worker an hour ahead, resumed on one an hour behind: 2 s."""
     app = App()
 
     @app.play("wait")
@@ -183,9 +230,10 @@ async def test_event_wait_timeout_armed_and_resumed_on_skewed_workers_ends_on_ti
         open_runtime(database_url, app, RELEASE, worker_base="behind") as behind,
     ):
         submitted = await client.submit("wait")
-        skew = skew_clock(monkeypatch, 1.5)
+        skew = skew_clock(monkeypatch, SKEW_S)
         assert await work_once(ahead) == ["parked"]
-        skew["s"] = -1.5  # the worker that resumes it has its own clock
+        armed = await armed_wait(ahead, submitted.run_id, "gate")
+        skew["s"] = -SKEW_S  # the worker that resumes it has its own clock
         await drive_to_completion(behind)
         monkeypatch.undo()
         status = await client.status(submitted.run_id)
@@ -194,9 +242,9 @@ async def test_event_wait_timeout_armed_and_resumed_on_skewed_workers_ends_on_ti
     from_claim_s, _ = resumed_after(attempts)
     assert len(attempts) <= 3, f"{len(attempts)} claims; first resume after {from_claim_s:.2f} s"
     assert [a["outcome"] for a in attempts][-1] == "completed"
-    finished_s = (attempts[-1]["finished_at"] - attempts[0]["finished_at"]).total_seconds()
     assert from_claim_s >= 2.0
-    assert finished_s <= 2.6, f"timed out {finished_s:.2f} s after it parked"
+    assert armed["deadlineMs"] - armed["armedAtMs"] == 2000
+    assert_measured_on_the_db_clock(attempts, armed["armedAtMs"], armed["deadlineMs"])
 
 
 # -- a sleep beside a step --------------------------------------------------------------------
