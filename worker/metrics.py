@@ -40,7 +40,16 @@ class Metrics:
             ["status"],
             registry=self.registry,
         )
-        # The drain report, per lane, as of the last /metrics scrape (refreshed then).
+        # The drain report, as of the last /metrics scrape (refreshed then): lanes
+        # by status, and the per-lane series of every lane not drained (a drained
+        # lane's are all zero; a week of deploys would otherwise add ~12 series per
+        # release to every worker's scrape, for good).
+        self.lanes = Gauge(
+            "lane_worker_lanes",
+            "Lanes by status (claiming, draining, drained, unregistered).",
+            ["status"],
+            registry=self.registry,
+        )
         self.lane_open_runs = Gauge(
             "lane_worker_lane_open_runs",
             "Open runs of a lane, by bucket (fresh, inFlight, retrying, parkedSleep, ...).",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from worker.errors import (
 )
 from worker.metrics import Metrics
 from worker.ops.report import LaneView, lanes_table
+from worker.states import LaneState
 
 LANES_TIMEOUT_S = 5.0
 # A bad request's logged reason is cut to this many characters: it quotes the client's bytes.
@@ -264,11 +266,22 @@ async def _handler_clock(
 
 
 def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
-    """Set the per-lane gauges from a drain report (a lane gone from it is dropped)."""
-    for gauge in (metrics.lane_open_runs, metrics.lane_live_workers, metrics.lane_status,
-                  metrics.lane_stranded, metrics.lane_draining_seconds):  # fmt: skip
+    """Set the lane gauges from a drain report (a lane gone from it, or drained, is dropped).
+
+    A drained lane is only counted (``lane_worker_lanes{status="drained"}``): its
+    own series would all be zero, and they would grow with every deploy until pruned.
+    """
+    gauges = (
+        metrics.lanes, metrics.lane_open_runs, metrics.lane_live_workers,
+        metrics.lane_status, metrics.lane_stranded, metrics.lane_draining_seconds,
+    )  # fmt: skip
+    for gauge in gauges:
         gauge.clear()
+    for status, count in Counter(v.status for v in views).items():
+        metrics.lanes.labels(status).set(count)
     for v in views:
+        if v.status == LaneState.DRAINED:
+            continue
         for bucket, n in v.counts.items():
             metrics.lane_open_runs.labels(v.queue, v.release_id, bucket).set(n)
         metrics.lane_live_workers.labels(v.queue, v.release_id).set(v.live_workers)
