@@ -207,12 +207,18 @@ update {schema}.workers set stopped_at = now() where worker_id = $1;
 -- name: maintenance_lanes
 -- The lanes a maintenance pass reconciles, and whether each has its engine
 -- queue. `lanes prune` dropped a pruned lane's queue on purpose (a submit may
--- have created it again: then it is reconciled as any other).
-select l.queue, l.status, l.release_ids,
-       exists (select 1 from absurd.queues q where q.queue_name = l.queue) as engine_queue
+-- have created it again: then it is reconciled as any other). A lane with no
+-- open run has nothing to settle (the reconcile reads only open runs), so it is
+-- left out unless its queue is missing (that is reported): a week of drained
+-- lanes does not slow the rotation of those that hold runs.
+select l.queue, l.status, l.release_ids, q.queue_name is not null as engine_queue
   from {schema}.releases l
- where l.pruned_at is null
-    or exists (select 1 from absurd.queues q where q.queue_name = l.queue)
+  left join absurd.queues q on q.queue_name = l.queue
+ where (l.pruned_at is null or q.queue_name is not null)
+   and (q.queue_name is null
+        or exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled')))
  order by l.queue;
 
 -- name: owns_task
