@@ -33,7 +33,14 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self.lanes_changed = asyncio.Event()
+        # A lane NOTIFY came (not only a LISTEN (re)connect, which pokes every loop itself).
+        self.lanes_notified = False
         self.ledger = asyncio.Event()  # a ledger fact is waiting for delivery
+
+    def take_lanes_notified(self) -> bool:
+        """Tell whether a lane NOTIFY came since the last call, and forget it."""
+        notified, self.lanes_notified = self.lanes_notified, False
+        return notified
 
     def for_queue(self, queue: str) -> asyncio.Event:
         """Return the wake-up event of ``queue``."""
@@ -92,6 +99,7 @@ class Listener:
         _payload: object,
     ) -> None:
         if channel == LANES_CHANNEL:
+            self._wakeups.lanes_notified = True
             self._wakeups.lanes_changed.set()
             return
         if channel == LEDGER_CHANNEL:

@@ -393,7 +393,6 @@ class Supervisor:
         Runs on every lane-registry NOTIFY and every 5 s. ``_refresh_lanes`` says
         which loops are wanted; a loop no longer wanted detaches.
         """
-        notified = False
         listen_refresh_s = self._idle_poll(ADOPTION_REFRESH_S)
 
         def refresh_s() -> float:
@@ -403,6 +402,7 @@ class Supervisor:
 
         while True:
             self.wakeups.lanes_changed.clear()
+            notified = self.wakeups.take_lanes_notified()
             before = _claim_view(runtime)
             if not await self._side_pass(
                 "lane_refresh", lambda: self._refresh_lanes(db, runtime, runs, side)
@@ -411,12 +411,12 @@ class Supervisor:
             if notified or _claim_view(runtime) != before:
                 # What a loop may claim changed (a lane retired or activated, a
                 # machine of this lane came or went): claim again now, not at the
-                # next poll, which is rare while LISTEN is connected.
+                # next poll, which is rare while LISTEN is connected. A LISTEN
+                # (re)connect poked every loop itself and asks only for this
+                # refresh: poking again re-checked a thousand quiet loops twice.
                 self.loops.poke_all()
-            notified = False
             with anyio.move_on_after(refresh_s()):
                 await self.wakeups.lanes_changed.wait()
-                notified = True
 
     async def _refresh_lanes(
         self, db: Database, runtime: Runtime, runs: TaskGroup, side: TaskGroup
