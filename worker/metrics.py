@@ -150,7 +150,8 @@ class Metrics:
         )
         self.ledger_given_up = Counter(
             "lane_worker_ledger_given_up",
-            "Ledger facts given up, by reason: refused (another 4xx or a redirect) or expired "
+            "Ledger facts given up, by reason: refused (another 4xx, a redirect, a context no "
+            "request can carry), unreadable (the fact or its context cannot be decoded) or expired "
             "(LANE_WORKER_LEDGER_RETRY_FOR passed).",
             ["reason"],
             registry=self.registry,

@@ -199,6 +199,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "retryOf": held,
             "created": True,
             "status": "queued",
+            "droppedSignals": [],
         }
         await b.wait_for("run.completed", run_id=retry_id)
         redone = await run_status(database_url, retry_id)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from support.apps.mixed import executions
-from support.cli import lane_worker, lane_worker_json
+from support.cli import lane_worker, lane_worker_json, one_error_line
 from support.daemon import Daemons
-from support.db import all_ended, fetch, statuses
+from support.db import all_ended, execute, fetch, statuses
 from support.runtime import SCHEMA, open_client
 
 
@@ -149,3 +149,102 @@ async def test_a_signal_follows_the_run_to_its_retry(database_url: str) -> None:
         assert done2["output"] == {"ok": True, "n": 2, "timed_out": False, "run": retry2}
         # The failed runs stay failed.
         assert set((await statuses(database_url, [first, second])).values()) == {"failed"}
+
+
+# -- a signal payload no worker can read ------------------------------------------------------
+
+
+UNREADABLE = "rs3-unreadable"
+DEEP = "[" * 3000 + "]" * 3000
+DIGITS = "1" * 5001
+
+
+@pytest.mark.timeout(180)
+async def test_a_retry_refuses_a_signal_it_cannot_read_unless_told_to_drop_it(
+    database_url: str,
+) -> None:
+    """Runs parked for `approved` whose stored payload Python cannot decode (written straight
+    to the table, as an older store let in): status, runs, runs fail and cancel work on them;
+    `runs retry` refuses in one sentence naming the event and the flag, writing nothing; with
+    --drop-unreadable-signals the retry keeps the readable events, waits for `approved`
+    again, and a new signal under the old id completes it.
+
+    Before, the retry copied the payload and failed for good on its first attempt.
+    """
+    async with Daemons(database_url) as pool:
+        d = pool.start(UNREADABLE, name="D", app="support.apps.mixed:safety")
+        await d.ready()
+        env = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": UNREADABLE}
+        async with open_client(database_url, env) as client:
+            deep = (await client.submit("approval", {})).run_id
+            digits = (await client.submit("approval", {})).run_id
+        for run_id in (deep, digits):
+            await d.wait_for("run.parked", run_id=run_id)
+        for run_id, text in ((deep, DEEP), (digits, '{"n": ' + DIGITS + "}")):
+            await execute(
+                database_url,
+                f"insert into {SCHEMA}.signals (run_id, event_key, payload)"
+                " values ($1::uuid, 'approved', $2::text::jsonb),"
+                " ($1::uuid, 'noted', '{\"kept\": true}')",
+                run_id,
+                text,
+            )
+
+        # The operator's views and the two ways to end an open run work on such runs.
+        for run_id in (deep, digits):
+            shown = await lane_worker(database_url, "status", run_id)
+            assert shown.returncode == 0, shown.stderr
+            assert (await lane_worker_json(database_url, "status", run_id))["runId"] == run_id
+        listed = await lane_worker_json(database_url, "runs")
+        assert {deep, digits} <= {r["runId"] for r in listed["runs"]}
+        failed = await lane_worker_json(database_url, "runs", "fail", deep, "--reason", "x")
+        assert failed == {"runId": deep, "failed": True}
+        cancelled = await lane_worker(database_url, "cancel", digits)
+        assert cancelled.returncode == 0, cancelled.stderr
+        await all_ended(database_url, [deep, digits])
+        assert await statuses(database_url, [deep, digits]) == {
+            deep: "failed",
+            digits: "cancelled",
+        }
+
+        # A retry is refused in one sentence, and writes nothing.
+        runs_before = await fetch(database_url, f"select run_id from {SCHEMA}.runs")
+        for run_id, why in ((deep, "nested too deeply"), (digits, "more than 4300 digits")):
+            refused = await lane_worker(database_url, "runs", "retry", run_id)
+            assert refused.returncode == 1, (refused.stdout, refused.stderr)
+            line = one_error_line(refused)
+            assert f"run {run_id} cannot be retried" in line
+            assert "the payload of its event 'approved' cannot be read back" in line
+            assert why in line
+            assert "--drop-unreadable-signals" in line
+        assert await fetch(database_url, f"select run_id from {SCHEMA}.runs") == runs_before
+        retried_by = await fetch(
+            database_url,
+            f"select retried_by from {SCHEMA}.runs where run_id = any($1::uuid[])",
+            [deep, digits],
+        )
+        assert [r["retried_by"] for r in retried_by] == [None, None]
+
+        # Told to, the retry leaves the unreadable event out and keeps the other.
+        retry = await lane_worker_json(
+            database_url, "runs", "retry", deep, "--drop-unreadable-signals"
+        )
+        assert (retry["retryOf"], retry["created"], retry["droppedSignals"]) == (
+            deep,
+            True,
+            ["approved"],
+        ), retry
+        copied = await fetch(
+            database_url,
+            f"select event_key, payload from {SCHEMA}.signals where run_id = $1::uuid",
+            retry["runId"],
+        )
+        assert [(r["event_key"], r["payload"]) for r in copied] == [("noted", {"kept": True})]
+        await d.wait_for("run.parked", run_id=retry["runId"])
+        sent = await lane_worker_json(
+            database_url, "signal", deep, "approved", "--data", '{"ok": true, "n": 3}'
+        )
+        assert sent["deliveredTo"] == retry["runId"], sent
+        await d.wait_for("run.completed", run_id=retry["runId"])
+        done = await lane_worker_json(database_url, "status", retry["runId"])
+        assert done["output"] == {"ok": True, "n": 3, "timed_out": False, "run": retry["runId"]}

@@ -284,3 +284,95 @@ async def test_a_retry_s_facts_go_where_the_run_s_went(database_url: str) -> Non
             await endpoint.wait_until(lambda: len(endpoint.accepted) == 4)
     assert endpoint.accepted_of(run_id) == ["run.started", "run.failed"]
     assert endpoint.accepted_of(retry.run_id) == ["run.started", "run.completed"]
+
+
+# Values Python's json cannot decode (issue 29 §3), written past the store's checks.
+DEEP = "[" * 3000 + "]" * 3000
+DIGITS = "1" * 5001
+
+
+async def test_a_fact_that_cannot_be_read_is_given_up_and_the_run_s_next_fact_goes(
+    database_url: str,
+) -> None:
+    """A run.started nested 3,000 deep, another with a 5,001-digit number: each given up
+    at once saying why (status, metric, log), and each run's run.completed delivered."""
+    metrics = Metrics()
+    with structlog.testing.capture_logs() as logs:
+        async with FakeRuntimeApi() as endpoint:
+            ids = await submit_and_run(database_url, api_for(endpoint), [{"n": 1}, {"n": 2}])
+            for run_id, text in zip(ids, (DEEP, DIGITS), strict=True):
+                await sql(
+                    database_url,
+                    "update runtime_scheduler.ledger set fact = $2::text::jsonb"
+                    " where run_id = $1::uuid and type = 'run.started'",
+                    run_id,
+                    '{"type": "run.started", "v": ' + text + "}",
+                )
+            async with relaying(database_url, metrics):
+                await nothing_pending(database_url)
+            async with open_client(database_url, env_of(R)) as client:
+                facts = [(await client.status(i)).as_json()["facts"] for i in ids]
+    assert [endpoint.accepted_of(i) for i in ids] == [["run.completed"], ["run.completed"]]
+    for run_facts, said in zip(facts, ("nested too deeply", "more than 4300 digits"), strict=True):
+        assert [(f["type"], f["delivery"]["state"]) for f in run_facts] == [
+            ("run.started", "failed"),
+            ("run.completed", "delivered"),
+        ]
+        error = run_facts[0]["delivery"]["error"]
+        assert error["reason"] == "the fact cannot be read"
+        assert said in error["detail"]
+        assert error["tries"] == 1
+    assert len(endpoint.requests) == 2  # nothing was sent for the unreadable facts
+    assert metrics.ledger_given_up.labels("unreadable")._value.get() == 2  # type: ignore[attr-defined]
+    given_up = [e for e in logs if e["event"] == "ledger.given_up"]
+    assert [e["reason"] for e in given_up] == ["the fact cannot be read"] * 2
+    assert TOKEN not in repr(logs)
+
+
+async def test_a_context_that_cannot_be_read_or_used_fails_only_its_own_run_s_facts(
+    database_url: str,
+) -> None:
+    """Runs whose stored runtime API context Python cannot decode, is not an object, or
+    lacks its token: each of their facts is given up saying why; a healthy run beside them
+    on the same endpoint has its facts delivered."""
+    with structlog.testing.capture_logs() as logs:
+        async with FakeRuntimeApi() as endpoint:
+            api = api_for(endpoint)
+            deep, digits, listed, tokenless, healthy = await submit_and_run(
+                database_url, api, [{"n": n} for n in range(5)]
+            )
+            for run_id, text in (
+                (deep, '{"baseUrl": "' + endpoint.base_url + '", "x": ' + DEEP + "}"),
+                (digits, '{"baseUrl": "' + endpoint.base_url + '", "x": ' + DIGITS + "}"),
+                (listed, '["' + TOKEN + '"]'),
+                (tokenless, '{"baseUrl": "' + endpoint.base_url + '"}'),
+            ):
+                await sql(
+                    database_url,
+                    "update runtime_scheduler.run_runtime_api set api = $2::text::jsonb"
+                    " where run_id = $1::uuid",
+                    run_id,
+                    text,
+                )
+            metrics = Metrics()
+            async with relaying(database_url, metrics):
+                await nothing_pending(database_url)
+            async with open_client(database_url, env_of(R)) as client:
+                shown = {i: (await client.status(i)).as_json()["facts"]
+                         for i in (deep, digits, listed, tokenless, healthy)}  # fmt: skip
+    assert endpoint.accepted_of(healthy) == ["run.started", "run.completed"]
+    assert {r.body["runId"] for r in endpoint.requests} == {healthy}
+    for run_id, reason, said in (
+        (deep, "the runtime API context cannot be read", "nested too deeply"),
+        (digits, "the runtime API context cannot be read", "more than 4300 digits"),
+        (listed, "the runtime API context cannot be sent", "not a JSON object"),
+        (tokenless, "the runtime API context cannot be sent", "executorToken"),
+    ):
+        assert [f["delivery"]["state"] for f in shown[run_id]] == ["failed", "failed"], run_id
+        for fact in shown[run_id]:
+            assert fact["delivery"]["error"]["reason"] == reason
+            assert said in fact["delivery"]["error"]["detail"]
+    assert metrics.ledger_given_up.labels("unreadable")._value.get() == 4  # type: ignore[attr-defined]
+    assert metrics.ledger_given_up.labels("refused")._value.get() == 4  # type: ignore[attr-defined]
+    assert TOKEN not in repr(logs)
+    assert TOKEN not in repr(shown)

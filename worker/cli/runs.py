@@ -278,21 +278,38 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
                    "with a live worker that registers the play).")  # fmt: skip
 @click.option("--completed", is_flag=True,
               help="Also retry a run that completed (its work runs again).")  # fmt: skip
+@click.option("--drop-unreadable-signals", is_flag=True,
+              help="Leave out the events whose stored payload cannot be read (else the "
+                   "retry is refused); the retry waits for them again.")  # fmt: skip
 @json_option
-def retry_run(run_id: str, to_release: str | None, completed: bool, as_json: bool) -> None:
+def retry_run(
+    run_id: str, to_release: str | None, completed: bool, drop_unreadable_signals: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Submit a new run with an ended run's play and input, on a release that can run it.
 
     Refused while the run is open or an attempt of it may still execute a step,
     and for a completed run without --completed. The new run's retryOf names the
-    old one, and it receives the events the old one had. A run is retried once:
-    asked again, this prints the existing retry (``created`` false).
+    old one, and it receives the events the old one had; refused when one of their
+    payloads cannot be read back, unless --drop-unreadable-signals. A run is
+    retried once: asked again, this prints the existing retry (``created`` false).
     """
     retried = with_client(
-        lambda client: client.retry_run(run_id, to_release=to_release, completed=completed)
-    )
+        lambda client: client.retry_run(
+            run_id, to_release=to_release, completed=completed,
+            drop_unreadable_signals=drop_unreadable_signals,
+        )
+    )  # fmt: skip
     report = {"runId": retried.run_id, "releaseId": retried.release_id, "queue": retried.queue,
               "retryOf": retried.retry_of, "created": retried.created,
-              "status": retried.status}  # fmt: skip
+              "status": retried.status,
+              "droppedSignals": list(retried.dropped_signals)}  # fmt: skip
+    if retried.dropped_signals and not as_json:
+        keys = ", ".join(repr(k) for k in retried.dropped_signals)
+        click.echo(printable(
+            f"lane-worker: left out event(s) {keys}, whose payload cannot be read; the retry "
+            f"waits for them again (lane-worker signal {retried.retry_of} KEY ...)."
+        ), err=True)  # fmt: skip
     if not retried.created and not as_json:
         # stdout stays the retry's id, as for a new one: scripts read it.
         ended = retried.status in ("completed", "failed", "cancelled")

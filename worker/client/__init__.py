@@ -429,10 +429,22 @@ class LaneClient:
         return await self.remedies.fail_run(run_id, reason)
 
     async def retry_run(
-        self, run_id: str, *, to_release: str | None = None, completed: bool = False
+        self,
+        run_id: str,
+        *,
+        to_release: str | None = None,
+        completed: bool = False,
+        drop_unreadable_signals: bool = False,
     ) -> RetriedRun:
-        """Retry an ended run as a new run (``runs retry``); at most one retry per run."""
-        return await self.remedies.retry_run(run_id, to_release=to_release, completed=completed)
+        """Retry an ended run as a new run (``runs retry``); at most one retry per run.
+
+        ``drop_unreadable_signals``: leave out the events whose payload cannot be
+        read back (else the retry is refused).
+        """
+        return await self.remedies.retry_run(
+            run_id, to_release=to_release, completed=completed,
+            drop_unreadable_signals=drop_unreadable_signals,
+        )  # fmt: skip
 
     async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
         """Move the never-started runs of a lane to a claiming one (``lanes move``)."""

@@ -8,7 +8,9 @@ connection error, a timeout, 408, 429 or a 5xx is tried again later (full-jitter
 exponential backoff, from tenacity, capped at 10 minutes; a ``Retry-After`` is
 honoured), and the endpoint is left alone until then; any other answer (4xx, a
 redirect) gives the fact up with the reason, as does a fact still undelivered
-after ``LANE_WORKER_LEDGER_RETRY_FOR``. Each endpoint gets at most
+after ``LANE_WORKER_LEDGER_RETRY_FOR``, and, without a request, a fact whose JSON
+or whose run's context this process cannot read or use (written past the
+store's checks). Each endpoint gets at most
 ``LANE_WORKER_LEDGER_PER_ENDPOINT`` requests at once, so a slow or dead one
 delays no other. Any live worker delivers any fact (no play code is needed), so
 a drained release's facts still go out after its machines stop; a worker killed
@@ -39,6 +41,7 @@ from worker.config.dburl import url_secrets
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import PendingFact
+from worker.jsonvalue import unreadable_in
 from worker.masking import joined, mask_response, secret_forms
 from worker.metrics import Metrics
 from worker.version import VERSION
@@ -49,6 +52,10 @@ _BACKOFF = wait_random_exponential(multiplier=1, max=MAX_BACKOFF_S)
 _RETRYABLE = frozenset({408, 429})
 _SHOWN_BODY = 200  # characters of a refusal's body kept as its reason
 _USER_AGENT = f"lane-worker/{VERSION}"
+# The endpoint of a fact whose context names no usable base URL: never sent to,
+# never limited (the fact is given up at once).
+NO_ENDPOINT = "-"
+_OPTIONAL_HEADERS = ("vercelProtectionBypassToken", "runtimeTestFaultHeader")
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,31 @@ def _unsendable(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.InvalidURL):
         return True
     return isinstance(exc, ValueError | UnicodeError) and not isinstance(exc, aiohttp.ClientError)
+
+
+def unusable(fact: PendingFact) -> tuple[str, dict[str, str]] | None:
+    """Say why no request can carry ``fact``: the metric's reason and ``reason``, ``detail``.
+
+    Only a row written past the store's checks (an older build, a direct SQL
+    write) can be like this; no retry changes it, so the fact is given up, alone:
+    the run's later facts still go. The detail never quotes the context's values.
+    """
+    said = unreadable_in("the fact", fact.fact)
+    if said is not None:
+        return "unreadable", {"reason": "the fact cannot be read", "detail": said}
+    said = unreadable_in("the runtime API context", fact.api)
+    if said is not None:
+        return "unreadable", {"reason": "the runtime API context cannot be read", "detail": said}
+    api = fact.api
+    if not isinstance(api, dict):
+        detail = "it is not a JSON object"
+    elif not isinstance(api.get("baseUrl"), str) or not isinstance(api.get("executorToken"), str):
+        detail = "its baseUrl or executorToken is missing or not a string"
+    elif any(not isinstance(api.get(k) or "", str) for k in _OPTIONAL_HEADERS):
+        detail = f"its {' or '.join(_OPTIONAL_HEADERS)} is not a string"
+    else:
+        return None
+    return "refused", {"reason": "the runtime API context cannot be sent", "detail": detail}
 
 
 def backoff_s(tries: int, retry_after_s: float | None = None) -> float:
@@ -138,8 +170,10 @@ def origin_of(base_url: str) -> str:
 
 
 def endpoint_of(fact: PendingFact) -> str:
-    """The endpoint (origin) a fact goes to."""
-    return origin_of(str(fact.api["baseUrl"]))
+    """The endpoint (origin) a fact goes to; ``NO_ENDPOINT`` when its context names none."""
+    api = fact.api
+    base = api.get("baseUrl") if isinstance(api, dict) else None
+    return origin_of(base) if isinstance(base, str) else NO_ENDPOINT
 
 
 def host_of(base_url: str) -> str:
@@ -188,7 +222,7 @@ class Relay:
         now = time.monotonic()
         self._backing_off = {e: t for e, t in self._backing_off.items() if t > now}
         busy = Tally(self._in_flight.values())
-        full = [e for e, n in busy.items() if n >= self._share(e)]
+        full = [e for e, n in busy.items() if n >= self._share(e) and e != NO_ENDPOINT]
         return sorted(set(full) | set(self._backing_off))
 
     async def run(self) -> None:
@@ -228,7 +262,7 @@ class Relay:
         busy = Tally(self._in_flight.values())
         for fact in facts:
             endpoint = endpoint_of(fact)
-            if busy[endpoint] >= self._share(endpoint):
+            if endpoint != NO_ENDPOINT and busy[endpoint] >= self._share(endpoint):
                 over.append(fact.fact_id)  # this batch brought more than its share
                 continue
             busy[endpoint] += 1
@@ -273,6 +307,12 @@ class Relay:
     async def _deliver_one(self, http: aiohttp.ClientSession, fact: PendingFact) -> None:
         endpoint = endpoint_of(fact)
         try:
+            problem = unusable(fact)
+            if problem is not None:
+                label, said = problem
+                why: dict[str, Any] = {**said, "tries": fact.delivery_attempts + 1}
+                await self._give_up(fact, endpoint, why, label)
+                return
             if self._backing_off.get(endpoint, 0.0) > time.monotonic():
                 # Its endpoint failed since this was claimed: put it back unsent.
                 wait = self._backing_off[endpoint] - time.monotonic()

@@ -55,6 +55,8 @@ class RetriedRun:
     retry_of: str
     created: bool = True
     status: str = "queued"  # the retry's status when this was read
+    # Events of the old run left out of the retry: their payloads could not be read.
+    dropped_signals: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,12 @@ class Remedies:
         return await self.db.transaction(fail)
 
     async def retry_run(
-        self, run_id: str, *, to_release: str | None = None, completed: bool = False
+        self,
+        run_id: str,
+        *,
+        to_release: str | None = None,
+        completed: bool = False,
+        drop_unreadable_signals: bool = False,
     ) -> RetriedRun:
         """Submit a new run with the ended run's play and input, on a lane that can run it.
 
@@ -217,6 +224,10 @@ class Remedies:
         Refused (``RunStillOpenError``) while the run has not ended, or while an
         attempt of it may still be executing; a completed run only with
         ``completed=True`` (``RetryRefusedError``): its work would run again.
+        Refused too (``RetryRefusedError``, nothing written) when an event's payload
+        cannot be read back: the retry would fail on it as the run did. With
+        ``drop_unreadable_signals`` such events are left out instead (the retry
+        waits for them again).
         """
         await self.check_schemas()
         new_id = uuid.uuid4()
@@ -250,6 +261,7 @@ class Remedies:
                     f"run {old.run_id} cannot be retried: {unreadable}; submit a new run "
                     "with an input lane-worker can read."
                 )
+            dropped = await self._unreadable_signals(conn, old, drop=drop_unreadable_signals)
             release_id, queue = await self._retry_target(conn, old, to_release)
             launch = {**(old.launch or {}), "absurdReleaseId": release_id,
                       "runId": str(new_id), "retryOf": str(old.run_id)}  # fmt: skip
@@ -261,13 +273,38 @@ class Remedies:
             await self.store.runs.mark_retried(conn, run_id=old.run_id, retry_id=new_id)
             # Its play waits for the same events again: an app that signalled the
             # old run must not have to signal again.
-            await self.store.runs.copy_signals(conn, from_run=old.run_id, to_run=new_id)
+            await self.store.runs.copy_signals(
+                conn, from_run=old.run_id, to_run=new_id, leave_out=dropped
+            )
             # And the app hears how the retried work ends, where it heard of the run.
             await self.store.runs.copy_runtime_api(conn, from_run=old.run_id, to_run=new_id)
             await spawn_run_task(conn, self.store, queue, new_id, old.max_attempts)
-            return RetriedRun(str(new_id), release_id, queue, str(old.run_id))
+            return RetriedRun(str(new_id), release_id, queue, str(old.run_id),
+                              dropped_signals=dropped)  # fmt: skip
 
         return await self.db.transaction(retry)
+
+    async def _unreadable_signals(
+        self, conn: Connection, old: RunRow, *, drop: bool
+    ) -> tuple[str, ...]:
+        """Name the events of ``old`` whose payload cannot be read; refuse unless ``drop``.
+
+        Copied, such a payload fails the retry on its first attempt, as it failed
+        the run, and leaves the operator the same choice again on the retry.
+        """
+        found = [(key, unreadable_in(f"the payload of its event {key!r}", payload))
+                 for key, payload in await self.store.runs.long_signal_payloads(
+                     conn, run_id=old.run_id)]  # fmt: skip
+        bad = [(key, said) for key, said in found if said is not None]
+        if bad and not drop:
+            more = f" (and {len(bad) - 1} more event(s) like it)" if len(bad) > 1 else ""
+            raise RetryRefusedError(
+                f"run {old.run_id} cannot be retried: {bad[0][1]}{more}, so the retry would "
+                "fail on it too; add --drop-unreadable-signals to retry without such events "
+                f"(the retry waits for them again: signal run {old.run_id} anew), or submit a "
+                "new run."
+            )
+        return tuple(key for key, _ in bad)
 
     async def _newest_retry(self, conn: Connection, old: RunRow) -> RetriedRun:
         """The newest run of a retried run's chain (its retry may have been retried)."""

@@ -288,10 +288,11 @@ class PendingFact:
     fact_id: int
     run_id: uuid.UUID
     type: str
-    fact: dict[str, Any]
+    # Stored JSON: an object, or Unreadable, or (written past the store's checks) anything.
+    fact: Any
     delivery_attempts: int  # tries so far
     created_at: datetime
-    api: dict[str, Any]  # the run's runtime API context: holds tokens, never logged
+    api: Any  # the run's runtime API context, as `fact`: holds tokens, never logged
 
 
 @dataclass(frozen=True)

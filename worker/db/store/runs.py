@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from worker.db.pool import Connection
@@ -65,10 +66,25 @@ class RunQueries(Queries):
         await self._run(conn, "mark_retried", run_id, retry_id)
 
     async def copy_signals(
-        self, conn: Connection, *, from_run: uuid.UUID, to_run: uuid.UUID
+        self,
+        conn: Connection,
+        *,
+        from_run: uuid.UUID,
+        to_run: uuid.UUID,
+        leave_out: Sequence[str] = (),
     ) -> None:
-        """Give retry ``to_run`` the events ``from_run`` received."""
-        await self._run(conn, "copy_signals", from_run, to_run)
+        """Give retry ``to_run`` the events ``from_run`` received, but those in ``leave_out``."""
+        await self._run(conn, "copy_signals", from_run, to_run, list(leave_out))
+
+    async def long_signal_payloads(
+        self, conn: Connection, *, run_id: uuid.UUID
+    ) -> list[tuple[str, Any]]:
+        """Return the run's signals whose payload may be unreadable: (event key, payload).
+
+        A payload Python cannot decode comes back as the pool's ``Unreadable``.
+        """
+        rows = await self._records(conn, "long_signal_payloads", run_id)
+        return [(r["event_key"], r["payload"]) for r in rows]
 
     async def copy_runtime_api(
         self, conn: Connection, *, from_run: uuid.UUID, to_run: uuid.UUID

@@ -15,8 +15,10 @@ with due as (
      and l.next_delivery_at <= now()
      and (l.delivery_claimed_until is null or l.delivery_claimed_until < now())
      -- the endpoint, as the relay's origin_of names it: scheme, host, port
+     -- ('' for a context without one, written past the checks: never skipped,
+     -- the relay gives its facts up)
      and lower(coalesce(substring(a.api ->> 'baseUrl' from '^(https?://[^/?#]+)'),
-                        a.api ->> 'baseUrl')) <> all ($4::text[])
+                        a.api ->> 'baseUrl', '')) <> all ($4::text[])
      and not exists (select 1 from {schema}.ledger e
                       where e.run_id = l.run_id and e.delivery = 'pending'
                         and e.fact_id < l.fact_id)

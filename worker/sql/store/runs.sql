@@ -28,11 +28,21 @@ update {schema}.runs set retried_by = $2, updated_at = now() where run_id = $1;
 
 -- name: copy_signals
 -- The events run $1 received, for its retry $2: its plays wait for them again.
+-- $3: event keys left out (payloads the operator chose to drop).
 insert into {schema}.signals (run_id, event_key, payload, received_at)
 select $2, s.event_key, s.payload, s.received_at
   from {schema}.signals s
- where s.run_id = $1
+ where s.run_id = $1 and s.event_key <> all ($3::text[])
 on conflict (run_id, event_key) do nothing;
+
+-- name: long_signal_payloads
+-- Run $1's signal payloads that may be unreadable: a text under 309 bytes is
+-- within every limit of value_limits() (checked_value's cheap case), so only
+-- longer ones are read back for the pool's decoder to judge.
+select event_key, payload
+  from {schema}.signals
+ where run_id = $1 and octet_length(payload::text) >= 309
+ order by received_at, event_key;
 
 -- name: copy_runtime_api
 -- Run $1's runtime API context, for its retry $2 (migration 0008): the retry's
