@@ -10,11 +10,15 @@ stands, and any credential a header carries (``Authorization: ...``,
 ``Bearer ...``) is masked even when the secret was not known. ``mask`` is the
 plain rule the logs apply.
 
-Any case counts (ASCII letters: an echo may upper-case a header), and so does
-base64 (standard and URL-safe, padded or not, of the secret and of ``Bearer
-<secret>``, and the secret's part of a longer encoded string at each of the three
-byte alignments). In what is kept of an answer, a secret of ``FRAGMENT_FROM``
-characters or more is also masked piece by piece: any run of the text made of its
+Any case counts (ASCII letters: an echo may upper-case a header; a token with other
+letters also wholly upper- or lower-cased), and so does a token with non-ASCII
+characters as an endpoint in another encoding sends it back (its UTF-8 read as
+Latin-1 or Windows-1252, Latin-1 bytes read as UTF-8 with U+FFFD for each bad
+byte: the relay decodes so), in each spelling. So does base64 (standard and
+URL-safe, padded or not, of the secret and of ``Bearer <secret>``, and the secret's
+part of a longer encoded string at each of the three byte alignments). In what is
+kept of an answer, a secret of ``FRAGMENT_FROM`` characters or more is also masked
+piece by piece (each of its forms too): any run of the text made of its
 ``FRAGMENT_MIN``-character pieces (a token split over a line, cut by a read or a
 limit, or quoted in part) becomes ``***``.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -86,13 +91,45 @@ def _base64_forms(secret: str) -> set[str]:
     return {f for f in found if len(f) >= WHOLE_WORD_BELOW}
 
 
+# The encodings an endpoint may read our UTF-8 as, or write its echo in.
+_OTHER_CODECS = ("latin-1", "cp1252")
+
+
+def _misread(part: str) -> set[str]:
+    """``part`` as an endpoint in another encoding gives it back, decoded as the relay
+    decodes a body (UTF-8, a bad byte as U+FFFD); and wholly upper- or lower-cased, for
+    the letters beyond ASCII that matching does not fold. Nothing for ASCII."""
+    if part.isascii():
+        return set()
+    found = {part.upper(), part.lower()}
+    for codec in _OTHER_CODECS:
+        with contextlib.suppress(UnicodeError):  # a byte the codec leaves undefined
+            found.add(part.encode().decode(codec))  # mojibake: "tÃ¶k"
+        with contextlib.suppress(UnicodeError):  # a character the codec cannot write
+            found.add(part.encode(codec).decode("utf-8", errors="replace"))  # "t\ufffdk"
+    found.discard(part)
+    return found
+
+
+def _spellings(text: str) -> set[str]:
+    """``text`` as sent, percent-encoded (UTF-8, and Latin-1 when it can), inside
+    ``repr()``, and JSON-escaped (``\\u`` escapes or raw, also with ``/`` as ``\\/``)."""
+    found = {text, quote(text, safe=""), repr(text)[1:-1]}
+    with contextlib.suppress(UnicodeError):
+        found.add(quote(text, safe="", encoding="latin-1"))
+    for escaped in (json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]):
+        found |= {escaped, escaped.replace("/", "\\/")}
+    return found
+
+
 def secret_forms(*secrets: str) -> tuple[str, ...]:
     """Every spelling of ``secrets`` an echo may print, longest first.
 
-    As sent, percent-encoded (a query or form echo), inside ``repr()`` and JSON
-    (escaped, also with ``/`` as ``\\/``), in base64 (``_base64_forms``), and each
-    comma-separated part of a token made of several (a Fly macaroon token is such a
-    list). Case is not a spelling: every match ignores it.
+    Each spelling (``_spellings``: as sent, percent-encoded, in ``repr()``, JSON-escaped)
+    of the secret and of its misreadings in another encoding (``_misread``), the secret
+    in base64 (``_base64_forms``), and all that for each comma-separated part of a token
+    made of several (a Fly macaroon token is such a list). ASCII case is not a spelling:
+    every match ignores it.
     """
     found: set[str] = set()
     for secret in secrets:
@@ -103,9 +140,8 @@ def secret_forms(*secrets: str) -> tuple[str, ...]:
         for part in parts:
             if len(part) < _CUT_PREFIX:
                 continue
-            escaped = json.dumps(part)[1:-1]
-            found |= {part, quote(part, safe=""), repr(part)[1:-1], escaped}
-            found.add(escaped.replace("/", "\\/"))
+            for read in (part, *_misread(part)):
+                found |= _spellings(read)
             if len(part) >= WHOLE_WORD_BELOW:
                 found |= _base64_forms(part)
     return tuple(sorted((s for s in found if s), key=len, reverse=True))

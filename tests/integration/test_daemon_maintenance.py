@@ -1,12 +1,16 @@
-"""The maintenance pass against real Postgres: one bad queue never stops the others."""
+"""The maintenance pass against real Postgres: one bad queue never stops the others,
+and cleanup deletes only what lane-worker created."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from structlog.testing import capture_logs
 
-from support.db import sql
+from support import typescript as ts
+from support.db import execute, fetch, sql
 from support.runtime import SCHEMA, open_client
 from worker.client import LaneClient, RunStatus
 from worker.daemon.maintenance import maintain
@@ -126,3 +130,117 @@ async def test_retiring_a_release_nothing_used_creates_its_engine_queue(database
         metrics, lines = await maintain_once(client)
     assert not [line for line in lines if line["event"] == "maintenance.queue_failed"]
     assert errors_of(metrics, retired) is None
+
+
+TS_QUEUE = "ts_only"  # the TypeScript app's own queue: no lane row, no run of this store
+
+
+async def task_of(database_url: str, run_id: str) -> uuid.UUID:
+    """Return the engine task of a store run."""
+    task_id: uuid.UUID = await sql(
+        database_url, f"select task_id from {SCHEMA}.runs where run_id = $1::uuid", run_id
+    )
+    return task_id
+
+
+async def cancel_task(database_url: str, queue: str, task_id: uuid.UUID) -> None:
+    await sql(database_url, "select absurd.cancel_task($1, $2)", queue, task_id)
+
+
+async def long_ago(database_url: str, queue: str) -> None:
+    """Move every end and every event of ``queue`` 31 days back: past any cleanup policy."""
+    for statement in (
+        f"update absurd.\"t_{queue}\" set cancelled_at = cancelled_at - interval '31 days'",
+        f"update absurd.\"r_{queue}\" set completed_at = completed_at - interval '31 days', "
+        "failed_at = failed_at - interval '31 days'",
+        f"update absurd.\"e_{queue}\" set emitted_at = emitted_at - interval '31 days'",
+    ):
+        await execute(database_url, statement)
+
+
+async def engine_rows(database_url: str, queue: str) -> dict[str, set[Any]]:
+    """Return what ``queue``'s engine tables hold: task ids by table, and event names."""
+    found: dict[str, set[Any]] = {}
+    for table, column in (
+        ("t", "task_id"),
+        ("r", "task_id"),
+        ("c", "task_id"),
+        ("e", "event_name"),
+    ):
+        rows = await fetch(database_url, f'select {column} from absurd."{table}_{queue}"')
+        found[table] = {r[column] for r in rows}
+    return found
+
+
+async def test_cleanup_deletes_only_what_lane_worker_created(database_url: str) -> None:
+    """Another system's finished tasks and events stay, on a shared queue and on its own.
+
+    The TypeScript app shares the lane's queue (release ids coincide) and has a
+    queue of its own. Everything ended 31 days ago, past both lane-worker's
+    policy (6 hours) and the engine's default (30 days): the engine's cleanup
+    deleted all of it; lane-worker's pass deletes only its own.
+    """
+    async with open_client(database_url, GOOD_ENV) as client:
+        # The TS app was there first: its task ran a step and completed.
+        ts_done = await ts.spawn(database_url, GOOD_QUEUE)
+        [claimed] = await ts.claim(database_url, GOOD_QUEUE)
+        await sql(
+            database_url,
+            "select absurd.set_task_checkpoint_state($1, $2, 'step-1', $3::jsonb, $4)",
+            GOOD_QUEUE, ts_done, json.dumps({"v": 1}), claimed["run_id"],
+        )  # fmt: skip
+        await ts.complete(database_url, GOOD_QUEUE, claimed["run_id"])
+        # A play-run of the TS app: its runId is no run of this store.
+        ts_play = await ts.spawn(database_url, GOOD_QUEUE, "play-run", {"runId": str(uuid.uuid4())})
+        await cancel_task(database_url, GOOD_QUEUE, ts_play)
+        ts_own = await ts.spawn(database_url, TS_QUEUE)
+        await cancel_task(database_url, TS_QUEUE, ts_own)
+        for queue, event in (
+            (GOOD_QUEUE, f"evt:{uuid.uuid4()}:approved"),
+            (GOOD_QUEUE, "ts-event"),
+            (TS_QUEUE, "ts-event"),
+        ):
+            await sql(database_url, "select absurd.emit_event($1, $2, '{}'::jsonb)", queue, event)
+
+        await register(client, GOOD_QUEUE, "rel_a")
+        # lane-worker's: a cancelled run with a signal and a sandbox (its cleanup ended
+        # too), and the task a `lanes move` left behind (named by its params' runId).
+        done = await client.submit("wait")
+        await client.signal(done.run_id, "approved", {"by": "me"})
+        await sql(database_url, f"select {SCHEMA}.register_sandbox($1::uuid, 'sb-1')", done.run_id)
+        assert await client.cancel(done.run_id)
+        cleanup = await sql(
+            database_url,
+            f"select cleanup_task_id from {SCHEMA}.run_sandboxes where run_id = $1::uuid",
+            done.run_id,
+        )
+        await cancel_task(database_url, GOOD_QUEUE, cleanup)
+        moved = await client.submit("wait")
+        left = await ts.spawn(database_url, GOOD_QUEUE, "play-run", {"runId": moved.run_id})
+        await cancel_task(database_url, GOOD_QUEUE, left)
+        for queue in (GOOD_QUEUE, TS_QUEUE):
+            await long_ago(database_url, queue)
+        # Ended within its policy's 6 hours: stays.
+        recent = await client.submit("wait")
+        assert await client.cancel(recent.run_id)
+        before = await engine_rows(database_url, GOOD_QUEUE)
+        ts_before = await engine_rows(database_url, TS_QUEUE)
+
+        _, lines = await maintain_once(client)
+
+        after = await engine_rows(database_url, GOOD_QUEUE)
+        assert await engine_rows(database_url, TS_QUEUE) == ts_before
+    ours = {await task_of(database_url, done.run_id), cleanup, left}
+    assert ours <= before["t"]
+    assert after["t"] == before["t"] - ours
+    assert after["t"] >= {ts_done, ts_play, await task_of(database_url, recent.run_id)}
+    assert after["r"] == before["r"] - ours
+    assert after["c"] == before["c"] - ours
+    assert ts_done in after["c"]
+    assert after["e"] == before["e"] - {f"evt:{done.run_id}:approved"}
+    assert ts_before["t"] == {ts_own}
+    assert "ts-event" in ts_before["e"]
+    cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
+    assert [(c["queue"], c["tasks"], c["events"]) for c in cleaned] == [(GOOD_QUEUE, 3, 1)]
+    [passed] = [line for line in lines if line["event"] == "maintenance.passed"]
+    assert (passed["engine_queues"], passed["own_queues"], passed["cleaned"]) == (2, 1, 1)

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -195,6 +196,72 @@ async def test_a_token_echoed_thrice_upper_cased_or_in_base64_leaves_no_piece(
         for secret in (LONG, LONG_BYPASS, encoded):
             for i in range(len(secret) - 7):
                 assert secret[i : i + 8].lower() not in folded, (secret[i : i + 8], text)
+
+
+UMLAUT = "tökén-sécret-ümlaut-0123456789"
+_MOJIBAKE = UMLAUT.encode().decode("latin-1")
+# What an endpoint in another encoding sends back of the token, by the request's path:
+# the bytes in its body (the relay reads them as UTF-8, a bad byte as U+FFFD).
+MISREAD_BODIES = {
+    "latin1": UMLAUT.encode("latin-1"),  # read as UTF-8: "t\ufffdk\ufffdn-..."
+    "mojibake": _MOJIBAKE.encode(),  # its UTF-8 was read as Latin-1: "tÃ¶kÃ©n-..."
+    "percent": quote(UMLAUT, safe="").encode(),
+    "json": json.dumps(UMLAUT)[1:-1].encode(),  # \u00f6 escapes
+    "json-mojibake": json.dumps(_MOJIBAKE)[1:-1].encode(),  # a Python server's echo
+}
+
+
+class MisreadEchoApi(FakeRuntimeApi):
+    """A 401 giving the token back in another encoding, by the request's path."""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        await super().handle(request)
+        [mode] = [m for m in MISREAD_BODIES if f"/{m}/" in request.path]
+        body = b'{"error": "bad token", "token": "' + MISREAD_BODIES[mode] + b'"}'
+        return web.Response(status=401, body=body)
+
+
+async def test_a_non_ascii_token_echoed_in_another_encoding_is_kept_nowhere(
+    database_url: str,
+) -> None:
+    """Issue 29: the relay keeps each 401's body as the fact's delivery error: the token,
+    in whichever form the endpoint wrote it, is masked whole."""
+    async with MisreadEchoApi() as endpoint:
+        async with (
+            open_client(database_url, env_of(R)) as client,
+            open_runtime(database_url, app(), R) as runtime,
+        ):
+            for mode in MISREAD_BODIES:
+                api = {"baseUrl": f"{endpoint.base_url}/{mode}", "executorToken": UMLAUT}
+                await client.submit("echo", {"m": mode}, runtime_api=api)
+            while await work_once(runtime):
+                pass
+        db = await Database.open(PoolOptions(url=database_url, max_size=2, retry_for_s=5))
+        relay = Relay(db, Store(SCHEMA), worker_id="mask-misread", metrics=Metrics(),
+                      wakeup=asyncio.Event(),
+                      config=RelayConfig("/ledger", 4, 2, 5.0, 3600.0))  # fmt: skip
+        task = asyncio.create_task(relay.run())
+        try:
+
+            async def given_up() -> bool:
+                left = await sql(
+                    database_url,
+                    f"select count(*) from {SCHEMA}.ledger where delivery = 'pending'",
+                )
+                return bool(left == 0)
+
+            await eventually(given_up, timeout_s=30, what="every fact given up")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await db.close()
+        kept = await sql(
+            database_url,
+            f"select jsonb_agg(delivery_error ->> 'body') from {SCHEMA}.ledger",
+        )
+    assert {r.headers["Authorization"] for r in endpoint.requests} == {f"Bearer {UMLAUT}"}
+    assert len(kept) == len(MISREAD_BODIES) * 2  # each run's started and completed facts
+    assert all(body == '{"error": "bad token", "token": "***"}' for body in kept), kept
 
 
 async def test_a_sandbox_delete_refused_with_the_key_echoed_keeps_none_of_it(

@@ -4,9 +4,11 @@
 the store's ``submit_run``, claimed and put to sleep through the engine's own
 functions, their store rows marked parked as a worker's park does), and plain
 engine queues that no lane names (another system's, say). Each queue also gets
-one task the engine cancelled 31 days ago (``absurd.fake_now``), which the
-cleanup policy deletes (6 hours for a lane, 30 days by default): ``uncleaned``
-lists the queues maintenance has not cleaned yet. Work goes in batches of
+one task cancelled 31 days ago (``absurd.fake_now``), past every cleanup policy
+(6 hours for a lane, 30 days by default): on a lane, a run of the store that was
+cancelled, which maintenance deletes; on a plain queue, another system's task,
+which maintenance leaves (issue 29). ``uncleaned`` lists the queues that still
+hold theirs. Work goes in batches of
 ``BATCH`` queues per transaction: creating a queue locks its ~28 new relations
 until commit, and a thousand in one transaction would run the server out of
 lock memory (about 80 ms a queue on a busy 2-core machine).
@@ -71,9 +73,12 @@ async def build(
             async with conn.transaction():
                 for queue in batch:
                     await conn.execute("select absurd.create_queue($1)", queue)
-        for batch in _batches([*lane_queues, *plain_queues], BATCH):
+        for batch in _batches(releases, BATCH):
             async with conn.transaction():
-                await _cancelled_long_ago(conn, batch)
+                await _cancelled_long_ago(conn, releases=batch)
+        for batch in _batches(plain_queues, BATCH):
+            async with conn.transaction():
+                await _cancelled_long_ago(conn, queues=batch)
     finally:
         await conn.close()
     return Built(tuple(lane_queues), tuple(plain_queues))
@@ -122,11 +127,19 @@ async def _retired_lanes(
         )
 
 
-async def _cancelled_long_ago(conn: asyncpg.Connection[Any], queues: list[str]) -> None:
-    """Give each queue one task the engine cancelled 31 days ago (cleanup's to delete)."""
+async def _cancelled_long_ago(
+    conn: asyncpg.Connection[Any], *, releases: Sequence[str] = (), queues: Sequence[str] = ()
+) -> None:
+    """Give each release's lane a run, and each plain queue a task, cancelled 31 days ago."""
     await conn.execute(
         "select set_config('absurd.fake_now', (now() - interval '31 days')::text, true)"
     )
+    if releases:
+        await conn.execute(
+            f"select {SCHEMA}.cancel_run(({SCHEMA}.submit_run('old', '{{}}'::jsonb, r)"
+            "->>'runId')::uuid) from unnest($1::text[]) r",
+            list(releases),
+        )
     for queue in queues:
         await conn.execute(
             "select absurd.cancel_task($1, (absurd.spawn_task($1, 'old', '{}'::jsonb)).task_id)",

@@ -8,7 +8,6 @@ keeps store tables named like lane-worker's, and patches ``absurd.claim_task``.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
@@ -36,8 +35,10 @@ async def spawn(
             "select task_id from absurd.spawn_task($1, $2, $3::jsonb, $4::jsonb)",
             queue,
             name,
-            json.dumps(params if params is not None else {"from": "typescript"}),
-            json.dumps({"max_attempts": 3}),
+            # Objects: the connection's codec encodes them (a json.dumps here stored a
+            # JSON string, whose ->> 'runId' is null).
+            params if params is not None else {"from": "typescript"},
+            {"max_attempts": 3},
         )
         return task_id
     finally:
@@ -78,7 +79,7 @@ async def complete(database_url: str, queue: str, run_id: uuid.UUID) -> None:
     conn = await connect(database_url)
     try:
         await conn.execute(
-            "select absurd.complete_run($1, $2, $3::jsonb)", queue, run_id, '{"ok": true}'
+            "select absurd.complete_run($1, $2, $3::jsonb)", queue, run_id, {"ok": True}
         )
     finally:
         await conn.close()

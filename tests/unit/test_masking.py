@@ -6,6 +6,8 @@ import base64
 import json
 from urllib.parse import quote
 
+import pytest
+
 from worker.config.dburl import url_secrets
 from worker.masking import mask, mask_response, mask_value, secret_forms
 
@@ -131,3 +133,43 @@ def test_the_piece_rule_keeps_false_positives_rare() -> None:
     short = secret_forms("pass-word-12")  # 12 characters: whole only
     assert mask_response("pass-word here, PASS-WORD-12 there", short) == "pass-word here, *** there"
     assert mask("runs_rel_a RUN run_x", ("run",)) == "runs_rel_a *** run_x"
+
+
+# A token with letters beyond ASCII, and one whose UTF-8 holds bytes that Windows-1252
+# and Latin-1 read differently (€ is E2 82 AC: 0x82 is a quotation mark in one, a
+# control character in the other).
+UMLAUT = "tökén-sécret-ümlaut-0123456789"
+EURO = "p€ss-wörd-€-abcdefghij-987"
+_MOJIBAKE = UMLAUT.encode().decode("latin-1")  # "tÃ¶kÃ©n-..."
+MISREAD = {
+    "latin-1 bytes read as utf-8": UMLAUT.encode("latin-1").decode("utf-8", errors="replace"),
+    "utf-8 read as latin-1": _MOJIBAKE,
+    "utf-8 read as windows-1252": EURO.encode().decode("cp1252"),
+    "percent-encoded utf-8": quote(UMLAUT, safe=""),
+    "percent-encoded, lower-case hex": quote(UMLAUT, safe="").lower(),
+    "percent-encoded latin-1": quote(UMLAUT, safe="", encoding="latin-1"),
+    "json \\u escapes": json.dumps(UMLAUT)[1:-1],
+    "json \\u escapes of the mojibake": json.dumps(_MOJIBAKE)[1:-1],
+    "percent-encoded mojibake": quote(_MOJIBAKE, safe=""),
+    "upper-cased": UMLAUT.upper(),
+}
+
+
+@pytest.mark.parametrize("how", sorted(MISREAD))
+def test_a_non_ascii_token_echoed_in_another_encoding_is_masked(how: str) -> None:
+    """An endpoint in another encoding gives a token with non-ASCII characters back
+    misread, percent-encoded or JSON-escaped: whole, cut at the end of a read, or in
+    part, none of it is kept."""
+    echo = MISREAD[how]
+    secrets = secret_forms(UMLAUT, EURO)
+    assert mask_response(f"unauthorized: {echo} (bad)", secrets) == "unauthorized: *** (bad)"
+    assert mask_response(f"bad {echo[:12]}", secrets, 200, cut=True) == "bad ***"
+    assert mask_response(f"saw ..{echo[3:15]}.. there", secrets) == "saw ..***.. there"
+
+
+def test_a_misreading_the_token_cannot_take_is_skipped() -> None:
+    """€ has no Latin-1 byte, and Windows-1252 leaves 0x81 undefined (Á is C3 81): such
+    a misreading does not exist, and the token's other forms are still made."""
+    for token in (EURO, "Áccess-tökén-0123456789"):
+        forms = secret_forms(token)
+        assert mask_response(f"x {token} {quote(token, safe='')} y", forms) == "x *** *** y"

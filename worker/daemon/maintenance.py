@@ -9,6 +9,12 @@ a few passes. No transaction locks more than one batch's queues' tables: a
 single transaction over every queue held ~30 locks per queue until it committed
 and ran PostgreSQL out of shared memory at 700 queues (issue 35).
 
+Cleanup deletes only what lane-worker created (issue 29): it takes only queues
+a lane row or a run of this store names, and there only this store's finished
+tasks and events (the store's ``clean_own``, by the queue's own policy). Another
+system on Absurd may share a queue (the TypeScript app, when release ids
+coincide) or keep queues of its own: its tasks and events are its own to clean.
+
 Every queue is maintained on its own: a queue that fails is logged
 (``maintenance.queue_failed``) and counted (``lane_worker_maintenance_errors_total``),
 and the pass goes on with the next one. A database outage ends the pass (it
@@ -83,14 +89,15 @@ async def maintain(
     """Run one pass; return False when another worker was cleaning (nothing done)."""
     rotation = rotation if rotation is not None else Rotation()
 
-    async def read(conn: Connection) -> tuple[list[str], list[MaintainedLane]]:
-        return await engine.queue_names(conn), await store.lanes.for_maintenance(conn)
+    async def read(conn: Connection) -> tuple[list[tuple[str, bool]], list[MaintainedLane]]:
+        return await store.lanes.maintained_queues(conn), await store.lanes.for_maintenance(conn)
 
     queues, registry = await db.transaction(read)
-    picked = rotation.take("cleanup", queues, CLEANUP_PER_PASS)
+    own = [queue for queue, ours in queues if ours]
+    picked = rotation.take("cleanup", own, CLEANUP_PER_PASS)
     cleaned = 0
     for index, batch in enumerate(_batches(picked, CLEANUP_BATCH)):
-        failed = await db.transaction(lambda c, b=batch: _clean(c, b))  # type: ignore[misc]
+        failed = await db.transaction(lambda c, b=batch: _clean(c, store, b))  # type: ignore[misc]
         if failed is None:
             # Another worker is cleaning: this batch waits for the next pass.
             if index == 0:
@@ -115,12 +122,12 @@ async def maintain(
     # What this pass covered: with more queues than a pass takes, the rest come next.
     log.info(
         "maintenance.passed", worker_id=worker_id, engine_queues=len(queues),
-        cleaned=cleaned, lanes=len(registry), reconciled=len(chosen),
+        own_queues=len(own), cleaned=cleaned, lanes=len(registry), reconciled=len(chosen),
     )  # fmt: skip
     return True
 
 
-async def _clean(conn: Connection, queues: list[str]) -> list[tuple[str, str]] | None:
+async def _clean(conn: Connection, store: Store, queues: list[str]) -> list[tuple[str, str]] | None:
     """Clean one batch of queues under the cleanup lock; None when another worker holds it."""
     if not await conn.fetchval("select pg_try_advisory_xact_lock($1)", _MAINTENANCE_LOCK_KEY):
         return None
@@ -129,10 +136,10 @@ async def _clean(conn: Connection, queues: list[str]) -> list[tuple[str, str]] |
         try:
             # A savepoint per queue: a broken queue's error leaves the others' cleanup.
             async with conn.transaction():
-                # Deletes at most the queue's cleanup_limit per call.
-                for name, tasks, events in await engine.cleanup(conn, queue):
-                    if tasks or events:
-                        log.info("maintenance.cleaned", queue=name, tasks=tasks, events=events)
+                # Deletes at most the queue's cleanup_limit of each per call.
+                tasks, events = await store.lanes.clean_own(conn, queue=queue)
+                if tasks or events:
+                    log.info("maintenance.cleaned", queue=queue, tasks=tasks, events=events)
         except Exception as exc:
             if is_transient(exc):
                 raise

@@ -76,20 +76,9 @@ async def queue_exists(conn: Connection, queue: str) -> bool:
     return found
 
 
-async def queue_names(conn: Connection) -> list[str]:
-    """Return the engine's queues, by name."""
-    return [r["queue_name"] for r in await conn.fetch(engine_query("queue_names"))]
-
-
 async def drop_queue(conn: Connection, queue: str) -> None:
     """Drop ``queue`` and its tables (waits for any writer of them to commit)."""
     await conn.execute(engine_query("drop_queue"), queue)
-
-
-async def cleanup(conn: Connection, queue: str | None = None) -> list[tuple[str, int, int]]:
-    """Run one bounded cleanup batch by each queue's policy; return deletions per queue."""
-    rows = await conn.fetch(engine_query("cleanup_all_queues"), queue)
-    return [(r["queue_name"], r["tasks_deleted"], r["events_deleted"]) for r in rows]
 
 
 # -- tasks ----------------------------------------------------------------------

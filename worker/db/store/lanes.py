@@ -117,5 +117,17 @@ class LaneQueries(Queries):
         """The lanes a maintenance pass reconciles, each with whether its engine queue exists."""
         return await self._rows(conn, MaintainedLane, "maintenance_lanes")
 
+    async def maintained_queues(self, conn: Connection) -> list[tuple[str, bool]]:
+        """Every engine queue, with whether it is lane-worker's to clean (a lane's or a run's)."""
+        return [(r["queue"], r["own"]) for r in await self._records(conn, "maintained_queues")]
+
+    async def clean_own(self, conn: Connection, *, queue: str) -> tuple[int, int]:
+        """Delete one batch of what this store created and ``queue``'s policy lets go.
+
+        Return the finished tasks and the events deleted; another system's stay.
+        """
+        row = await self._records(conn, "clean_own", queue)
+        return int(row[0]["tasks_deleted"]), int(row[0]["events_deleted"])
+
     async def worker_stopped(self, conn: Connection, *, worker_id: str) -> None:
         await self._run(conn, "worker_stopped", worker_id)

@@ -58,15 +58,8 @@ select absurd.set_queue_policy($1, $2::jsonb);
 -- name: queue_exists
 select exists (select 1 from absurd.queues where queue_name = $1);
 
--- name: queue_names
-select queue_name from absurd.queues order by queue_name;
-
 -- name: drop_queue
 select absurd.drop_queue($1);
-
--- name: cleanup_all_queues
--- One bounded cleanup batch by each queue's policy ($1: one queue, or null: all).
-select queue_name, tasks_deleted, events_deleted from absurd.cleanup_all_queues($1);
 
 -- name: claim_task
 -- The engine's own claim, in claim_lane_v1's row shape (it sweeps nothing it

@@ -221,6 +221,25 @@ select l.queue, l.status, l.release_ids, q.queue_name is not null as engine_queu
                       and r.status not in ('completed', 'failed', 'cancelled')))
  order by l.queue;
 
+-- name: maintained_queues
+-- Every engine queue, and whether it is lane-worker's to clean: a lane row names
+-- it (a worker registered it, an operator retired it; a pruned lane's queue that
+-- another system made again too: only this store's tasks are ever deleted), or a
+-- run of this store was submitted there (a queue only a submit created). A
+-- sandbox cleanup goes to its run's queue or adopter's lane, both named so. Any
+-- other queue is another system's (the TypeScript app's own): never cleaned.
+-- Index probes per queue (runs_queue_idx, migration 0022), no engine table read.
+select q.queue_name as queue,
+       (exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
+        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)) as own
+  from absurd.queues q
+ order by q.queue_name;
+
+-- name: clean_own
+-- One bounded cleanup batch of queue $1's finished tasks and old events that this
+-- store created, by the queue's own policy (migration 0022).
+select tasks_deleted, events_deleted from {schema}.clean_own($1);
+
 -- name: owns_task
 -- Whether this store created engine task $1: a run's (its current task; a task
 -- `lanes move` replaced is named by the run its params name, which the caller
