@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from structlog.testing import capture_logs
@@ -244,3 +245,53 @@ async def test_cleanup_deletes_only_what_lane_worker_created(database_url: str) 
     assert [(c["queue"], c["tasks"], c["events"]) for c in cleaned] == [(GOOD_QUEUE, 3, 1)]
     [passed] = [line for line in lines if line["event"] == "maintenance.passed"]
     assert (passed["engine_queues"], passed["own_queues"], passed["cleaned"]) == (2, 1, 1)
+
+
+async def ended_hours_ago(database_url: str, queue: str, task_id: uuid.UUID, hours: float) -> None:
+    """Make a cancelled task's end ``hours`` back on the engine's clock."""
+    await execute(
+        database_url,
+        f'update absurd."t_{queue}" set cancelled_at = absurd.current_time()'
+        " - make_interval(secs => $2 * 3600) where task_id = $1",
+        task_id,
+        hours,
+    )
+
+
+async def test_own_tasks_on_a_queue_the_typescript_app_created_go_after_six_hours(
+    database_url: str,
+) -> None:
+    """lane-worker's own retention, not the queue's policy; the app's policy and tasks stay.
+
+    The app created the lane's queue first, with the engine's default policy (30
+    days). A pass deletes lane-worker's task that ended 7 hours ago (by that policy
+    it would wait 30 days), keeps its task that ended 5 hours ago and the app's task
+    that ended 7 hours ago, and leaves the queue's policy as the app set it.
+    """
+    async with open_client(database_url, GOOD_ENV) as client:
+        theirs = await ts.spawn(database_url, GOOD_QUEUE)
+        await cancel_task(database_url, GOOD_QUEUE, theirs)
+        await register(client, GOOD_QUEUE, "rel_a")
+        old, recent = await client.submit("wait"), await client.submit("wait")
+        for run in (old, recent):
+            assert await client.cancel(run.run_id)
+        old_task, recent_task = (
+            await task_of(database_url, old.run_id),
+            await task_of(database_url, recent.run_id),
+        )
+        for task_id, hours in ((theirs, 7), (old_task, 7), (recent_task, 5)):
+            await ended_hours_ago(database_url, GOOD_QUEUE, task_id, hours)
+
+        _, lines = await maintain_once(client)
+
+        after = await engine_rows(database_url, GOOD_QUEUE)
+        policy = await fetch(
+            database_url,
+            "select cleanup_ttl, cleanup_limit from absurd.get_queue_policy($1)",
+            GOOD_QUEUE,
+        )
+    assert old_task not in after["t"]
+    assert {theirs, recent_task} <= after["t"]
+    assert [(p["cleanup_ttl"], p["cleanup_limit"]) for p in policy] == [(timedelta(days=30), 1000)]
+    cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
+    assert [(c["queue"], c["tasks"]) for c in cleaned] == [(GOOD_QUEUE, 1)]

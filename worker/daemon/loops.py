@@ -58,7 +58,7 @@ SWEEP_BATCH = 100
 
 
 async def _prepare(conn: Connection, queue: str) -> None:
-    """Create ``queue`` with its policy and NOTIFY trigger, in one transaction."""
+    """Create ``queue`` if missing (with its policy) and its NOTIFY trigger, in one transaction."""
     async with conn.transaction():
         await engine.ensure_queue(conn, queue)
         await engine.watch_queue(conn, queue)

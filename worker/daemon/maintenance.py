@@ -11,7 +11,8 @@ and ran PostgreSQL out of shared memory at 700 queues (issue 35).
 
 Cleanup deletes only what lane-worker created (issue 29): it takes only queues
 a lane row or a run of this store names, and there only this store's finished
-tasks and events (the store's ``clean_own``, by the queue's own policy). Another
+tasks and events (the store's ``clean_own``, by lane-worker's own retention of 6
+hours, whatever the queue's policy: that is its creator's). Another
 system on Absurd may share a queue (the TypeScript app, when release ids
 coincide) or keep queues of its own: its tasks and events are its own to clean.
 
@@ -136,7 +137,7 @@ async def _clean(conn: Connection, store: Store, queues: list[str]) -> list[tupl
         try:
             # A savepoint per queue: a broken queue's error leaves the others' cleanup.
             async with conn.transaction():
-                # Deletes at most the queue's cleanup_limit of each per call.
+                # Deletes at most 1,000 of each per call (lane-worker's own limit).
                 tasks, events = await store.lanes.clean_own(conn, queue=queue)
                 if tasks or events:
                     log.info("maintenance.cleaned", queue=queue, tasks=tasks, events=events)

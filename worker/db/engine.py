@@ -23,6 +23,8 @@ from worker.db.store.rows import Begun, LaneState, row_of
 from worker.errors import LeaseLostError, RunCancelledError, RunNotRunningError
 
 R = TypeVar("R")
+# lane-worker's retention: the policy it sets on a queue it creates, and what the
+# store's clean_own (migration 0023) keeps to for its own tasks on any queue.
 QUEUE_CLEANUP_TTL = "6 hours"
 QUEUE_CLEANUP_LIMIT = 1000
 _CANCELLED = "AB001"
@@ -38,14 +40,31 @@ def datetime_from_ms(epoch_ms: int) -> datetime:
 # -- queues ---------------------------------------------------------------------
 
 
-async def ensure_queue(conn: Connection, queue: str) -> None:
-    """Create ``queue`` if it is missing and set its cleanup policy (idempotent)."""
+async def ensure_queue(conn: Connection, queue: str) -> bool:
+    """Create ``queue`` if it is missing; return whether this call created it.
+
+    lane-worker's cleanup policy goes only on a queue it creates, in the same
+    transaction (the caller's, or one of its own). A queue that was there before,
+    the TypeScript app's when release ids coincide, keeps the policy its creator
+    chose: the app's cleanup of its own tasks follows it (issue 29). lane-worker's
+    own cleanup (the store's ``clean_own``) keeps to its own retention wherever.
+    """
+    if conn.is_in_transaction():
+        return await _create_queue(conn, queue)
+    async with conn.transaction():
+        return await _create_queue(conn, queue)
+
+
+async def _create_queue(conn: Connection, queue: str) -> bool:
     await conn.execute(engine_query("create_queue"), queue)
-    await conn.execute(
-        engine_query("set_queue_policy"),
-        queue,
-        {"cleanup_ttl": QUEUE_CLEANUP_TTL, "cleanup_limit": QUEUE_CLEANUP_LIMIT},
-    )
+    created: bool = await conn.fetchval(engine_query("queue_created_here"), queue)
+    if created:
+        await conn.execute(
+            engine_query("set_queue_policy"),
+            queue,
+            {"cleanup_ttl": QUEUE_CLEANUP_TTL, "cleanup_limit": QUEUE_CLEANUP_LIMIT},
+        )
+    return created
 
 
 async def watch_queue(conn: Connection, queue: str) -> bool:
@@ -63,10 +82,8 @@ async def watch_queue(conn: Connection, queue: str) -> bool:
 
 
 async def queues_unprepared(conn: Connection, queues: list[str]) -> list[str]:
-    """Return those of ``queues`` that ``ensure_queue`` or ``watch_queue`` has not set up."""
-    rows = await conn.fetch(
-        engine_query("queues_unprepared"), queues, QUEUE_CLEANUP_TTL, QUEUE_CLEANUP_LIMIT
-    )
+    """Return those of ``queues`` that lack their engine queue or ``watch_queue``'s trigger."""
+    rows = await conn.fetch(engine_query("queues_unprepared"), queues)
     return [r["queue"] for r in rows]
 
 

@@ -122,7 +122,7 @@ class LaneQueries(Queries):
         return [(r["queue"], r["own"]) for r in await self._records(conn, "maintained_queues")]
 
     async def clean_own(self, conn: Connection, *, queue: str) -> tuple[int, int]:
-        """Delete one batch of what this store created and ``queue``'s policy lets go.
+        """Delete one batch of what this store created that ended 6 hours ago on ``queue``.
 
         Return the finished tasks and the events deleted; another system's stay.
         """

@@ -48,6 +48,16 @@ on conflict (contract) do update
 -- name: create_queue
 select absurd.create_queue($1);
 
+-- name: queue_created_here
+-- Whether this transaction inserted queue $1's row: absurd.create_queue inserts
+-- it "on conflict do nothing", so a queue that was there before, or that another
+-- session created meanwhile, has another transaction's xmin. Compared with the
+-- top-level transaction's id: a row made in a savepoint reads as not ours, and
+-- lane-worker's policy is then left off (never set on what it may not own).
+select coalesce(x.xmin = pg_current_xact_id_if_assigned()::xid, false)
+  from absurd.queues x
+ where x.queue_name = $1;
+
 -- name: watch_queue
 -- The NOTIFY trigger on the queue's engine runs (notify_v1.sql); true: installed now.
 select lane_worker.watch_queue_v1($1);
@@ -141,14 +151,13 @@ select s.run_id, s.release_id, t.state, t.completed_payload, r.failure_reason
  limit $2;
 
 -- name: queues_unprepared
--- Of queues $1, those that lack their engine queue, lane-worker's cleanup policy
--- ($2, $3) or the NOTIFY trigger (watch_queue_v1): one read for a whole registry
--- refresh, so attaching many loops costs a statement per queue only where one is missing.
+-- Of queues $1, those that lack their engine queue or the NOTIFY trigger
+-- (watch_queue_v1): one read for a whole registry refresh, so attaching many loops
+-- costs a statement per queue only where one is missing. The cleanup policy is not
+-- asked: an existing queue keeps its creator's (issue 29).
 select q.queue
   from unnest($1::text[]) as q(queue)
- where not exists (select 1 from absurd.queues x
-                    where x.queue_name = q.queue
-                      and x.cleanup_ttl = $2::text::interval and x.cleanup_limit = $3)
+ where not exists (select 1 from absurd.queues x where x.queue_name = q.queue)
     or not exists (select 1 from pg_trigger t
                     where t.tgrelid = to_regclass(format('absurd.%I', 'r_' || q.queue))
                       and t.tgname = 'lane_worker_runnable_v1');

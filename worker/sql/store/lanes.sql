@@ -237,7 +237,7 @@ select q.queue_name as queue,
 
 -- name: clean_own
 -- One bounded cleanup batch of queue $1's finished tasks and old events that this
--- store created, by the queue's own policy (migration 0022).
+-- store created, by lane-worker's own retention (migration 0023), not the queue's policy.
 select tasks_deleted, events_deleted from {schema}.clean_own($1);
 
 -- name: owns_task
