@@ -67,6 +67,28 @@ async def test_migrate_beside_another_store_refuses_in_one_sentence_creating_not
     assert await schema_objects(empty_database_url) == before  # no engine schema either
 
 
+async def test_migrate_into_a_schema_with_a_type_named_like_a_store_table_refuses_the_same_way(
+    empty_database_url: str,
+) -> None:
+    """`type "ledger" already exists` (exit 1) was the answer (issue 29); now exit 78, named."""
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await conn.execute(
+            "create schema lw2; create type lw2.lanes as enum ('a');"
+            " create domain lw2.ledger as text"
+        )
+    finally:
+        await conn.close()
+    before = await schema_objects(empty_database_url)
+    result = run_cli(operator_env(empty_database_url, LANE_WORKER_STORE_SCHEMA="lw2"), "migrate")
+    assert result.returncode == 78, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("lane-worker: the store schema lw2 already holds domain ledger, which ")
+    assert "set LANE_WORKER_STORE_SCHEMA to a schema of lane-worker's own" in line
+    assert "already exists" not in line
+    assert await schema_objects(empty_database_url) == before
+
+
 async def test_a_store_of_its_own_beside_the_ts_store_keeps_the_lane_rules(
     empty_database_url: str,
 ) -> None:

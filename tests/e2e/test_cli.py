@@ -268,6 +268,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "status": "draining",  # retired, with a run only its release may run
         "liveWorkers": 0,
         "claimingWorkers": 0,
+        "claimHealthUnknownWorkers": 0,
         "queued": 1,
         "running": 0,
         "waiting": 0,

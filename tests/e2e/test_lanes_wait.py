@@ -122,7 +122,8 @@ async def served_agrees(daemon: Daemon, queue: str, shown: dict[str, Any]) -> No
 def worker_of(daemon: Daemon) -> dict[str, Any]:
     """Return a daemon's entry in its lane's `workers`."""
     return {"workerId": daemon.worker_id, "plays": sorted(drain.app.plays), "machineId": None,
-            "version": VERSION, "claiming": True, "notClaiming": []}  # fmt: skip
+            "version": VERSION, "claiming": True, "claimHealth": "claiming",
+            "notClaiming": []}  # fmt: skip
 
 
 async def store_rows(

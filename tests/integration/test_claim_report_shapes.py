@@ -1,6 +1,7 @@
 """A live worker whose claim report has a shape this build cannot read (review F4, defect 4).
 
-Rows are written straight to the workers table, as a newer build or a hand edit
+Rows are written straight to the workers table (with this build's version: a build
+that writes no version reports no claim health), as a newer build or a hand edit
 could: every operator view still answers, each such worker shows as not
 claiming with the reason, and a healthy worker beside them as claiming.
 """
@@ -12,6 +13,7 @@ import json
 from support.cli import lane_worker
 from support.db import execute
 from support.runtime import SCHEMA, open_client
+from worker.version import VERSION
 
 DEEP = "[" * 3000 + "1" + "]" * 3000
 
@@ -37,9 +39,9 @@ async def test_a_worker_with_a_claim_report_of_another_shape_shows_as_not_claimi
         await execute(
             database_url,
             f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid,"
-            " concurrency, plays, claim_failures)"
-            " values ($1, $2, $3, 'h', 1, 1, '{plain}', $4::text::jsonb)",
-            f"w{n}", release, queue, report,
+            " concurrency, plays, claim_failures, version)"
+            " values ($1, $2, $3, 'h', 1, 1, '{plain}', $4::text::jsonb, $5)",
+            f"w{n}", release, queue, report, VERSION,
         )  # fmt: skip
     listed = await lane_worker(database_url, "lanes", "--json")
     assert listed.returncode == 0, listed.stderr

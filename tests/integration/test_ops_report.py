@@ -46,9 +46,12 @@ ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "5"}
 
 
 def seen(worker_id: str, plays: list[str]) -> dict[str, Any]:
-    """A live worker as the report lists it, recorded as a build before 0.2.0 records it."""
+    """A live worker as the report lists it, recorded as a build before 0.2.0 records it.
+
+    Such a build reports no claim health: it reads as unknown, never as claiming.
+    """
     return {"workerId": worker_id, "plays": plays, "machineId": None, "version": None,
-            "claiming": True, "notClaiming": []}  # fmt: skip
+            "claiming": None, "claimHealth": "unknown", "notClaiming": []}  # fmt: skip
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ live worker": its work is stranded, and the remedies say why.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import asyncpg
@@ -65,15 +66,17 @@ async def test_each_worker_shows_its_build_and_an_older_builds_beat_still_works(
             workers = {w["workerId"]: w for w in view.as_json()["workers"]}
             assert workers["old-worker"] == {
                 "workerId": "old-worker", "plays": ["plain"], "machineId": "m-old",
-                "version": None, "claiming": True, "notClaiming": [],
+                "version": None, "claiming": None, "claimHealth": "unknown", "notClaiming": [],
             }  # fmt: skip
+            assert workers["new-worker"]["claimHealth"] == "claiming"
+            assert (view.claiming_workers, view.unknown_workers) == (1, 1)
             assert workers["new-worker"]["version"] == VERSION
             assert workers["new-worker"]["machineId"] == "m-new"
             detail = "\n".join(lane_detail(view))
-            assert "build before 0.2.0; plays: plain" in detail
+            assert "build before 0.2.0; plays: plain; claim health unknown" in detail
             assert f"build {VERSION}; plays: plain" in detail
             html = page.render([view])
-            assert 'data-worker="old-worker" data-version="" data-claiming="yes"' in html
+            assert 'data-worker="old-worker" data-version="" data-claiming="unknown"' in html
             assert f'data-worker="new-worker" data-version="{VERSION}"' in html
             assert '<span data-field="version">before 0.2.0</span>' in html
             releases, _ = await client.releases.list()
@@ -145,5 +148,98 @@ async def test_a_lane_whose_only_live_worker_does_not_claim_is_stranded_and_says
             [view] = [v for v in await client.lanes() if v.queue == QA]
             assert (view.status, view.stranded, view.claiming_workers) == ("claiming", False, 0)
             assert 'data-field="noClaims">no live worker claims</span>' in page.render([view])
+    finally:
+        await conn.close()
+
+
+def queued_for(remedy: str) -> int:
+    """The seconds a claimHealthUnknown blocker says its oldest run has been queued."""
+    found = re.search(r"runs queued for (\d+) s", remedy)
+    assert found is not None, remedy
+    return int(found.group(1))
+
+
+async def test_a_lane_whose_only_live_worker_is_an_older_build_says_its_claim_health_is_unknown(
+    database_url: str,
+) -> None:
+    """A build before 0.2.0 reports no claim health: never shown as claiming (issue 29).
+
+    Its claims may fail for good (`unknown claim mode "all"` after a newer build's
+    install) and nothing in its row would say so. The lane is not called stranded
+    (the worker may well claim), but fresh runs queued a minute on the database's
+    clock are a blocker, shown on a claiming lane too, until a worker known to claim
+    is live.
+    """
+    conn = await connect(database_url)
+    try:
+        async with open_client(database_url, ENV_A) as client:
+            await client.activate_release(A, force=True)
+            first = await client.submit("plain")
+            second = await client.submit("plain")
+            await old_build_beat(conn, "old-worker")
+
+            async def lane_a() -> Any:
+                [view] = [v for v in await client.lanes() if v.queue == QA]
+                return view
+
+            view = await lane_a()
+            lane = view.as_json()
+            [worker] = lane["workers"]
+            assert (worker["version"], worker["claiming"], worker["claimHealth"]) == (
+                None, None, "unknown",
+            )  # fmt: skip
+            assert (lane["status"], lane["liveWorkers"], lane["claimingWorkers"]) == (
+                "claiming", 1, 0,
+            )  # fmt: skip
+            assert (lane["claimHealthUnknownWorkers"], lane["stranded"]) == (1, False)
+            # Just submitted: a worker that claims would take them within its poll.
+            assert "claimHealthUnknown" not in [b["reason"] for b in lane["blockedBy"]]
+            table = "\n".join(lanes_table([view]))
+            assert "rel-a: 1 of its 1 live worker(s) run lane-worker before 0.2.0" in table
+            assert "is not claiming" not in table
+            html = page.render([view])
+            assert 'data-claiming="unknown"' in html
+            assert 'data-field="claimHealthUnknown">no live worker known to claim' in html
+            assert "data-reason" not in html
+
+            # The first run has waited 90 s on the database's clock.
+            await conn.execute(
+                f"update {SCHEMA}.runs set created_at = now() - interval '90 seconds'"
+                " where run_id = $1",
+                first.run_id,
+            )
+            view = await lane_a()
+            lane = view.as_json()
+            [blocker] = [b for b in lane["blockedBy"] if b["reason"] == "claimHealthUnknown"]
+            assert blocker["count"] == 2
+            assert blocker["runIds"] == [first.run_id, second.run_id]  # oldest first
+            assert queued_for(blocker["remedy"]) >= 90
+            assert "(before 0.2.0) cannot say whether they claim" in blocker["remedy"]
+            assert "lane-worker lanes move rel-a --to RELEASE" in blocker["remedy"]
+            assert (lane["status"], lane["stranded"]) == ("claiming", False)
+            table = "\n".join(lanes_table([view]))
+            assert "rel-a: blocked by claimHealthUnknown (2): runs queued for" in table
+            assert "blocked by claiming" not in table  # its other blockers stay unlisted
+            detail = "\n".join(lane_detail(view))
+            assert f"  runs: {first.run_id} {second.run_id}" in detail
+            html = page.render([view])
+            assert '<li data-reason="claimHealthUnknown"><b>claimHealthUnknown</b> (2): ' in html
+            assert 'data-reason="claiming"' not in html
+
+            # Retired, the lane drains with the same word: not stranded, runs waiting long.
+            await client.retire_release(A)
+            lane = (await lane_a()).as_json()
+            assert (lane["status"], lane["stranded"]) == ("draining", False)
+            reasons = [b["reason"] for b in lane["blockedBy"]]
+            assert reasons == ["fresh", "claimHealthUnknown"]
+
+            # A worker of this build that claims is live beside it: nothing unknown to say.
+            await beat(conn, "new-worker", [])
+            view = await lane_a()
+            lane = view.as_json()
+            assert (lane["claimingWorkers"], lane["claimHealthUnknownWorkers"]) == (1, 1)
+            assert [b["reason"] for b in lane["blockedBy"]] == ["fresh"]
+            assert "before 0.2.0, which does not report" not in "\n".join(lanes_table([view]))
+            assert 'data-field="claimHealthUnknown"' not in page.render([view])
     finally:
         await conn.close()

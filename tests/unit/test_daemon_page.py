@@ -133,3 +133,28 @@ async def test_the_run_page_answers_404_for_a_bad_id_and_503_while_the_store_is_
     status, html = await run_page.answer(away, str(uuid.UUID(int=7)), timeout_s=1)
     assert status == 503
     assert 'data-error="ConnectionRefusedError"' in html
+
+
+OLD_WORKER = {"workerId": "w-old", "plays": ["p"], "machineId": None, "version": None,
+              "claiming": None, "claimHealth": "unknown", "notClaiming": []}  # fmt: skip
+
+
+def test_a_claiming_lane_of_an_older_build_says_its_claim_health_is_unknown() -> None:
+    """A build before 0.2.0 is neither claiming nor not: its runs waiting long are shown."""
+    waiting = LaneView(
+        release_id="a", queue="runs_a", status="claiming", workers=(OLD_WORKER,),
+        blocked_by=(Blocker("claiming", 0, "retire it first"),
+                    Blocker("claimHealthUnknown", 2, "runs queued for 75 s; check them")),
+        **BASE,
+    )  # fmt: skip
+    html = page.render([waiting])
+    assert 'data-worker="w-old" data-version="" data-claiming="unknown"' in html
+    assert (
+        '<div class="note" data-field="claimHealth">claim health unknown: lane-worker before '
+        "0.2.0 does not report it</div>"
+    ) in html
+    assert "not claiming" not in html
+    assert 'data-field="claimHealthUnknown">no live worker known to claim' in html
+    assert "stranded" not in html.split("<tbody>")[1]
+    assert '<li data-reason="claimHealthUnknown"><b>claimHealthUnknown</b> (2): runs queued' in html
+    assert "retire it first" not in html  # still a claiming lane's own business

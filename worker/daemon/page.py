@@ -17,8 +17,15 @@ from typing import Any
 from worker.daemon.report_cache import PAGE_OPEN_RUNS
 from worker.db.store.rows import OpenRun
 from worker.ops.remedies import MAX_LIST, OPEN
-from worker.ops.report import BUCKETS, LaneView, collapsed
-from worker.ops.workers import version_of, why_not
+from worker.ops.report import BUCKETS, LaneView, collapsed, shown_blockers
+from worker.ops.workers import (
+    NOT_CLAIMING,
+    UNKNOWN,
+    UNKNOWN_HEALTH,
+    claim_health,
+    version_of,
+    why_not,
+)
 
 REFRESH_S = 5
 # Past this many lanes, the quiet ones are counted and the rest paged this many to a page.
@@ -68,8 +75,9 @@ def _row(view: LaneView) -> str:
         for key, _ in COUNT_COLUMNS
     )
     # A claiming lane is not blocked by anything an operator must act on (as
-    # `lane-worker lanes` prints it): its own workers run what it holds.
-    shown = () if view.status == "claiming" and not view.stranded else view.blocked_by
+    # `lane-worker lanes` prints it): its own workers run what it holds, unless
+    # none of them can say whether it claims and its runs wait long.
+    shown = shown_blockers(view)
     blockers = "".join(
         f'<li data-reason="{escape(b.reason)}"><b>{escape(b.reason)}</b> ({b.count}): '
         f"{escape(b.remedy)}{_run_ids(b.run_ids, b.count)}</li>"
@@ -94,8 +102,17 @@ def _row(view: LaneView) -> str:
         else ""
     )
     if not view.stranded and view.live_workers and not view.claiming_workers:
-        # Nothing waits yet, but nothing submitted to it would run either.
-        stranded = ' <span class="stranded-note" data-field="noClaims">no live worker claims</span>'
+        if view.unknown_workers:
+            # Builds before 0.2.0 report nothing: they may claim, or fail every claim.
+            stranded = (
+                ' <span class="note" data-field="claimHealthUnknown">no live worker known to '
+                "claim: claim health unknown (lane-worker before 0.2.0)</span>"
+            )
+        else:
+            # Nothing waits yet, but nothing submitted to it would run either.
+            stranded = (
+                ' <span class="stranded-note" data-field="noClaims">no live worker claims</span>'
+            )
     badge = ""
     if view.role is not None:
         label = {"current": "current", "previous": "superseded"}.get(view.role, view.role)
@@ -128,17 +145,20 @@ def _row(view: LaneView) -> str:
 
 def _worker(worker: dict[str, Any]) -> str:
     """One live worker: its id, the build it runs, and why it does not claim if it does not."""
-    claims = worker.get("claiming", True)
-    said = (
-        ""
-        if claims
-        else f'<div class="not-claiming" data-field="notClaiming">not claiming: '
-        f"{escape(why_not(worker))}</div>"
-    )
+    health = claim_health(worker)
+    said = ""
+    if health == NOT_CLAIMING:
+        said = (
+            f'<div class="not-claiming" data-field="notClaiming">not claiming: '
+            f"{escape(why_not(worker))}</div>"
+        )
+    elif health == UNKNOWN:
+        said = f'<div class="note" data-field="claimHealth">{escape(UNKNOWN_HEALTH)}</div>'
+    claims = {NOT_CLAIMING: "no", UNKNOWN: "unknown"}.get(health, "yes")
     return (
         f'<div class="worker" data-worker="{escape(str(worker["workerId"]))}" '
         f'data-version="{escape(str(worker.get("version") or ""))}" '
-        f'data-claiming="{"yes" if claims else "no"}"><code>{escape(str(worker["workerId"]))}'
+        f'data-claiming="{claims}"><code>{escape(str(worker["workerId"]))}'
         f'</code> <span data-field="version">{escape(version_of(worker))}</span>{said}</div>'
     )
 

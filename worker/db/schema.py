@@ -148,36 +148,43 @@ def _check_unknown(
 
 _LEDGER_TABLE = "schema_migrations"
 _LEDGER_COLUMNS = frozenset({"version", "name", "compatible", "applied_at"})
-# What a migration creates by name; `if not exists` ones are left out (an older
-# development build may have made them: they are the store's own).
+# What a migration creates by name, `if not exists` ones too: conflicts are only looked
+# for in a schema where no migration of the store was applied, and there an object
+# of that name is not the store's (its tables come in the same transaction), so
+# skipping it would leave lane-worker using another system's table or index.
 _CREATED = re.compile(
     r"create\s+(?:or\s+replace\s+)?(?:unique\s+)?"
-    r"(?P<kind>table|index|view|sequence|function)\s+(?P<maybe>if\s+not\s+exists\s+)?"
-    r"(?:\{schema\}\.)?(?P<name>\w+)",
+    r"(?P<kind>table|index|view|sequence|function|type|domain)\s+"
+    r"(?:if\s+not\s+exists\s+)?(?:\{schema\}\.)?(?P<name>\w+)",
     re.IGNORECASE,
 )
+# What each kind is to the conflict check: relations with a row type (whose name no
+# type of the schema may have), indexes (a relation name, no type), functions, types.
+_KINDS = {"table": "relation", "view": "relation", "sequence": "relation",
+          "index": "index", "function": "function", "type": "type", "domain": "type"}  # fmt: skip
 _CONFLICTS_SHOWN = 6
 STORE_SCHEMA_VARIABLE = "LANE_WORKER_STORE_SCHEMA"
 
 
 def created_by(migration: Migration) -> frozenset[tuple[str, str]]:
     """Return the (kind, name) of every object ``migration`` creates in the store schema."""
-    found = set()
-    for match in _CREATED.finditer(migration.sql):
-        if match["maybe"]:
-            continue
-        kind = "function" if match["kind"].lower() == "function" else "relation"
-        found.add((kind, match["name"].lower()))
-    return frozenset(found)
+    return frozenset(
+        (_KINDS[match["kind"].lower()], match["name"].lower())
+        for match in _CREATED.finditer(migration.sql)
+    )
 
 
 async def conflicts(conn: Connection, schema: str) -> list[str]:
     """Name the objects in ``schema`` that this build's migrations would collide with.
 
     In a schema lane-worker's store does not hold yet, an object a migration creates
-    (a table, index, view, sequence or function) that exists already belongs to
-    someone else: creating it would fail (a table) or silently replace it (a
-    function). So does a ``schema_migrations`` table that is not the store's.
+    (a table, index, view, sequence, function or type) that exists already belongs
+    to someone else: creating it would fail (a table), silently replace it (a
+    function) or be skipped (``if not exists``). So does a type (an enum, a domain,
+    a composite or range type) named like a table, view, sequence or type the
+    migrations create: the type a table brings has its name. So does a
+    ``schema_migrations`` table that is not the store's. Types are named with their
+    kind ("domain ledger"), the rest by name alone.
     """
     ledger = await conn.fetch(_sql("ledger_columns", schema), schema, _LEDGER_TABLE)
     columns = {r["column_name"] for r in ledger}
@@ -196,10 +203,12 @@ async def conflicts(conn: Connection, schema: str) -> list[str]:
     rows = await conn.fetch(
         _sql("existing_objects", schema),
         schema,
-        sorted(n for k, n in wanted if k == "relation"),
+        sorted(n for k, n in wanted if k in ("relation", "index")),
         sorted(n for k, n in wanted if k == "function"),
+        sorted(n for k, n in wanted if k in ("relation", "type")),
     )
-    return sorted({r["name"] for r in rows})
+    named = {(r["name"], f"{r['kind']} {r['name']}" if r["kind"] else r["name"]) for r in rows}
+    return [shown for _, shown in sorted(named)]
 
 
 async def refuse_conflicts(conn: Connection, schema: str) -> None:

@@ -31,13 +31,32 @@ from worker.db.store.rows import (
     ScalerState,
 )
 from worker.masking import mask_response
-from worker.ops.workers import not_claiming_lines, stuck_remedy, version_of, why_not, worker_json
+from worker.ops.workers import (
+    CLAIMING,
+    NO_VERSION,
+    NOT_CLAIMING,
+    UNKNOWN,
+    UNKNOWN_HEALTH,
+    claim_health,
+    not_claiming_lines,
+    stuck_remedy,
+    version_of,
+    why_not,
+    with_health,
+    worker_json,
+)
 
 BUCKETS = ("inFlight", "fresh", "retrying", "handedBack", "parkedSleep", "parkedEvent")
 PARKED = ("parkedSleep", "parkedEvent")
 RUN_IDS_SHOWN = 20
 # Open runs are read for at most this many lanes (those a listing shows in full).
 OPEN_RUN_LANES = 200
+# A fresh run a worker that claims takes within its poll: one this old on a lane whose
+# live workers cannot say whether they claim (builds before 0.2.0) is worth a word.
+UNKNOWN_QUEUED_S = 60.0
+# The blocker that says so: shown on a claiming lane too (the others of a claiming
+# lane are its own workers' business).
+UNKNOWN_BLOCKER = "claimHealthUnknown"
 
 
 @dataclass(frozen=True)
@@ -104,7 +123,14 @@ class LaneView:
     @property
     def claiming_workers(self) -> int:
         """Return how many live workers claim (every loop of theirs does: migration 0021)."""
-        return self.live_workers - sum(1 for w in self.workers if not w.get("claiming", True))
+        return self.live_workers - sum(
+            1 for w in self.workers if claim_health(w) in (NOT_CLAIMING, UNKNOWN)
+        )
+
+    @property
+    def unknown_workers(self) -> int:
+        """Return how many live workers cannot say whether they claim (builds before 0.2.0)."""
+        return len(with_health(self.workers, UNKNOWN))
 
     @property
     def counts_open(self) -> int:
@@ -117,8 +143,10 @@ class LaneView:
 
         A claiming lane counts too: its open runs are its own (a release rolled back
         to, or scaled to 0, whose machines do not run, or whose claims keep failing).
+        A live worker of a build before 0.2.0 may claim: it is not counted as stranded
+        (its ``claimHealthUnknown`` blocker says when its runs wait long).
         """
-        if self.claiming_workers:
+        if self.claiming_workers or self.unknown_workers:
             return False
         if self.status == "claiming":
             return any(self.counts.get(key, 0) for key in BUCKETS)
@@ -152,6 +180,7 @@ class LaneView:
             "status": self.status,
             "liveWorkers": self.live_workers,
             "claimingWorkers": self.claiming_workers,
+            "claimHealthUnknownWorkers": self.unknown_workers,
             "queued": self.queued,
             "running": self.running,
             "waiting": self.waiting,
@@ -355,11 +384,12 @@ def _blockers(
     tally: _Tally,
     names: dict[str, str],
     current: bool = False,
+    now: datetime | None = None,
 ) -> tuple[Blocker, ...]:
     if status == "drained":
         return ()
     # Workers whose claims keep failing run nothing: they count as not there.
-    stuck = [w for w in workers if not w.get("claiming", True)]
+    stuck = with_health(workers, NOT_CLAIMING)
     live = len(workers) - len(stuck)
     served = frozenset(p for w in workers for p in w["plays"])
     found = []
@@ -377,7 +407,38 @@ def _blockers(
         ids = tuple(run_id for _, run_id in oldest)
         remedy = _remedy(reason, release, live, plays, tally, names, served, stuck)
         found.append(Blocker(reason, count, remedy, ids))
-    return tuple(found)
+    unknown = _unknown_blocker(release, workers, tally, now)
+    return tuple(found) + ((unknown,) if unknown is not None else ())
+
+
+def _unknown_blocker(
+    release: str, workers: Sequence[dict[str, Any]], tally: _Tally, now: datetime | None
+) -> Blocker | None:
+    """Fresh runs waiting long on a lane none of whose live workers is known to claim.
+
+    Its workers (builds before 0.2.0) report no claim health: their claims may fail
+    for good (issue 29: ``unknown claim mode`` after a newer build's install), and
+    only their own logs would say so.
+    """
+    unknown = with_health(workers, UNKNOWN)
+    if now is None or not unknown or with_health(workers, CLAIMING):
+        return None
+    count, oldest, _ = tally.own.get("fresh", (0, [], []))
+    if not oldest:
+        return None
+    queued_s = (now - oldest[0][0]).total_seconds()
+    if queued_s < UNKNOWN_QUEUED_S:
+        return None
+    return Blocker(
+        UNKNOWN_BLOCKER,
+        count,
+        f"runs queued for {queued_s:.0f} s; its {len(unknown)} live worker(s)' build "
+        f"({NO_VERSION}) cannot say whether they claim: look for loop.claim_failed in their "
+        "logs (a newer build's install can break an older build's claims), upgrade them to "
+        f"0.2.0 or later, or move the runs to a claiming release (lane-worker lanes move "
+        f"{release} --to RELEASE)",
+        tuple(run_id for _, run_id in oldest),
+    )
 
 
 async def read_report(
@@ -494,6 +555,7 @@ def _views(
                     tally,
                     names,
                     current=getattr(deployed.get(queue), "role", None) == "current",
+                    now=now,
                 ),
                 pruned=row is not None and row.pruned_at is not None,
                 facts_pending=deliveries[queue].pending if queue in deliveries else 0,
@@ -563,8 +625,12 @@ def lanes_table(views: list[LaneView]) -> list[str]:
     lines = aligned(rows)
     for v in views:
         lines += not_claiming_lines(v.release_id, v.workers)
+        if v.unknown_workers and not v.claiming_workers:
+            lines.append(f"{v.release_id}: {unknown_line(v)}")
         if v.status != "claiming" or v.stranded:
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
+        else:  # a claiming lane's own workers run what it holds, unless nobody can tell
+            lines += [f"{v.release_id}: {line}" for line in _listed(shown_blockers(v), ids=False)]
         if v.foreign_tasks:
             lines.append(f"{v.release_id}: {foreign_line(v)}")
     return lines
@@ -579,13 +645,32 @@ def foreign_line(view: LaneView) -> str:
     )
 
 
+def unknown_line(view: LaneView) -> str:
+    """Say that none of the lane's live workers is known to claim, and why."""
+    return (
+        f"{view.unknown_workers} of its {view.live_workers} live worker(s) run lane-worker "
+        f"{NO_VERSION}, which does not report whether it claims; none is known to claim"
+    )
+
+
+def shown_blockers(view: LaneView) -> tuple[Blocker, ...]:
+    """The blockers a listing shows: a claiming lane's only when stranded, or the unknown one."""
+    if view.status != "claiming" or view.stranded:
+        return view.blocked_by
+    return tuple(b for b in view.blocked_by if b.reason == UNKNOWN_BLOCKER)
+
+
 def _blocker_lines(view: LaneView, *, ids: bool) -> list[str]:
     if not view.blocked_by:
         if view.pruned:
             return ["safe to stop its machines (drained; pruned: its engine queue is gone)."]
         return ["safe to stop its machines (drained)."] if view.safe_to_stop else []
+    return _listed(view.blocked_by, ids=ids)
+
+
+def _listed(blockers: Sequence[Blocker], *, ids: bool) -> list[str]:
     lines = []
-    for b in view.blocked_by:
+    for b in blockers:
         lines.append(f"blocked by {b.reason} ({b.count}): {b.remedy}")
         if ids and b.run_ids:
             more = f" (first {len(b.run_ids)} of {b.count})" if b.count > len(b.run_ids) else ""
@@ -604,7 +689,7 @@ def lane_detail(view: LaneView) -> list[str]:
         ("live workers", str(view.live_workers)),
         *[(f"  {w['workerId']}", f"build {version_of(w)}; plays: "
            + (", ".join(w["plays"]) or "(none)")
-           + ("" if w.get("claiming", True) else f"; NOT CLAIMING: {why_not(w)}"))
+           + _health_said(w))
           for w in view.workers],
         ("in flight", str(c["inFlight"])),
         ("fresh", str(c["fresh"])),
@@ -620,6 +705,13 @@ def lane_detail(view: LaneView) -> list[str]:
     width = max(len(name) for name, _ in rows)
     foreign = [foreign_line(view)] if view.foreign_tasks else []
     return [f"{n.ljust(width)}  {v}" for n, v in rows] + _blocker_lines(view, ids=True) + foreign
+
+
+def _health_said(worker: dict[str, Any]) -> str:
+    health = claim_health(worker)
+    if health == NOT_CLAIMING:
+        return f"; NOT CLAIMING: {why_not(worker)}"
+    return f"; {UNKNOWN_HEALTH}" if health == UNKNOWN else ""
 
 
 def _seconds(value: float | None) -> str:

@@ -17,6 +17,13 @@ from worker.jsonvalue import decode_json, unreadable_in
 # What a worker that recorded no version runs: builds before 0.2.0 had no column for it.
 NO_VERSION = "before 0.2.0"
 
+# A worker's claim health (``claimHealth``): every loop claims, some loop does not, or
+# its build (before 0.2.0) reports neither, so nobody can tell (issue 29).
+CLAIMING = "claiming"
+NOT_CLAIMING = "notClaiming"
+UNKNOWN = "unknown"
+UNKNOWN_HEALTH = f"claim health unknown: lane-worker {NO_VERSION} does not report it"
+
 
 # What a worker's claim report is said to be when it cannot be read: a newer build
 # may write another shape, and a worker this build cannot vouch for is not called healthy.
@@ -85,14 +92,29 @@ def worker_json(raw: dict[str, Any], now: datetime) -> dict[str, Any]:
     report = raw.get("claimFailures")
     # The report's read gives it as its JSON text, decoded here for this worker alone.
     not_claiming = not_claiming_of(decode_json(report) if isinstance(report, str) else report, now)
+    version = raw.get("version")
+    # Store migration 0021 gave builds both columns at once: a worker that writes no
+    # version writes no claim report either, so its silence says nothing.
+    health = UNKNOWN if version is None and not not_claiming else _health(not not_claiming)
     return {
         "workerId": raw["workerId"],
         "plays": raw.get("plays") or [],
         "machineId": raw.get("machineId"),
-        "version": raw.get("version"),  # null: a build before 0.2.0
-        "claiming": not not_claiming,
+        "version": version,  # null: a build before 0.2.0
+        "claiming": None if health == UNKNOWN else not not_claiming,  # null: unknown
+        "claimHealth": health,
         "notClaiming": not_claiming,
     }
+
+
+def _health(claims: bool) -> str:
+    return CLAIMING if claims else NOT_CLAIMING
+
+
+def claim_health(worker: dict[str, Any]) -> str:
+    """Return a live worker's claim health; a worker without the field claims (as before 0021)."""
+    claims = worker.get("claiming", True)
+    return UNKNOWN if claims is None else _health(bool(claims))
 
 
 def _text(value: Any) -> str:
@@ -106,9 +128,9 @@ def version_of(worker: dict[str, Any]) -> str:
     return str(worker.get("version") or NO_VERSION)
 
 
-def claiming(workers: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return the workers whose every claim loop claims."""
-    return [w for w in workers if w.get("claiming", True)]
+def with_health(workers: Sequence[dict[str, Any]], health: str) -> list[dict[str, Any]]:
+    """Return the workers whose claim health is ``health``."""
+    return [w for w in workers if claim_health(w) == health]
 
 
 def why_not(worker: dict[str, Any]) -> str:
@@ -131,14 +153,13 @@ def not_claiming_lines(release: str, workers: Sequence[dict[str, Any]]) -> list[
     """One line per live worker of ``release`` that does not claim, with the reason."""
     return [
         f"{release}: worker {w['workerId']} ({version_of(w)}) is not claiming: {why_not(w)}"
-        for w in workers
-        if not w.get("claiming", True)
+        for w in with_health(workers, NOT_CLAIMING)
     ]
 
 
 def stuck_remedy(release: str, workers: Sequence[dict[str, Any]]) -> str:
     """What to do when every live worker of ``release`` is up but none claims."""
-    stuck = [w for w in workers if not w.get("claiming", True)]
+    stuck = with_health(workers, NOT_CLAIMING)
     first = why_not(stuck[0]) if stuck else ""
     return (
         f"{release}'s {len(stuck)} live worker(s) are not claiming ({first}): fix the cause "

@@ -34,9 +34,25 @@ select column_name from information_schema.columns
  where table_schema = $1 and table_name = $2;
 
 -- name: existing_objects
--- Which of relations $2 and functions $3 (raw names) exist in schema $1.
-select c.relname as name from pg_class c join pg_namespace n on n.oid = c.relnamespace
+-- Which of relations $2, functions $3 and types $4 (raw names) exist in schema $1;
+-- kind: null for a relation or function, else what the type is.
+select c.relname as name, null::text as kind
+  from pg_class c join pg_namespace n on n.oid = c.relnamespace
  where n.nspname = $1 and c.relname = any ($2::text[])
+   and c.relkind <> 'c'  -- a composite type's entry: named as a type below
 union
-select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace
- where n.nspname = $1 and p.proname = any ($3::text[]);
+select p.proname, null from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+ where n.nspname = $1 and p.proname = any ($3::text[])
+union
+select t.typname,
+       case t.typtype when 'd' then 'domain' when 'e' then 'enum type'
+                      when 'r' then 'range type' when 'm' then 'multirange type'
+                      when 'c' then 'composite type' when 'p' then 'shell type'
+                      else 'type' end
+  from pg_type t join pg_namespace n on n.oid = t.typnamespace
+  left join pg_class r on r.oid = t.typrelid
+ where n.nspname = $1 and t.typname = any ($4::text[])
+   -- A table's, view's or sequence's row type: that relation is named above.
+   and coalesce(r.relkind, 'c') = 'c'
+   -- An array type the server made for another type: it moves it out of the way.
+   and not exists (select 1 from pg_type e where e.typarray = t.oid);
