@@ -5,7 +5,8 @@ queues when release ids coincide. `lanes retire/activate/move/show` act only on
 lanes lane-worker registered (a lane row, or its runs); `lanes prune` never drops
 a queue that holds any unfinished task (another system's, a sandbox cleanup) nor
 one that holds another system's task at all, finished or not, nor one it did not
-create (migration 0024's record); `lanes --json` counts the tasks on a lane's queue that lane-worker did not create.
+create (migration 0024's record); `lanes --json` counts the tasks on a lane's
+queue that lane-worker did not create.
 """
 
 from __future__ import annotations
