@@ -188,6 +188,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "keptLive": [],
             "keptBusy": [],
             "keptForeign": [],
+            "keptNotOurs": [],
         }
         (tmp_path / "gate").touch()  # the retry's step can finish
         retry = await lane_worker_json(database_url, "runs", "retry", held)
@@ -258,6 +259,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "keptLive": [],
             "keptBusy": [],
             "keptForeign": [],
+            "keptNotOurs": [],
         }
         assert QA in await engine_queues(database_url)
         pruned = await lane_worker_json(database_url, "lanes", "prune", "--older-than", "0s")
@@ -267,6 +269,7 @@ async def test_a_machine_stopped_before_drained_is_repaired_with_every_remedy(
             "keptLive": [],
             "keptBusy": [],
             "keptForeign": [],
+            "keptNotOurs": [],
         }
         assert await engine_queues(database_url) == [QB]
         report = await lane_worker_json(database_url, "lanes")

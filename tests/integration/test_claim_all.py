@@ -36,7 +36,7 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Re
     await engine_schema.ensure_engine_schema(c)
     await Store(SCHEMA).migrate(c)
     for queue in (BY_ENGINE, BY_LANE):
-        await engine.ensure_queue(c, queue)
+        await engine.ensure_queue(c, queue, record=None)
     yield c
     await c.close()
 
@@ -331,7 +331,7 @@ async def test_no_claim_mode_hands_out_another_systems_task(
     own_status: str,
 ) -> None:
     """Due, woken and sleeping foreign tasks stay where their owner left them, in every mode."""
-    await engine.ensure_queue(conn, OTHER)
+    await engine.ensure_queue(conn, OTHER, record=None)
     await conn.execute(
         f"insert into {SCHEMA}.releases (queue, status, created_at)"
         " values ($1, $2, now()), ($3, 'retired', now() - interval '1 hour')"

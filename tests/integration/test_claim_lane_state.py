@@ -28,7 +28,7 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Re
     c = await connect(database_url)
     await engine_schema.ensure_engine_schema(c)
     await Store(SCHEMA).migrate(c)
-    await engine.ensure_queue(c, QA)
+    await engine.ensure_queue(c, QA, record=None)
     await c.execute(
         f"insert into {SCHEMA}.releases (queue, status, created_at)"
         " values ($1, 'claiming', now() - interval '1 hour'), ($2, 'claiming', now())",
@@ -113,7 +113,7 @@ async def test_a_retired_lanes_continuation_loop_is_served_as_draining(
     conn: asyncpg.Connection[asyncpg.Record],
 ) -> None:
     """A's loop on an older retired lane, asking 'adopt', is not handed that lane's parked run."""
-    await engine.ensure_queue(conn, "runs_state_old")
+    await engine.ensure_queue(conn, "runs_state_old", record=None)
     await conn.execute(
         f"insert into {SCHEMA}.releases (queue, status, created_at)"
         " values ('runs_state_old', 'retired', now() - interval '2 hours')"

@@ -32,7 +32,7 @@ async def eng(database_url: str) -> asyncpg.Connection[asyncpg.Record]:
     conn = await connect(database_url)
     await engine_schema.ensure_engine_schema(conn)
     await Store(SCHEMA).migrate(conn)  # the continuation claim reads the store's adopters
-    await engine.ensure_queue(conn, QUEUE)
+    await engine.ensure_queue(conn, QUEUE, record=None)
     # QUEUE's lane is retired and older than the continuation worker's own lane.
     await conn.execute(
         f"insert into {SCHEMA}.releases (queue, status, created_at)"
@@ -107,7 +107,7 @@ async def test_concurrent_install_from_ten_connections_installs_once(
 async def test_install_is_idempotent(eng: asyncpg.Connection[asyncpg.Record]) -> None:
     """A second install changes nothing and reports the schema current."""
     assert await engine_schema.ensure_engine_schema(eng) == "current"
-    await engine.ensure_queue(eng, QUEUE)
+    await engine.ensure_queue(eng, QUEUE, record=None)
     policy = await eng.fetchrow(
         "select cleanup_ttl, cleanup_limit from absurd.get_queue_policy($1)", QUEUE
     )

@@ -71,6 +71,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "deployment_events",
         "scaler_state",
         "store_identity",
+        "created_queues",
     }
 
 

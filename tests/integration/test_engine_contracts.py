@@ -47,7 +47,7 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Re
     c = await connect(database_url)
     await engine_schema.ensure_engine_schema(c)
     await Store(SCHEMA).migrate(c)
-    await engine.ensure_queue(c, QUEUE)
+    await engine.ensure_queue(c, QUEUE, record=None)
     yield c
     await c.close()
 

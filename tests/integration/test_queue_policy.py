@@ -15,8 +15,8 @@ from datetime import timedelta
 import pytest
 
 from support import typescript as ts
-from support.db import sql
-from support.runtime import connect, env_of, eventually, open_client, queue_of
+from support.db import fetch, sql
+from support.runtime import SCHEMA, connect, env_of, eventually, open_client, queue_of
 from worker.client import LaneClient
 from worker.db import engine
 
@@ -40,21 +40,24 @@ async def policy_of(database_url: str, queue: str) -> tuple[timedelta, int]:
 
 
 async def test_a_queue_lane_worker_creates_gets_its_policy(database_url: str) -> None:
-    """Every way lane-worker creates a queue sets its policy, and says it created it."""
+    """Every way lane-worker creates a queue sets its policy, says and records it created it."""
     async with open_client(database_url, env_of("rel-new")) as client:
+        record = client.store.lanes.record_created_queue
         conn = await connect(database_url)
         try:
-            assert await engine.ensure_queue(conn, "lw_alone") is True
-            assert await engine.ensure_queue(conn, "lw_alone") is False
+            assert await engine.ensure_queue(conn, "lw_alone", record=record) is True
+            assert await engine.ensure_queue(conn, "lw_alone", record=record) is False
             # Within the caller's transaction (the loop registry's, `lanes retire`'s).
             async with conn.transaction():
-                assert await engine.ensure_queue(conn, "lw_in_transaction") is True
+                assert await engine.ensure_queue(conn, "lw_in_transaction", record=record) is True
         finally:
             await conn.close()
         submitted = await client.submit("wait")  # the SQL API's first submit to a lane
         forced = await client.retire_release("rel-forced", force=True)
-    for queue in ("lw_alone", "lw_in_transaction", submitted.queue, forced):
+    created = ["lw_alone", "lw_in_transaction", submitted.queue, forced]
+    for queue in created:
         assert await policy_of(database_url, queue) == OWN_POLICY, queue
+    assert await recorded(database_url) == sorted(created)
 
 
 async def test_a_queue_the_typescript_app_created_keeps_its_policy(database_url: str) -> None:
@@ -69,9 +72,10 @@ async def test_a_queue_the_typescript_app_created_keeps_its_policy(database_url:
                 "not_there",
             ]
             # A worker's boot and its loop registry.
-            assert not await engine.ensure_queue(conn, QUEUE)
+            record = client.store.lanes.record_created_queue
+            assert not await engine.ensure_queue(conn, QUEUE, record=record)
             async with conn.transaction():
-                assert not await engine.ensure_queue(conn, QUEUE)
+                assert not await engine.ensure_queue(conn, QUEUE, record=record)
                 await engine.watch_queue(conn, QUEUE)
             # Prepared now: the app's policy is not a reason to prepare it again.
             assert await engine.queues_unprepared(conn, [QUEUE]) == []
@@ -82,6 +86,7 @@ async def test_a_queue_the_typescript_app_created_keeps_its_policy(database_url:
         await client.retire_release(RELEASE)
         await client.activate_release(RELEASE)
     assert await policy_of(database_url, QUEUE) == ENGINE_DEFAULT
+    assert await recorded(database_url) == []
 
 
 async def test_a_foreign_policy_alone_does_not_make_a_queue_unprepared(database_url: str) -> None:
@@ -97,10 +102,17 @@ async def test_a_foreign_policy_alone_does_not_make_a_queue_unprepared(database_
     assert await policy_of(database_url, QUEUE) == ENGINE_DEFAULT
 
 
-async def _by_engine(database_url: str, _client: LaneClient) -> None:
+async def recorded(database_url: str) -> list[str]:
+    """The queues the store recorded creating (migration 0024: what `lanes prune` may drop)."""
+    rows = await fetch(database_url, f"select queue from {SCHEMA}.created_queues order by queue")
+    return [r["queue"] for r in rows]
+
+
+async def _by_engine(database_url: str, client: LaneClient) -> None:
     conn = await connect(database_url)
     try:
-        assert not await engine.ensure_queue(conn, QUEUE)
+        record = client.store.lanes.record_created_queue
+        assert not await engine.ensure_queue(conn, QUEUE, record=record)
     finally:
         await conn.close()
 
@@ -143,3 +155,4 @@ async def test_a_queue_the_typescript_app_creates_meanwhile_keeps_its_policy(
         finally:
             await app.close()
     assert await policy_of(database_url, QUEUE) == ENGINE_DEFAULT
+    assert await recorded(database_url) == []  # not lane-worker's: `lanes prune` keeps it

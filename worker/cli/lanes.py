@@ -182,22 +182,31 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
     A lane qualifies when it was retired more than --older-than ago, none of
     its runs is open, its queue holds no unfinished task of any kind (a
     sandbox cleanup, another system's task) and no task of another system at
-    all, finished or not (the queue is that system's too); its lane row and its
-    runs stay.
+    all, finished or not (the queue is that system's too), and lane-worker
+    created its engine queue (another system's queue is never dropped); its
+    lane row and its runs stay.
     `lanes activate` recreates the queue.
     """
 
-    async def pruning(client: LaneClient) -> tuple[list[str], list[str], list[str], list[str]]:
+    async def pruning(client: LaneClient) -> tuple[list[str], ...]:
         queues = await client.prune_lanes(older_than, dry_run=dry_run)
         live = await client.prune_kept_live(older_than)
         busy = await client.prune_kept_busy(older_than)
-        return queues, live, busy, await client.prune_kept_foreign(older_than)
+        foreign = await client.prune_kept_foreign(older_than)
+        return queues, live, busy, foreign, await client.prune_kept_not_ours(older_than)
 
-    queues, kept, busy, foreign = with_client(pruning)
+    queues, kept, busy, foreign, not_ours = with_client(pruning)
     verb = "would prune" if dry_run else "pruned"
     emit(as_json, {"dryRun": dry_run, "queues": queues, "keptLive": kept, "keptBusy": busy,
-                   "keptForeign": foreign},
+                   "keptForeign": foreign, "keptNotOurs": not_ours},
           f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
+    if not_ours and not as_json:
+        click.echo(
+            f"kept {len(not_ours)} drained lane(s) whose engine queue lane-worker did not create "
+            "(another system's, such as the TypeScript app's; `lanes prune` never drops it, "
+            f"absurdctl can if you truly mean to): {' '.join(not_ours)}",
+            err=True,
+        )
     if busy and not as_json:
         click.echo(
             f"kept {len(busy)} drained lane(s) whose queue still holds an unfinished task (a "

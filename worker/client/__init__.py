@@ -228,7 +228,10 @@ class LaneClient:
     async def ensure_queue(self, queue: str) -> None:
         """Make ``queue`` ready once per process (memoized, evicted on failure)."""
         await self.ensure_schemas()
-        await self._memoized(queue, lambda: self.db.run(lambda c: engine.ensure_queue(c, queue)))
+        record = self.store.lanes.record_created_queue
+        await self._memoized(
+            queue, lambda: self.db.run(lambda c: engine.ensure_queue(c, queue, record=record))
+        )
 
     async def submit(
         self,
@@ -404,7 +407,7 @@ class LaneClient:
             # A lane row without its engine queue would break every maintenance pass
             # that reconciles it, so the registry only ever names queues that exist
             # (one transaction: never one without the other).
-            await engine.ensure_queue(conn, queue)
+            await engine.ensure_queue(conn, queue, record=self.store.lanes.record_created_queue)
             # Running workers re-read the lane registry at once.
             await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
 
@@ -461,6 +464,10 @@ class LaneClient:
     async def prune_kept_foreign(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps because their queue holds another system's task."""
         return await self.remedies.prune_kept_foreign(older_than_s)
+
+    async def prune_kept_not_ours(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because lane-worker did not create their queue."""
+        return await self.remedies.prune_kept_not_ours(older_than_s)
 
     async def prune_kept_live(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""

@@ -140,7 +140,7 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
     await db.run(engine_schema.ensure_engine_schema)
     await db.run(store.migrate)
-    await db.run(lambda c: engine.ensure_queue(c, s.queue))
+    await db.run(lambda c: engine.ensure_queue(c, s.queue, record=store.lanes.record_created_queue))
     await db.run(lambda c: engine.watch_queue(c, s.queue))
     status = await db.run(lambda c: store.lanes.register(c, queue=s.queue, release_id=s.release_id))
     if status != LaneStatus.RETIRED:

@@ -57,10 +57,13 @@ def wanted_continuations(
 SWEEP_BATCH = 100
 
 
-async def _prepare(conn: Connection, queue: str) -> None:
-    """Create ``queue`` if missing (with its policy) and its NOTIFY trigger, in one transaction."""
+async def _prepare(conn: Connection, queue: str, record: engine.QueueRecorder) -> None:
+    """Create ``queue`` if missing (with its policy and its record) and its NOTIFY trigger.
+
+    In one transaction.
+    """
     async with conn.transaction():
-        await engine.ensure_queue(conn, queue)
+        await engine.ensure_queue(conn, queue, record=record)
         await engine.watch_queue(conn, queue)
 
 
@@ -211,8 +214,9 @@ class LoopRegistry:
             # One read for all of them: a refresh that attaches a thousand loops
             # (a boot among a week's retired lanes) must not cost two transactions each.
             missing = await db.run(lambda c: engine.queues_unprepared(c, new))
+            record = runtime.store.lanes.record_created_queue
             for queue in missing:
-                await db.run(lambda c, q=queue: _prepare(c, q))  # type: ignore[misc]
+                await db.run(lambda c, q=queue: _prepare(c, q, record))  # type: ignore[misc]
             for queue in new:
                 self.attach(runtime, queue, runs, side)
         for queue in self.continuations():

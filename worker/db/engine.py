@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
@@ -40,7 +40,12 @@ def datetime_from_ms(epoch_ms: int) -> datetime:
 # -- queues ---------------------------------------------------------------------
 
 
-async def ensure_queue(conn: Connection, queue: str) -> bool:
+# Records, in the creating transaction, that this store created a queue (the
+# store's ``lanes.record_created_queue``): what `lanes prune` may drop.
+QueueRecorder = Callable[[Connection, str], Awaitable[None]]
+
+
+async def ensure_queue(conn: Connection, queue: str, *, record: QueueRecorder | None) -> bool:
     """Create ``queue`` if it is missing; return whether this call created it.
 
     lane-worker's cleanup policy goes only on a queue it creates, in the same
@@ -48,14 +53,18 @@ async def ensure_queue(conn: Connection, queue: str) -> bool:
     the TypeScript app's when release ids coincide, keeps the policy its creator
     chose: the app's cleanup of its own tasks follows it (issue 29). lane-worker's
     own cleanup (the store's ``clean_own``) keeps to its own retention wherever.
+    ``record`` is called in that transaction too when this call created the
+    queue: every caller with a store passes the store's, so `lanes prune` can
+    tell lane-worker's queues from another system's; None only where no store
+    exists (an engine-only caller: nothing may prune what it made).
     """
     if conn.is_in_transaction():
-        return await _create_queue(conn, queue)
+        return await _create_queue(conn, queue, record)
     async with conn.transaction():
-        return await _create_queue(conn, queue)
+        return await _create_queue(conn, queue, record)
 
 
-async def _create_queue(conn: Connection, queue: str) -> bool:
+async def _create_queue(conn: Connection, queue: str, record: QueueRecorder | None) -> bool:
     await conn.execute(engine_query("create_queue"), queue)
     created: bool = await conn.fetchval(engine_query("queue_created_here"), queue)
     if created:
@@ -64,6 +73,8 @@ async def _create_queue(conn: Connection, queue: str) -> bool:
             queue,
             {"cleanup_ttl": QUEUE_CLEANUP_TTL, "cleanup_limit": QUEUE_CLEANUP_LIMIT},
         )
+        if record is not None:
+            await record(conn, queue)
     return created
 
 

@@ -448,11 +448,14 @@ class Remedies:
 
         The lane rows and every run stay (history: ``status``, ``runs``); only the
         engine tables go. A lane with a live worker is kept (its loops poll the
-        queue: ``prune_kept_live`` names them), so is one whose queue holds an
-        unfinished task (``prune_kept_busy``) or any task lane-worker did not
-        create, finished or not (``prune_kept_foreign``: another system's queue
-        too). One transaction per lane, re-checked under the lane row's lock.
-        Returns the queues pruned (or, with ``dry_run``, that would be).
+        queue: ``prune_kept_live`` names them), so is one whose engine queue
+        lane-worker did not create (``prune_kept_not_ours``: no record of its
+        creation, migration 0024; the TypeScript app's when release ids coincide),
+        one whose queue holds an unfinished task (``prune_kept_busy``) or any task
+        lane-worker did not create, finished or not (``prune_kept_foreign``:
+        another system's queue too). One transaction per lane, re-checked under
+        the lane row's lock. Returns the queues pruned (or, with ``dry_run``, that
+        would be).
         """
         if not older_than_s >= 0:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
@@ -463,7 +466,10 @@ class Remedies:
         rows = [
             r
             for r in rows
-            if not r.live and not await self._busy(r.queue) and not await self._foreign(r.queue)
+            if not r.live
+            and not await self._not_ours(r.queue)
+            and not await self._busy(r.queue)
+            and not await self._foreign(r.queue)
         ]
         if dry_run:
             return [r.queue for r in rows]
@@ -474,6 +480,11 @@ class Remedies:
             async def prune(conn: Connection, queue: str = queue) -> bool:
                 if not await self.store.lanes.prune(conn, queue=queue):
                     return False  # work arrived, or it was activated, meanwhile
+                created_here = await self.store.lanes.queue_created_here(conn, queue=queue)
+                if created_here is None:
+                    return True  # no engine queue (dropped by other means): nothing to drop
+                if not created_here:
+                    raise _PruneRace  # made again by another system since the check above
                 # Dropping waits for any submit still writing to the queue's tables;
                 # one that committed meanwhile makes the whole prune roll back.
                 # With the queue's task writers held off (prune_lane), a task of
@@ -483,6 +494,8 @@ class Remedies:
                 await engine.drop_queue(conn, queue)
                 if await self.store.runs.queue_has_open(conn, queue=queue):
                     raise _PruneRace
+                # Whoever creates the queue next owns it.
+                await self.store.lanes.forget_created_queue(conn, queue=queue)
                 return True
 
             try:
@@ -491,6 +504,13 @@ class Remedies:
             except _PruneRace:
                 continue
         return pruned
+
+    async def _not_ours(self, queue: str) -> bool:
+        """Tell whether the engine has the queue and lane-worker did not create it."""
+        created_here = await self.db.run(
+            lambda c: self.store.lanes.queue_created_here(c, queue=queue)
+        )
+        return created_here is False
 
     async def _busy(self, queue: str) -> bool:
         """Tell whether the queue holds an unfinished task of any kind (one queue a statement)."""
@@ -519,7 +539,10 @@ class Remedies:
         return [
             r.queue
             for r in rows
-            if not r.live and not await self._busy(r.queue) and await self._foreign(r.queue)
+            if not r.live
+            and not await self._not_ours(r.queue)
+            and not await self._busy(r.queue)
+            and await self._foreign(r.queue)
         ]
 
     async def prune_kept_busy(self, older_than_s: float) -> list[str]:
@@ -528,7 +551,24 @@ class Remedies:
         rows = await self.db.run(
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        return [r.queue for r in rows if not r.live and await self._busy(r.queue)]
+        return [
+            r.queue
+            for r in rows
+            if not r.live and not await self._not_ours(r.queue) and await self._busy(r.queue)
+        ]
+
+    async def prune_kept_not_ours(self, older_than_s: float) -> list[str]:
+        """Name the lanes ``prune_lanes`` keeps because lane-worker did not create their queue.
+
+        Another system's queue (the TypeScript app's, when release ids coincide)
+        that a lane row names: `lanes prune` never drops it, whatever it holds,
+        with no override (an operator who means it drops it with absurdctl).
+        """
+        await self.check_schemas()
+        rows = await self.db.run(
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
+        )
+        return [r.queue for r in rows if not r.live and await self._not_ours(r.queue)]
 
     async def prune_kept_live(self, older_than_s: float) -> list[str]:
         """Name the lanes ``prune_lanes`` keeps only because a worker of theirs is live."""
@@ -540,4 +580,5 @@ class Remedies:
 
 
 class _PruneRace(Exception):
-    """A run arrived on a lane while it was being pruned: the prune is undone."""
+    """A lane changed while it was being pruned (a run arrived, another system's task or
+    queue came): the prune is undone."""

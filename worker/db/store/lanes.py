@@ -87,6 +87,19 @@ class LaneQueries(Queries):
         found = await conn.fetchval(self._on_queue("queue_holds_foreign_task", queue))
         return bool(found)
 
+    async def record_created_queue(self, conn: Connection, queue: str) -> None:
+        """Record that this store created engine ``queue``, in the creating transaction."""
+        await self._run(conn, "record_created_queue", queue)
+
+    async def queue_created_here(self, conn: Connection, *, queue: str) -> bool | None:
+        """Tell whether this store recorded creating engine ``queue``; None: no such queue."""
+        found: bool | None = await self._value(conn, "queue_created_by_store", queue)
+        return found
+
+    async def forget_created_queue(self, conn: Connection, *, queue: str) -> None:
+        """Drop the record of ``queue`` (``lanes prune`` dropped the queue)."""
+        await self._run(conn, "forget_created_queue", queue)
+
     async def prune(self, conn: Connection, *, queue: str) -> bool:
         """Mark the lane pruned, re-checked under its row lock; say whether it was."""
         return await self._value(conn, "prune_lane", queue) is not None

@@ -164,6 +164,29 @@ select exists (
                     then (t.params->>'runId')::uuid end)
      and not exists (select 1 from {schema}.run_sandboxes x where x.cleanup_task_id = t.task_id));
 
+-- name: record_created_queue
+-- Record that this store created engine queue $1, in the transaction that
+-- created it (migration 0024): `lanes prune` drops only a recorded queue. A
+-- queue made again after a prune replaces the old record.
+insert into {schema}.created_queues (queue, queue_created_at)
+select q.queue_name, q.created_at from absurd.queues q where q.queue_name = $1
+on conflict (queue) do update
+   set queue_created_at = excluded.queue_created_at, recorded_at = now(), legacy = false;
+
+-- name: queue_created_by_store
+-- Whether engine queue $1 is the one this store recorded creating (same name and
+-- engine created_at); null when the engine has no such queue. False: another
+-- system made it (the TypeScript app), or made it again after it was dropped by
+-- other means, or a build before migration 0024 made it: `lanes prune` keeps it.
+select exists (select 1 from {schema}.created_queues c
+                where c.queue = q.queue_name and c.queue_created_at = q.created_at)
+  from absurd.queues q
+ where q.queue_name = $1;
+
+-- name: forget_created_queue
+-- `lanes prune` dropped queue $1: whoever makes it next owns it.
+delete from {schema}.created_queues where queue = $1;
+
 -- name: prune_lane
 -- Under the lane row's lock, re-checked: still retired, still no open run, no
 -- live worker of the lane, no pending sandbox cleanup; and last, with every
