@@ -42,11 +42,11 @@ QA, QB = queue_of(A), queue_of(B)
 APP = "support.apps.drain:app"
 # Many attempts: the run that fails until told otherwise stays in retry backoff.
 CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
-# Long enough to stay parked until A is drained and the reports that check it agree
-# (under 3 s after it parks on a quiet 2-core machine, the test prints it; 15 s ran out
-# on a loaded CI machine, and B had adopted the nap before the report was read),
-# short enough that B's adoption of it is seen within the test's time.
-NAP_S = 40.0
+# An hour: the nap stays parked until A is drained and the reports that check it agree,
+# however slow the machine (15 s, then 40 s, were naps raced against the test: on a
+# loaded CI machine B adopted it before the report was read). The test then makes it
+# due itself (wake_nap) for B to adopt.
+NAP_S = 3600.0
 
 
 # -- the operator's views --------------------------------------------------------------------
@@ -161,6 +161,36 @@ async def report_read_by_new_client(conn: asyncpg.Connection[Any], known_pids: s
         )
         for row in rows
     )
+
+
+async def wake_nap(database_url: str, run_id: str) -> None:
+    """Make the nap due now, as if its hour had passed: its wake time and the engine's timer.
+
+    Both move (the wake time armed in the run's stored envelope, which the resumed
+    play compares with the database's clock, and the engine run's due time), so the
+    run resumes and ends its sleep rather than parking again.
+    """
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            now_ms = "to_jsonb((extract(epoch from now()) * 1000)::bigint)"
+            task_id = await conn.fetchval(
+                f"update {SCHEMA}.runs"
+                f" set checkpoint = jsonb_set(checkpoint, '{{armedWaits,nap,wakeAtMs}}', {now_ms}),"
+                f" current_wait = jsonb_set(current_wait, '{{wakeAtMs}}', {now_ms})"
+                " where run_id = $1::uuid and checkpoint->'armedWaits' ? 'nap'"
+                " returning task_id",
+                run_id,
+            )
+            assert task_id is not None, f"run {run_id} is not parked in its nap"
+            moved = await conn.execute(
+                f"update absurd.r_{QA} set available_at = now()"
+                " where task_id = $1 and state = 'sleeping'",
+                task_id,
+            )
+            assert moved == "UPDATE 1", moved
+    finally:
+        await conn.close()
 
 
 async def stage_a_with_every_kind_of_work(
@@ -366,8 +396,9 @@ async def test_lanes_wait_exits_when_a_has_finished_its_own_runs_then_b_adopts_t
 
             # B adopts A's parked runs as they come due: a signal, the end of the nap.
             assert (await client.signal(staged["waiter"], "go", {"by": "test"})).delivered
-            for run_id, timeout_s in ((staged["waiter"], 20.0), (staged["nap"], NAP_S + 20)):
-                adopted = await b.wait_for("run.adopted", run_id=run_id, timeout_s=timeout_s)
+            await wake_nap(database_url, staged["nap"])
+            for run_id in (staged["waiter"], staged["nap"]):
+                adopted = await b.wait_for("run.adopted", run_id=run_id, timeout_s=60)
                 assert adopted["queue"] == QA
                 await b.wait_for("run.completed", run_id=run_id)
                 status = await client.status(run_id)
