@@ -26,7 +26,7 @@ from support import REPO
 from support.apps import drain
 from support.cli import cli_argv, cli_env, lane_worker, lane_worker_json, operator_env
 from support.daemon import Daemon, Daemons, queue_of
-from support.db import LIVENESS_S
+from support.db import LIVENESS_S, wake_nap
 from support.page import assert_page_matches
 from support.report import AGES, blockers, claiming_blockers, counts, expected
 from support.runtime import SCHEMA, connect, eventually, open_client
@@ -45,7 +45,7 @@ CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": 
 # An hour: the nap stays parked until A is drained and the reports that check it agree,
 # however slow the machine (15 s, then 40 s, were naps raced against the test: on a
 # loaded CI machine B adopted it before the report was read). The test then makes it
-# due itself (wake_nap) for B to adopt.
+# due itself (support.db.wake_nap) for B to adopt.
 NAP_S = 3600.0
 
 
@@ -161,36 +161,6 @@ async def report_read_by_new_client(conn: asyncpg.Connection[Any], known_pids: s
         )
         for row in rows
     )
-
-
-async def wake_nap(database_url: str, run_id: str) -> None:
-    """Make the nap due now, as if its hour had passed: its wake time and the engine's timer.
-
-    Both move (the wake time armed in the run's stored envelope, which the resumed
-    play compares with the database's clock, and the engine run's due time), so the
-    run resumes and ends its sleep rather than parking again.
-    """
-    conn = await connect(database_url)
-    try:
-        async with conn.transaction():
-            now_ms = "to_jsonb((extract(epoch from now()) * 1000)::bigint)"
-            task_id = await conn.fetchval(
-                f"update {SCHEMA}.runs"
-                f" set checkpoint = jsonb_set(checkpoint, '{{armedWaits,nap,wakeAtMs}}', {now_ms}),"
-                f" current_wait = jsonb_set(current_wait, '{{wakeAtMs}}', {now_ms})"
-                " where run_id = $1::uuid and checkpoint->'armedWaits' ? 'nap'"
-                " returning task_id",
-                run_id,
-            )
-            assert task_id is not None, f"run {run_id} is not parked in its nap"
-            moved = await conn.execute(
-                f"update absurd.r_{QA} set available_at = now()"
-                " where task_id = $1 and state = 'sleeping'",
-                task_id,
-            )
-            assert moved == "UPDATE 1", moved
-    finally:
-        await conn.close()
 
 
 async def stage_a_with_every_kind_of_work(
@@ -396,7 +366,7 @@ async def test_lanes_wait_exits_when_a_has_finished_its_own_runs_then_b_adopts_t
 
             # B adopts A's parked runs as they come due: a signal, the end of the nap.
             assert (await client.signal(staged["waiter"], "go", {"by": "test"})).delivered
-            await wake_nap(database_url, staged["nap"])
+            await wake_nap(database_url, QA, staged["nap"])
             for run_id in (staged["waiter"], staged["nap"]):
                 adopted = await b.wait_for("run.adopted", run_id=run_id, timeout_s=60)
                 assert adopted["queue"] == QA
