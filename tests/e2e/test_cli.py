@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -391,9 +390,9 @@ def test_isolated_schema_without_suffix_refuses_submit(env: dict[str, str]) -> N
 
 def test_unreachable_database_exits_1_without_the_password() -> None:
     """Nothing listens on port 1: exit 1 with one sentence, in bounded time, no password."""
-    started = time.monotonic()
-    result = run_cli({"WORKFLOW_RUNTIME_POSTGRES": UNREACHABLE}, "status", "x", timeout=60)
-    assert time.monotonic() - started < 45  # the client retries connection errors for 30 s
+    # Its 10 s of retries end it; one that retried for ever fails on this limit (no
+    # tighter bound on wall time: the start of a Python process is what load slows).
+    result = run_cli({"WORKFLOW_RUNTIME_POSTGRES": UNREACHABLE}, "status", "x", timeout=90)
     assert result.returncode == 1
     line = one_error_line(result)
     assert "cannot reach the runtime database" in line

@@ -60,17 +60,21 @@ async def test_isolated_schema_without_suffix_exits_78_before_connecting(
     env = {
         **base_env(f"postgresql://lane@127.0.0.1:{port}/runtime", RELEASE),
         "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA": "pr_1",
+        # An hour of boot retry: a daemon that tried the database first shows.
+        "LANE_WORKER_BOOT_RETRY": "3600",
     }
     env.pop("DEEPLINE_ABSURD_QUEUE_SUFFIX", None)
     try:
         async with Daemons(database_url) as pool:
             started = time.monotonic()
             daemon = pool.start_raw("isolated-no-suffix", env)
-            code = await daemon.wait_exit(timeout_s=20)
+            code = await daemon.wait_exit(timeout_s=90)
             elapsed = time.monotonic() - started
             assert code == 78, daemon.tail()
             assert "DEEPLINE_ABSURD_QUEUE_SUFFIX" in one_sentence(daemon.stderr)
-            assert elapsed < 5, f"took {elapsed:.1f} s"
+            # Generous: the defect (the database's boot retry first, against a server
+            # that never answers) takes an hour; a busy machine only seconds.
+            assert elapsed < 45, f"took {elapsed:.1f} s"
             assert not daemon.events("worker.ready")
     finally:
         server.close()
@@ -174,23 +178,24 @@ async def test_ready_daemon_serves_health_readiness_and_metrics(empty_database_u
         assert QUEUE in body
 
         daemon.terminate()
-        assert await daemon.wait_exit(timeout_s=15) == 0
+        assert await daemon.wait_exit(timeout_s=60) == 0
         assert daemon.events("worker.stopped")
 
 
 async def test_submit_wakes_an_idle_worker_at_once(database_url: str) -> None:
-    """With a 5 s poll interval, a submit starts the run well under one poll interval later."""
+    """With an hour's poll interval, a submit starts the run: its NOTIFY woke the worker."""
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
-        daemon = pool.start(RELEASE, LANE_WORKER_POLL_INTERVAL="5")
+        # An hour, so a worker the submit did not wake shows as one that never starts
+        # the run (the wait below fails), not as a second or two a busy machine adds.
+        daemon = pool.start(RELEASE, LANE_WORKER_POLL_INTERVAL="3600")
         await daemon.ready()
         # The scenario, not synchronisation: let the worker go idle in its poll wait.
         await asyncio.sleep(1.5)
         submitted_at = time.monotonic()
         run = await client.submit("plain", {"n": 1})
-        started = await daemon.wait_for("run.started", run_id=run.run_id, timeout_s=10)
+        started = await daemon.wait_for("run.started", run_id=run.run_id, timeout_s=60)
         latency = started["_mono"] - submitted_at
         print(f"idle wake: run.started {latency * 1000:.0f} ms after submit")
-        assert latency < 2.5
         assert started["release_id"] == WORKER_RELEASE
         assert started["queue"] == QUEUE
         assert started["worker_id"] == daemon.worker_id
@@ -199,7 +204,7 @@ async def test_submit_wakes_an_idle_worker_at_once(database_url: str) -> None:
         assert status.status == "completed"
         assert status.output == {"input": {"n": 1}, "release": WORKER_RELEASE}
         daemon.terminate()
-        assert await daemon.wait_exit(timeout_s=15) == 0
+        assert await daemon.wait_exit(timeout_s=60) == 0
 
 
 def engine_attempts(status: RunStatus) -> list[int]:
@@ -214,16 +219,19 @@ async def test_sigterm_mid_step_hands_the_run_back_without_spending_an_attempt(
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
         first = pool.start(RELEASE, name="first", LANE_WORKER_DRAIN_SECONDS="2")
         await first.ready()
-        run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 30})
+        # The step would take an hour: a stop that waited for it shows as an hour.
+        run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 3600})
         await step_started(tmp_path / "two.log")
         signalled = time.monotonic()
         first.terminate()
-        await first.wait_for("worker.stopping", timeout_s=5)
+        await first.wait_for("worker.stopping", timeout_s=60)
         ready_status = await _readyz_or_none(first.health_port)
-        assert await first.wait_exit(timeout_s=15) == 0
+        assert await first.wait_exit(timeout_s=60) == 0
         took = time.monotonic() - signalled
         print(f"SIGTERM mid-step, drain 2 s: exit 0 after {took:.1f} s; /readyz {ready_status}")
-        assert took < 2 + 5
+        # The drain's promise, judged generously (30x its 2 s): the defect, a stop
+        # that waits for the step, takes an hour, and wait_exit above fails first.
+        assert took < 60
         assert ready_status in (None, 503), f"/readyz during the drain answered {ready_status}"
         handed = await first.wait_for("run.handed_back", run_id=run.run_id, timeout_s=1)
         assert handed["release_id"] == WORKER_RELEASE
@@ -235,7 +243,7 @@ async def test_sigterm_mid_step_hands_the_run_back_without_spending_an_attempt(
 
         second = pool.start(RELEASE, name="second")
         await second.ready()
-        await second.wait_for("run.completed", run_id=run.run_id, timeout_s=20)
+        await second.wait_for("run.completed", run_id=run.run_id, timeout_s=60)
         status = await client.status(run.run_id)
         assert status.status == "completed"
         assert [(a.worker_id, a.disposition, a.outcome) for a in status.attempts] == [
@@ -247,23 +255,24 @@ async def test_sigterm_mid_step_hands_the_run_back_without_spending_an_attempt(
         assert lines_in(tmp_path / "one.log") == 1
         assert lines_in(tmp_path / "two.log") == 2
         second.terminate()
-        assert await second.wait_exit(timeout_s=15) == 0
+        assert await second.wait_exit(timeout_s=60) == 0
         assert first.malformed_lines() == []
         assert second.malformed_lines() == []
 
 
 async def test_a_second_sigterm_exits_at_once_with_1(database_url: str, tmp_path: Path) -> None:
-    """SIGTERM twice: the second cuts the 30 s drain short, exit 1, the run left to its lease."""
+    """SIGTERM twice: the second cuts the drain short, exit 1, the run left to its lease."""
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
-        daemon = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="30")
+        # An hour's drain and step: only the second signal can end the process within
+        # the wait below, however busy the machine.
+        daemon = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="3600")
         await daemon.ready()
-        run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 60})
+        run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 3600})
         await step_started(tmp_path / "two.log")
         daemon.terminate()
-        await daemon.wait_for("worker.stopping", timeout_s=5)
+        await daemon.wait_for("worker.stopping", timeout_s=60)
         daemon.terminate()
-        # Well inside the drain window: only the second signal can end the process this soon.
-        assert await daemon.wait_exit(timeout_s=10) == 1
+        assert await daemon.wait_exit(timeout_s=60) == 1
         assert daemon.events("worker.exit_now")
         assert not daemon.events("run.handed_back")
         assert not daemon.events("worker.stopped")
@@ -278,14 +287,15 @@ async def test_sigterm_lets_a_short_run_finish_and_claims_nothing_new(
 ) -> None:
     """SIGTERM with a run finishing inside the drain window: it completes here, then exit 0."""
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
-        daemon = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="15")
+        # A drain far longer than the 2 s step, so a busy machine cannot run it out.
+        daemon = pool.start(RELEASE, LANE_WORKER_DRAIN_SECONDS="300")
         await daemon.ready()
         run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 2})
         await step_started(tmp_path / "two.log")
         daemon.terminate()
-        await daemon.wait_for("worker.stopping", timeout_s=5)
+        await daemon.wait_for("worker.stopping", timeout_s=60)
         late = await client.submit("plain", {"late": True})
-        assert await daemon.wait_exit(timeout_s=20) == 0
+        assert await daemon.wait_exit(timeout_s=60) == 0
         stopping = daemon.index_of("worker.stopping")
         completed = daemon.index_of("run.completed", run_id=run.run_id)
         assert 0 <= stopping < completed, "the in-flight run did not finish during the drain"
@@ -310,12 +320,12 @@ async def test_sigkill_mid_step_resumes_elsewhere_from_the_last_committed_step(
         run = await client.submit("slow", {"dir": str(tmp_path), "seconds": 60})
         await step_started(tmp_path / "two.log")
         victim.kill()
-        assert await victim.wait_exit(timeout_s=10) == -9
+        assert await victim.wait_exit(timeout_s=60) == -9
         killed = time.monotonic()
 
         survivor = pool.start(RELEASE, name="survivor", LANE_WORKER_CLAIM_TIMEOUT="5")
         await survivor.ready()
-        await survivor.wait_for("run.completed", run_id=run.run_id, timeout_s=30)
+        await survivor.wait_for("run.completed", run_id=run.run_id, timeout_s=60)
         print(f"SIGKILL: run completed by another daemon {time.monotonic() - killed:.1f} s later")
         status = await client.status(run.run_id)
         assert status.status == "completed"
@@ -327,7 +337,7 @@ async def test_sigkill_mid_step_resumes_elsewhere_from_the_last_committed_step(
         assert status.attempts[-1].outcome == "completed"
         assert status.attempts[0].worker_id == victim.worker_id
         survivor.terminate()
-        assert await survivor.wait_exit(timeout_s=15) == 0
+        assert await survivor.wait_exit(timeout_s=60) == 0
 
 
 async def test_retired_own_lane_refuses_boot(database_url: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from support.daemon import Daemons
+from support.db import wake_nap
 from support.runtime import eventually, open_client
 from worker import lanes
 from worker.client import LaneClient, SubmittedRun
@@ -63,7 +64,9 @@ async def test_rolling_deploy_b_adopts_parked_runs_and_leaves_a_s_own_work_alone
     async with Daemons(database_url) as pool, open_client(database_url, CLIENT_A_ENV) as client:
         a = pool.start(A, name="A")
         await a.ready()
-        sleepers = await submit_many(client, "sleeper", 2, {"seconds": 3})
+        # Naps of an hour, made due once A is stopped (below): 3 s ones raced A's stop,
+        # and a busy machine let A take them itself.
+        sleepers = await submit_many(client, "sleeper", 2, {"seconds": 3600})
         waiters = await submit_many(client, "waiter", 2, {})
         plains = await submit_many(client, "plain", 2, {"early": True})
         flaky = await client.submit("flaky", {})
@@ -77,11 +80,12 @@ async def test_rolling_deploy_b_adopts_parked_runs_and_leaves_a_s_own_work_alone
 
         await eventually(flaky_in_backoff, what="the flaky run to be in retry backoff")
 
-        # Stop A (its sleepers wake 3 s after parking: A must not take them).
+        # Stop A, then wake its sleepers: A must not take them.
         a.terminate()
         assert await a.wait_exit(timeout_s=15) == 0
         for run in sleepers:
             assert not a.events("run.completed", run_id=run.run_id), "A finished a sleeper"
+            await wake_nap(database_url, QUEUE_A, run.run_id)
         fresh = await submit_many(client, "plain", 2, {"fresh": True})
         assert all(run.release_id == A and run.queue == QUEUE_A for run in fresh)
         assert await client.retire_release(A) == QUEUE_A
@@ -217,16 +221,23 @@ async def test_a_retired_lane_drains_on_its_own_workers_then_refuses_boot(
         await a.ready()  # A's lane registers first: B is the newer release
         b = pool.start(B, name="B")
         await b.ready()
-        sleeper = await client.submit("sleeper", {"seconds": 2})
+        # An hour's nap, made due once A is retired (below): a short one raced the
+        # retirement, and a busy machine let A resume it itself.
+        sleeper = await client.submit("sleeper", {"seconds": 3600})
         await a.wait_for("run.parked", run_id=sleeper.run_id)
-        slow = await client.submit("slow", {"dir": str(tmp_path), "seconds": 3})
+        # Held until A2 has booted (a 3 s step raced A2's boot: once it ended, the lane
+        # was drained and A2, on a busy machine, refused to boot).
+        gate = tmp_path / "gate"
+        slow = await client.submit("slow", {"dir": str(tmp_path), "seconds": 0, "gate": str(gate)})
         await a.wait_for("run.started", run_id=slow.run_id)
         await client.retire_release(A)
         await a.wait_for("lane.draining")
+        await wake_nap(database_url, QUEUE_A, sleeper.run_id)
         # An orchestrator restarts a crashed A machine mid-drain: it boots.
         a2 = pool.start(A, name="A2")
         assert (await a2.ready())["lane"] == "draining"
         fresh = await client.submit("plain", {"fresh": True})  # new work on a draining lane
+        gate.touch()
 
         async def a_finished() -> bool:
             statuses = [(await client.status(r.run_id)).status for r in (slow, fresh)]

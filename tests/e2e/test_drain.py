@@ -23,7 +23,10 @@ APP = "support.apps.faults:app"
 DRAIN_S = 3
 RUNS = 20
 SHORT_S = 0.5  # after the gate opens (at SIGTERM): ends inside the drain window
-LONG_S = 30  # cannot: handed back
+LONG_S = 3600  # cannot: handed back (a stop that waited for it would take an hour)
+# The stop is judged against its documented bound (longest_stop_s) plus this much for a
+# busy machine: the defects (waiting for a step that takes an hour) are far beyond.
+BUSY_SLACK_S = 30
 
 
 async def engine_view(conn: asyncpg.Connection[Any], run_ids: list[str]) -> dict[str, Any]:
@@ -42,7 +45,7 @@ async def engine_view(conn: asyncpg.Connection[Any], run_ids: list[str]) -> dict
     return {row["run_id"]: dict(row) for row in rows}
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_attempt_1(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -77,16 +80,16 @@ async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_att
             """Tell whether every run's long step has started (once)."""
             return all(executions(directory, key, "long") == 1 for key in keys.values())
 
-        await eventually(all_mid_step, timeout_s=20, what="all 20 long steps to start")
+        await eventually(all_mid_step, timeout_s=60, what="all 20 long steps to start")
         assert not first.events("run.completed"), "a run finished before SIGTERM"
         signalled = time.monotonic()
         first.terminate()
         gate.touch()
-        code = await first.wait_exit(timeout_s=longest_stop_s(DRAIN_S) + 10)
+        code = await first.wait_exit(timeout_s=longest_stop_s(DRAIN_S) + BUSY_SLACK_S + 10)
         took = time.monotonic() - signalled
         print(f"SIGTERM with {RUNS} in flight, drain {DRAIN_S} s: exit {code} after {took:.1f} s")
         assert code == 0, first.tail()
-        assert took <= longest_stop_s(DRAIN_S), f"stop took {took:.1f} s"
+        assert took <= longest_stop_s(DRAIN_S) + BUSY_SLACK_S, f"stop took {took:.1f} s"
         (stopping,) = first.events("worker.stopping")
         assert stopping["in_flight"] >= RUNS, f"{stopping['in_flight']} runs in flight at SIGTERM"
         assert first.events("worker.stopped")
@@ -128,7 +131,7 @@ async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_att
             statuses = [await client.status(run_id) for run_id in long]
             return all(s.status == "completed" for s in statuses)
 
-        await eventually(all_completed, timeout_s=30, what="the handed-back runs to complete")
+        await eventually(all_completed, timeout_s=60, what="the handed-back runs to complete")
         conn = await connect(database_url)
         try:
             view = await engine_view(conn, short + long)
@@ -164,21 +167,21 @@ async def test_sigterm_with_20_runs_in_flight_finishes_or_hands_back_each_on_att
                 (second.worker_id, "completed"),
             ]
         second.terminate()
-        assert await second.wait_exit(timeout_s=longest_stop_s(DRAIN_S)) == 0
+        assert await second.wait_exit(timeout_s=longest_stop_s(DRAIN_S) + BUSY_SLACK_S) == 0
         assert first.malformed_lines() == []
         assert second.malformed_lines() == []
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_a_blocking_sync_step_does_not_hold_the_process_past_its_stop_bound(
     database_url: str, tmp_path: Path
 ) -> None:
-    """A sync step blocking for 60 s at SIGTERM: handed back, and the process exits in bound."""
+    """A sync step blocking for an hour at SIGTERM: handed back, the process exits in bound."""
     directory = str(tmp_path)
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
         first = pool.start(RELEASE, name="blocked", app=APP, LANE_WORKER_DRAIN_SECONDS="1")
         await first.ready()
-        run = await client.submit("blocking", {"dir": directory, "key": "k", "seconds": 60})
+        run = await client.submit("blocking", {"dir": directory, "key": "k", "seconds": 3600})
         await first.wait_for("run.started", run_id=run.run_id)
         await eventually(
             lambda: _async_true(executions(directory, "k", "block") == 1),
@@ -186,10 +189,12 @@ async def test_a_blocking_sync_step_does_not_hold_the_process_past_its_stop_boun
         )
         signalled = time.monotonic()
         first.terminate()
-        code = await first.wait_exit(timeout_s=longest_stop_s(1) + 10)
+        code = await first.wait_exit(timeout_s=longest_stop_s(1) + BUSY_SLACK_S + 10)
         took = time.monotonic() - signalled
         assert code == 0, first.tail()
-        assert took <= longest_stop_s(1), f"stop took {took:.1f} s (the step's thread held it)"
+        assert took <= longest_stop_s(1) + BUSY_SLACK_S, (
+            f"stop took {took:.1f} s (the step's thread held it)"
+        )
         assert first.events("run.handed_back", run_id=run.run_id)
 
         second = pool.start(RELEASE, name="after", app=APP)
@@ -201,7 +206,7 @@ async def test_a_blocking_sync_step_does_not_hold_the_process_past_its_stop_boun
             (1, "completed"),
         ]
         second.terminate()
-        assert await second.wait_exit(timeout_s=15) == 0
+        assert await second.wait_exit(timeout_s=60) == 0
 
 
 async def _async_true(value: bool) -> bool:
@@ -217,7 +222,7 @@ def ignored_signals(pid: int) -> set[int]:
 
 
 @pytest.mark.parametrize(("again", "code"), [(signal.SIGHUP, 0), (signal.SIGTERM, 1)])
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 async def test_the_stops_last_part_keeps_the_signal_rules(
     database_url: str, again: signal.Signals, code: int
 ) -> None:
@@ -243,7 +248,7 @@ async def test_the_stops_last_part_keeps_the_signal_rules(
                 )
                 return bool(found)
 
-            await eventually(registered, timeout_s=15, what="the worker's row")
+            await eventually(registered, timeout_s=60, what="the worker's row")
             async with locker.transaction():
                 await locker.execute(
                     "select 1 from runtime_scheduler.workers where worker_id = $1"
@@ -257,7 +262,7 @@ async def test_the_stops_last_part_keeps_the_signal_rules(
                     # SIGHUP is ignored rather than caught.
                     return signal.SIGHUP in ignored_signals(d.pid)
 
-                await eventually(past_the_receiver, timeout_s=15, what="the stop's last part")
+                await eventually(past_the_receiver, timeout_s=60, what="the stop's last part")
                 os.kill(d.pid, again)
                 if code:
                     assert await d.wait_exit(30) == code

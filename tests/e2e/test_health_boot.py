@@ -198,15 +198,19 @@ async def test_busy_health_port_exits_before_any_database_connection(database_ur
             env = {
                 **base_env(f"postgresql://lane@127.0.0.1:{db_port}/runtime", RELEASE),
                 "LANE_WORKER_HEALTH_PORT": str(port),
+                # An hour of boot retry: a daemon that tried the database first shows.
+                "LANE_WORKER_BOOT_RETRY": "3600",
             }
             async with Daemons(database_url) as pool:
                 started = time.monotonic()
                 daemon = pool.start_raw("busy-port-fake-db", env)
-                code = await daemon.wait_exit(timeout_s=30)
+                code = await daemon.wait_exit(timeout_s=90)
                 elapsed = time.monotonic() - started
                 assert code == 1, daemon.tail()
                 assert "LANE_WORKER_HEALTH_PORT" in one_sentence(daemon.stderr)
-                assert elapsed < 10, f"took {elapsed:.1f} s"
+                # Generous: the defect (the database's boot retry first) takes an hour;
+                # a busy machine only seconds.
+                assert elapsed < 45, f"took {elapsed:.1f} s"
     finally:
         fake_db.close()
         await fake_db.wait_closed()
@@ -248,17 +252,18 @@ async def test_probes_answer_503_booting_while_the_database_is_unreachable(
             assert await http_get(port, "/lanes") == (503, {"error": "NotBootedError"})
             status, _ = await http_get(port, "/metrics")
             assert status == 200
-            await daemon.wait_for("db.retry", timeout_s=10)  # it is in its connect retry
+            await daemon.wait_for("db.retry", timeout_s=60)  # it is in its connect retry
             assert not daemon.events("worker.ready")
 
             signalled = time.monotonic()
             daemon.terminate()
-            code = await daemon.wait_exit(timeout_s=10)
+            code = await daemon.wait_exit(timeout_s=60)
             took = time.monotonic() - signalled
             print(f"SIGTERM during the connect retry: exit {code} after {took:.2f} s")
-            # Before the daemon serves, signals get Python's default handling (no drain).
+            # Before the daemon serves, signals get Python's default handling (no drain):
+            # killed by the signal itself, so at once (no bound on wall time needed); a
+            # daemon that ignored it would end its retry and exit 1, not by the signal.
             assert code == -signal.SIGTERM, daemon.tail()
-            assert took < 5
             assert "Traceback" not in daemon.stderr
 
 

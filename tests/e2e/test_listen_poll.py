@@ -10,6 +10,7 @@ trigger ``lane_worker.watch_queue_v1`` installs), and a run whose worker was SIG
 
 from __future__ import annotations
 
+import statistics
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,11 +24,13 @@ from support.runtime import eventually, open_client
 
 RELEASE = "rel-listen"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
-RARE_POLLS = {"LANE_WORKER_POLL_INTERVAL": "30"}
-FOUND_WITHIN_S = 15  # half the poll: only a NOTIFY or a due time can be that quick
+# An hour: a run found only at the next poll shows as one never found in the test,
+# not as a few seconds a busy machine adds.
+RARE_POLLS = {"LANE_WORKER_POLL_INTERVAL": "3600"}
+FOUND_WITHIN_S = 60  # far under the poll: only a NOTIFY or a due time can be that quick
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(240)
 async def test_a_retry_is_claimed_when_due_not_at_the_next_poll(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -48,7 +51,7 @@ async def test_a_retry_is_claimed_when_due_not_at_the_next_poll(
         assert time.monotonic() - opened < FOUND_WITHIN_S
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(240)
 async def test_a_sleeper_woken_through_the_engine_table_resumes_at_once(
     database_url: str,
 ) -> None:
@@ -73,7 +76,7 @@ async def test_a_sleeper_woken_through_the_engine_table_resumes_at_once(
         await eventually(claimed_again, timeout_s=FOUND_WITHIN_S, what="the sleeper claimed")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 async def test_a_sigkilled_workers_run_is_claimed_when_its_lease_ends(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -94,7 +97,7 @@ async def test_a_sigkilled_workers_run_is_claimed_when_its_lease_ends(
         await k2.ready()  # its first claim finds the run leased: it waits for the lease's end
         k.kill()
         killed = time.monotonic()
-        assert await k.wait_exit(timeout_s=15) == -9
+        assert await k.wait_exit(timeout_s=60) == -9
         assert (await client.wait(run_id, FOUND_WITHIN_S)).status == "completed"
         # The lease (5 s from K's last extension) plus the claim; far under the poll.
         assert time.monotonic() - killed < FOUND_WITHIN_S
@@ -104,7 +107,7 @@ def _at(record: dict[str, object]) -> float:
     return datetime.fromisoformat(str(record["timestamp"])).timestamp()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 async def test_a_sleeper_resumes_on_time_while_the_runs_beside_it_park(database_url: str) -> None:
     """Runs parking next to a 1 s sleeper (each park a NOTIFY, each an empty claim) delay it not.
 
@@ -115,31 +118,36 @@ async def test_a_sleeper_resumes_on_time_while_the_runs_beside_it_park(database_
         d = pool.start(RELEASE, **RARE_POLLS)
         await d.ready()
         late = []
-        for _ in range(3):
+        for _ in range(5):
             sleeper = (await client.submit("sleeper", {"seconds": 1})).run_id
             for i in range(8):  # they park one by one while it sleeps
                 await client.submit("late-waiter", {"linger": 0.1 * (i + 1)})
-            assert (await client.wait(sleeper, 30)).status == "completed"
+            assert (await client.wait(sleeper, 60)).status == "completed"
             parked = d.events("run.parked", run_id=sleeper)[0]
             resumed = d.events("run.started", run_id=sleeper)[1]
             late.append(_at(resumed) - _at(parked) - 1.0)
-        assert max(late) < 0.5, late
+        # The defect's delay (the floor, up to 1.6 s) cannot be made larger, so the
+        # bound stays small; but it delays every sleeper (each ~1.45 s late, checked),
+        # where a busy machine delays some: judge the median of five, not the worst.
+        assert statistics.median(late) < 1.0, late
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 async def test_without_listen_a_sleep_shorter_than_the_poll_resumes_when_due(
     database_url: str,
 ) -> None:
     """PgBouncer mode (no LISTEN): a run that parks on this worker pokes its own loop, which
     then waits for the run's due time; it waited for the next poll (5 s here) instead."""
     async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
-        d = pool.start(RELEASE, LANE_WORKER_PGBOUNCER="1", LANE_WORKER_POLL_INTERVAL="5")
+        # Polls 10 s apart (not an hour: without LISTEN the submit itself waits for one):
+        # the defect makes each sleeper 8.5 s late or more, ten times the bound below.
+        d = pool.start(RELEASE, LANE_WORKER_PGBOUNCER="1", LANE_WORKER_POLL_INTERVAL="10")
         await d.ready()
         late = []
         for seconds in (0.5, 1.0, 1.5):
             sleeper = (await client.submit("sleeper", {"seconds": seconds})).run_id
-            assert (await client.wait(sleeper, 30)).status == "completed"
+            assert (await client.wait(sleeper, 60)).status == "completed"
             parked = d.events("run.parked", run_id=sleeper)[0]
             resumed = d.events("run.started", run_id=sleeper)[1]
             late.append(_at(resumed) - _at(parked) - seconds)
-        assert max(late) < 0.5, late
+        assert max(late) < 5, late

@@ -172,7 +172,9 @@ async def test_many_page_viewers_never_cost_a_lease_nor_readiness(
             ]
             connections: list[Counter[str]] = []
             try:
-                deadline = time.monotonic() + STEP_S + 3 * LEASE_S
+                # Ends when the run does; the limit only stops a stuck one (generous: a
+                # busy machine runs the step late, not wrong).
+                deadline = time.monotonic() + STEP_S + 60
                 while time.monotonic() < deadline:
                     status = await client.status(run.run_id)
                     if status.finished:

@@ -20,6 +20,7 @@ from support.machines import destroy_all, store_backend
 from support.runtime import SCHEMA, eventually, open_client
 from support.scaler import events, start_scaler
 from worker.client import LaneClient
+from worker.ops.releases import RolloutState
 from worker.scaler.backend import Machine
 
 APP = "support.apps.basic:app"
@@ -103,12 +104,17 @@ async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreate
     try:
         async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "bad"}) as c:
             await c.releases.deploy("roll-bad", image="support.apps.nowhere:app", machines=1)
-            rolled = await c.releases.wait_rolled_out("roll-bad", timeout_s=12)
-        created = await fetch(
-            database_url,
-            f"select count(*) as n from {SCHEMA}.deployment_events"
-            " where action = 'machine_created'",
-        )
+            # The window the machine count below covers (12 s).
+            await c.releases.wait_rolled_out("roll-bad", timeout_s=12)
+            created = await fetch(
+                database_url,
+                f"select count(*) as n from {SCHEMA}.deployment_events"
+                " where action = 'machine_created'",
+            )
+            # A busy machine may not have seen a refusal inside the window: wait for one.
+            rolled = await eventually(
+                lambda: refused_boot(c, "roll-bad"), what="the scaler to report a refused boot"
+            )
     finally:
         scaler.send_signal(signal.SIGTERM)
         scaler.wait(timeout=30)
@@ -123,6 +129,12 @@ async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreate
     assert all(e["exit_code"] == 2 for e in said)  # the app did not load: usage error
     # 12 s of passes every 2 s would be 6 machines; doubling waits (2, 4, 8 s) allow 4.
     assert 1 <= created[0]["n"] <= 4, created
+
+
+async def refused_boot(client: LaneClient, release_id: str) -> RolloutState | None:
+    """The rollout's state once it says a machine refused to boot (None before)."""
+    state = await client.releases.rollout_state(release_id)
+    return state if state.reason and "refused to boot" in state.reason else None
 
 
 async def test_a_new_image_of_the_current_release_replaces_its_machines_new_ones_first(
@@ -141,7 +153,11 @@ async def test_a_new_image_of_the_current_release_replaces_its_machines_new_ones
             [old] = await backend.list()
 
             await c.releases.deploy("roll-img", image="support.apps.nowhere:app", machines=1)
-            bad = await c.releases.wait_rolled_out("roll-img", timeout_s=8)
+            # Judged once the refusal is reported (not after 8 s, which a busy machine
+            # can spend before the new machine has even failed).
+            bad = await eventually(
+                lambda: refused_boot(c, "roll-img"), what="the scaler to report a refused boot"
+            )
             assert not bad.done
             assert bad.reason is not None
             assert "refused to boot" in bad.reason, bad.reason

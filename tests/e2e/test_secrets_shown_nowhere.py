@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote, unquote, unquote_plus, urlsplit
@@ -267,9 +266,7 @@ async def test_every_accepted_url_fails_unreachable_without_showing_the_password
     """
     commands: list[tuple[str, ...]] = [("lanes",), ("status", RUN_ID, "--json"), ("submit", "p")]
     cases = [(s, s.url("postgres", f"127.0.0.1:{CLOSED_PORT}", "runtime")) for s in ACCEPTED]
-    started = time.monotonic()
     results = await asyncio.gather(*(run_all(command_env(url), commands) for _, url in cases))
-    elapsed = time.monotonic() - started
     for (secret, url), ran_all in zip(cases, results, strict=True):
         for ran in ran_all:
             line = one_error_line(ran)
@@ -278,7 +275,8 @@ async def test_every_accepted_url_fails_unreachable_without_showing_the_password
             assert line.startswith(
                 f"lane-worker: cannot reach the runtime database at {redact_url(url)} ("
             ), str(ran)
-    assert elapsed < COMMAND_TIMEOUT_S
+    # No bound on the whole (dozens of processes side by side on a shared machine: the
+    # total is what load stretches): each command's own limit catches one that hangs.
 
 
 async def test_dev_with_a_missing_database_fails_in_one_sentence(pg_server: Any) -> None:

@@ -372,7 +372,9 @@ async def test_a_claim_that_falls_short_reads_the_next_due_time_in_its_round_tri
     sleeper = await spawn(eng, "sleeper")
     await store_row(eng, sleeper.task_id, store_status)
     (run,) = (await engine.claim(eng, QUEUE, OWN, lease_s=30, qty=1)).runs
-    await engine.schedule(eng, QUEUE, run.run_id, datetime.now(UTC) + timedelta(seconds=100))
+    # Due in an hour: far from the lease (30 s) and from "now", however long the
+    # machine takes between this line and the claim.
+    await engine.schedule(eng, QUEUE, run.run_id, datetime.now(UTC) + timedelta(seconds=3600))
 
     async def claim(qty: int) -> engine.ClaimBatch:
         return await engine.claim(
@@ -384,12 +386,12 @@ async def test_a_claim_that_falls_short_reads_the_next_due_time_in_its_round_tri
     assert batch.runs == ()
     assert batch.due_known
     assert batch.due_in_s is not None
-    assert 90 < batch.due_in_s <= 100
+    assert 3000 < batch.due_in_s <= 3600
     separately = await engine.next_due_in_s(
         eng, QUEUE, mode=mode, store_schema=SCHEMA, own_queue=own_queue, plays=["p"]
     )
     assert separately is not None
-    assert abs(separately - batch.due_in_s) < 5
+    assert 3000 < separately <= batch.due_in_s
 
     due_now = f"update absurd.r_{QUEUE} set available_at = now() where run_id = $1"
     await eng.execute(due_now, run.run_id)
@@ -403,7 +405,8 @@ async def test_a_claim_that_falls_short_reads_the_next_due_time_in_its_round_tri
     assert len(batch.runs) == 1
     assert batch.due_known
     assert batch.due_in_s is not None
-    assert 25 < batch.due_in_s <= 30
+    # Not the hour-away run, nor the one just claimed (due now: 0 or less).
+    assert 0 < batch.due_in_s <= 30
 
 
 async def test_a_lease_extension_waits_for_a_locked_row_only_briefly(
@@ -421,7 +424,10 @@ async def test_a_lease_extension_waits_for_a_locked_row_only_briefly(
             started = time.monotonic()
             with pytest.raises(asyncpg.LockNotAvailableError):
                 await engine.extend_claim(eng, QUEUE, run.run_id, 30)
-            assert time.monotonic() - started < 5
+            # It waits 100 ms (EXTEND_LOCK_WAIT_MS); a generous bound, as the defects
+            # are far off: no lock timeout never ends (the lock is held), 100 taken as
+            # seconds 100 s.
+            assert time.monotonic() - started < 60
         await engine.extend_claim(eng, QUEUE, run.run_id, 60)  # the lock is gone
     finally:
         await other.close()

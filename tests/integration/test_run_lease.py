@@ -82,13 +82,18 @@ async def test_a_sync_step_longer_than_the_lease_runs_once_and_others_progress(
     """A blocking sync step twice the lease: lease kept, one execution, one attempt; others run."""
     calls: Counter[str] = Counter()
     finished: dict[str, float] = {}
+    quick_done = threading.Event()
     app = App()
 
     @app.play("blocking")
     async def blocking(ctx: TaskContext, params: Any) -> str:
         def slow() -> str:
             calls["slow"] += 1
-            time.sleep(4.5)  # a sync client call that does not yield
+            time.sleep(4.5)  # a sync client call that does not yield, past the lease
+            # ... and on until the quick run has finished, however slow the machine (a
+            # step that held the event loop would keep it from ever finishing: then it
+            # ends after this, a minute on).
+            quick_done.wait(60)
             return "done"
 
         result = str(await ctx.step("slow", slow))
@@ -99,6 +104,7 @@ async def test_a_sync_step_longer_than_the_lease_runs_once_and_others_progress(
     async def quick(ctx: TaskContext, params: Any) -> int:
         value = int(await ctx.step("q", lambda: 1))
         finished["quick"] = time.monotonic()
+        quick_done.set()
         return value
 
     async with (

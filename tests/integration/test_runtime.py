@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections import Counter
 from typing import Any
@@ -23,10 +24,12 @@ from support.runtime import (
 from worker import App, TaskContext
 from worker.client import LaneClient
 from worker.db import engine
+from worker.run.execute import Runtime
 
 RELEASE = "rel-a"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 QUEUE = "runs_rel_a"
+SCHEMA = "runtime_scheduler"
 
 
 def flow_app(calls: Counter[str]) -> App:
@@ -230,6 +233,24 @@ async def test_wait_times_out(database_url: str) -> None:
     assert status.output["event_payload"] is None
 
 
+async def armed_gate(rt: Runtime) -> dict[str, Any]:
+    """The wait ``gate`` as armed in the (only) run's stored envelope, and the engine's timeout.
+
+    ``engine_s`` is the timeout the worker gave the engine's wait when it parked
+    (the engine's row keeps it exactly, as two timestamps of its own transaction).
+    """
+    row = await rt.db.fetchrow(
+        f"select r.checkpoint->'armedWaits'->'gate' as gate,"
+        f" extract(epoch from w.timeout_at - w.created_at)::float8 as engine_s"
+        f" from {SCHEMA}.runs r join absurd.w_{QUEUE} w on w.task_id = r.task_id"
+        " where w.step_name = 'wait:gate' order by w.created_at desc limit 1"
+    )
+    assert row is not None, "no engine wait `wait:gate`"
+    assert row["gate"] is not None, "no armed wait `gate`"
+    gate = row["gate"]
+    return {**(json.loads(gate) if isinstance(gate, str) else gate), "engine_s": row["engine_s"]}
+
+
 async def test_timeout_counts_from_when_the_wait_was_armed(database_url: str) -> None:
     """A 5 s wait woken early after 3 s (engine wake-up cleared) times out ~2 s later, not 5."""
     async with (
@@ -239,6 +260,7 @@ async def test_timeout_counts_from_when_the_wait_was_armed(database_url: str) ->
         submitted = await client.submit("wait")
         armed_at = time.monotonic()
         assert await work_once(rt) == ["parked"]
+        armed = await armed_gate(rt)
         await asyncio.sleep(3)  # the scenario itself: 3 s of the timeout pass
         # Wake the run early as a hand-back does: due now, engine wake-up cleared.
         await rt.db.execute(
@@ -246,11 +268,23 @@ async def test_timeout_counts_from_when_the_wait_was_armed(database_url: str) ->
             "where state = 'sleeping'"
         )
         assert await work_once(rt) == ["parked"]  # re-parked for the remaining 2 s
-        await work_until(rt, "completed", timeout_s=10)
+        # Judged on the stored deadline, not on wall time (a loaded machine only adds
+        # to that): re-armed from the re-park, it would be 3 s or more later.
+        rearmed = await armed_gate(rt)
+        assert armed["deadlineMs"] - armed["armedAtMs"] == 5000
+        assert (rearmed["armedAtMs"], rearmed["deadlineMs"]) == (
+            armed["armedAtMs"],
+            armed["deadlineMs"],
+        )
+        await work_until(rt, "completed", timeout_s=60)
         elapsed_s = time.monotonic() - armed_at
         status = await client.status(submitted.run_id)
+    # The engine was asked for what was left of the 5 s (whole seconds, rounded up;
+    # less on a slow machine), not for 5 s again from the re-park.
+    assert armed["engine_s"] == 5
+    assert rearmed["engine_s"] <= 2
     assert status.output["timed_out"] is True
-    assert 4.5 <= elapsed_s < 7.5
+    assert elapsed_s >= 4.5  # not early
 
 
 async def test_unknown_keys_in_the_envelope_survive_park_and_resume(database_url: str) -> None:

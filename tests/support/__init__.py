@@ -24,6 +24,19 @@ from pathlib import Path
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REPO = TESTS_DIR.parent
 
+# The least a wait helper (``eventually``, a daemon's ``wait_for`` / ``wait_exit`` /
+# ``ready``) waits before it gives up, whatever ``timeout_s`` it was given: its limit
+# only tells a hang from slow progress, and on a loaded CI machine a daemon's boot or
+# a subprocess's exit can take many seconds. A test that means "promptly" says so in
+# an assertion of its own (on the database, on recorded order, or with a defect's
+# signal made far larger than this), never through a wait's limit.
+WAIT_FLOOR_S = 60.0
+
+
+def give_up_after(timeout_s: float) -> float:
+    """Return how long a wait helper asked for ``timeout_s`` waits (``WAIT_FLOOR_S`` at least)."""
+    return max(timeout_s, WAIT_FLOOR_S)
+
 
 def step_logged(log: Path) -> bool:
     """Tell whether an execution's line is in ``log`` (support.apps' ``record``), not only its file.

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from support import REPO, TESTS_DIR
+from support import REPO, TESTS_DIR, give_up_after
 from worker import lanes
 
 APP_SPEC = "support.apps.basic:app"
@@ -175,9 +175,11 @@ class Daemon:
     ) -> dict[str, Any]:
         """Return the first record from position ``since`` with ``event`` matching ``filters``.
 
-        Fails with the log tail when ``timeout_s`` passes, or at once when the
-        process has exited and printed everything without such a record.
+        Fails with the log tail when ``timeout_s`` passes (``WAIT_FLOOR_S`` at least),
+        or at once when the process has exited and printed everything without such a
+        record.
         """
+        timeout_s = give_up_after(timeout_s)
         deadline = time.monotonic() + timeout_s
         checked = since
         while True:
@@ -241,7 +243,11 @@ class Daemon:
             self.proc.kill()
 
     async def wait_exit(self, timeout_s: float = 30) -> int:
-        """Wait until the process exits (and its output is read); return its exit code."""
+        """Wait until the process exits (and its output is read); return its exit code.
+
+        Fails when ``timeout_s`` passes (``WAIT_FLOOR_S`` at least).
+        """
+        timeout_s = give_up_after(timeout_s)
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None:
             if time.monotonic() > deadline:

@@ -90,6 +90,38 @@ async def make_sleepers_due(database_url: str, queue: str) -> None:
     )
 
 
+async def wake_nap(database_url: str, queue: str, run_id: str, boundary: str = "nap") -> None:
+    """Make a run's durable sleep ``boundary`` due now, as if its time had passed.
+
+    Both move: the wake time armed in the run's stored envelope (which the resumed
+    play compares with the database's clock) and the engine run's due time, so the
+    run resumes and ends its sleep rather than parking again. Tests park runs in
+    naps of an hour and end them with this, instead of racing a short nap.
+    """
+    conn = await connect(database_url)
+    try:
+        async with conn.transaction():
+            now_ms = "to_jsonb((extract(epoch from now()) * 1000)::bigint)"
+            task_id = await conn.fetchval(
+                f"update {SCHEMA}.runs"
+                f" set checkpoint = jsonb_set(checkpoint, array['armedWaits', $2, 'wakeAtMs'],"
+                f" {now_ms}), current_wait = jsonb_set(current_wait, '{{wakeAtMs}}', {now_ms})"
+                " where run_id = $1::uuid and checkpoint->'armedWaits' ? $2"
+                " returning task_id",
+                run_id,
+                boundary,
+            )
+            assert task_id is not None, f"run {run_id} is not parked in {boundary!r}"
+            moved = await conn.execute(
+                f"update absurd.r_{queue} set available_at = now()"
+                " where task_id = $1 and state = 'sleeping'",
+                task_id,
+            )
+            assert moved == "UPDATE 1", moved
+    finally:
+        await conn.close()
+
+
 async def engine_runs_due(database_url: str, queue: str, run_id: str, *, in_s: float) -> None:
     """Move a run's sleeping engine run's due time to ``in_s`` seconds from now.
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
+from support import give_up_after
 from worker import lanes
 from worker.app import App
 from worker.client import LaneClient
@@ -98,7 +99,11 @@ async def work_until(
 async def eventually(
     check: Callable[[], Awaitable[Any]], *, timeout_s: float = 20, what: str = "condition"
 ) -> Any:
-    """Await ``check`` until it returns something truthy, or fail after ``timeout_s``."""
+    """Await ``check`` until it returns something truthy, or fail after ``timeout_s``.
+
+    ``WAIT_FLOOR_S`` at least: the limit only tells a hang from a loaded machine.
+    """
+    timeout_s = give_up_after(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         result = await check()

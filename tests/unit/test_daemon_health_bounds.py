@@ -27,7 +27,13 @@ from worker.metrics import Metrics
 from worker.ops.report import LaneView
 
 BOUND_S = 0.5  # the request-headers bound in these tests (5 s in the daemon)
-GRACE_S = 2.0  # how much later than the bound a disconnect may be seen
+# How much later than the bound a disconnect may be seen: room for a busy machine. The
+# defects are far beyond it: no bound (keep-alive is made an hour below) never closes,
+# a bound that the dribbling client extends holds for the whole dribble (250 s).
+GRACE_S = 30.0
+# What a connection that should go at once may take, on a busy machine; the defect
+# (kept until a bound, made an hour in those tests) takes an hour.
+AT_ONCE_S = 20.0
 
 
 async def _ready() -> dict[str, Any]:
@@ -67,7 +73,7 @@ async def closed_after(reader: asyncio.StreamReader, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-async def wait_until(check: Any, timeout_s: float = 5.0) -> None:
+async def wait_until(check: Any, timeout_s: float = 30.0) -> None:
     """Await until ``check()`` is true, or fail."""
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -77,8 +83,9 @@ async def wait_until(check: Any, timeout_s: float = 5.0) -> None:
 
 @pytest.fixture
 def short_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the request-headers bound 0.5 s (keep-alive stays at its 5 s)."""
+    """Make the request-headers bound 0.5 s (and keep-alive an hour: only that bound ends)."""
     monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", BOUND_S)
+    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 3600.0)
 
 
 @pytest.mark.usefixtures("short_bound")
@@ -118,7 +125,7 @@ async def test_headers_dribbled_a_byte_at_a_time_do_not_extend_the_bound() -> No
 
         async def dribble() -> None:
             with contextlib.suppress(ConnectionError):
-                for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+                for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 5000:
                     writer.write(bytes([byte]))
                     await writer.drain()
                     await asyncio.sleep(0.05)
@@ -155,7 +162,7 @@ async def test_a_client_that_does_not_read_its_response_is_dropped() -> None:
             sock.send(b"GET /lanes HTTP/1.1\r\nHost: x\r\n\r\n")
             await wait_until(lambda: server.open_connections == 1)
             # Never read: the handler's answer is several MB, the buffers hold far less.
-            await wait_until(lambda: server.open_connections == 0, timeout_s=BOUND_S + 10)
+            await wait_until(lambda: server.open_connections == 0, timeout_s=BOUND_S + GRACE_S)
         finally:
             sock.close()
         assert await get_status(server.port) == 200
@@ -181,8 +188,8 @@ async def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(
 ) -> None:
     """Idle keep-alive connections fill the cap: a probe still gets in, the oldest idle goes."""
     monkeypatch.setattr(health, "MAX_CONNECTIONS", 3)
-    monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 60.0)
-    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 3600.0)
     async with serving() as server:
         assert server.port is not None
         held = []
@@ -195,7 +202,8 @@ async def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(
                 assert await get_status(server.port) == 200
         assert not [line for line in lines if line["event"] == "health.too_many_connections"]
         oldest_reader, _ = held[0]
-        assert await closed_after(oldest_reader, 2.0) < 2.0  # dropped for the first probe
+        # Dropped for the first probe (so long ago; kept, it would stay an hour).
+        assert await closed_after(oldest_reader, AT_ONCE_S) < AT_ONCE_S
         for _, writer in held:
             writer.close()
         await wait_until(lambda: server.open_connections == 0)
@@ -204,9 +212,9 @@ async def test_at_the_cap_a_new_connection_takes_the_place_of_the_longest_idle(
 def slowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cap of 3 and bounds long enough that only the test's gate ends a request."""
     monkeypatch.setattr(health, "MAX_CONNECTIONS", 3)
-    monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 60.0)
-    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 60.0)
-    monkeypatch.setattr(health, "LANES_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(health, "REQUEST_HEADERS_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(health, "KEEPALIVE_TIMEOUT_S", 3600.0)
+    monkeypatch.setattr(health, "LANES_TIMEOUT_S", 3600.0)
 
 
 async def hold(server: HealthServer, path: str) -> list[Any]:
@@ -264,9 +272,9 @@ async def test_connections_beyond_a_cap_of_busy_probes_are_closed_and_logged_onc
             for _ in range(3):
                 reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
                 writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-                took = await closed_after(reader, 2.0)
+                took = await closed_after(reader, AT_ONCE_S)
                 writer.close()
-                assert took < 1.0
+                assert took < AT_ONCE_S
             with pytest.raises(aiohttp.ClientError):
                 await get_status(server.port)
         assert [line["event"] for line in lines] == ["health.too_many_connections"]

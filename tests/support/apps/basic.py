@@ -75,12 +75,25 @@ async def flaky(ctx: TaskContext, params: Any) -> None:
     await ctx.step("boom", boom)
 
 
+def _exists(path: Path) -> bool:
+    return path.exists()
+
+
+async def _until_exists(path: Path, limit_s: float) -> None:
+    """Return once the file ``path`` exists, or after ``limit_s`` seconds."""
+    for _ in range(int(limit_s / 0.05)):
+        if _exists(path):
+            return
+        await asyncio.sleep(0.05)
+
+
 @app.play("slow")
 async def slow(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
     """Step ``one`` (quick), then step ``two``, which sleeps ``seconds`` the first time.
 
     Both record each execution under ``params["dir"]``; a re-run of ``two``
-    (after a hand-back or a crash) sleeps ``rerun_seconds`` (default 0).
+    (after a hand-back or a crash) sleeps ``rerun_seconds`` (default 0). With
+    ``gate`` (a path), ``two`` then also waits until that file exists (at most 300 s).
     """
     directory = params["dir"]
 
@@ -92,6 +105,9 @@ async def slow(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
         before = record(directory, "two", ctx)
         seconds = params["seconds"] if before == 0 else params.get("rerun_seconds", 0)
         await asyncio.sleep(float(seconds))
+        # Then, with a ``gate`` file named, until it exists (the test decides when it ends).
+        if params.get("gate"):
+            await _until_exists(Path(params["gate"]), 300)
         return ctx.release_id
 
     first = await ctx.step("one", one)
