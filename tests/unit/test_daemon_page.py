@@ -158,3 +158,14 @@ def test_a_claiming_lane_of_an_older_build_says_its_claim_health_is_unknown() ->
     assert "stranded" not in html.split("<tbody>")[1]
     assert '<li data-reason="claimHealthUnknown"><b>claimHealthUnknown</b> (2): runs queued' in html
     assert "retire it first" not in html  # still a claiming lane's own business
+
+
+def test_a_drained_lane_says_nothing_of_its_live_workers_claiming() -> None:
+    """Its machines are safe to stop: 'no live worker (known to) claim' there is noise."""
+    for worker in (OLD_WORKER, {**OLD_WORKER, "version": "0.2.1", "claiming": False,
+                                "claimHealth": "notClaiming"}):  # fmt: skip
+        drained = LaneView(release_id="d", queue="runs_d", status="drained", workers=(worker,),
+                           **BASE)  # fmt: skip
+        html = page.render([drained])
+        assert 'data-field="claimHealthUnknown"' not in html
+        assert 'data-field="noClaims"' not in html

@@ -14,9 +14,9 @@ from worker.metrics import Metrics
 from worker.ops.report import LaneView
 
 
-def view(release: str, status: str, **counts: int) -> LaneView:
+def view(release: str, status: str, live: int = 0, **counts: int) -> LaneView:
     return LaneView(
-        release_id=release, queue=f"runs_{release}", status=status, live_workers=0,
+        release_id=release, queue=f"runs_{release}", status=status, live_workers=live,
         queued=0, running=0, waiting=0, adoptable=0, counts=counts,
     )  # fmt: skip
 
@@ -48,4 +48,12 @@ def test_a_lane_that_drains_drops_its_series_at_the_next_scrape() -> None:
     assert [line for line in series(metrics) if 'lane="runs_old"' in line]
     lane_gauges(metrics, [view("old", "drained")])
     assert not [line for line in series(metrics) if 'lane="runs_old"' in line]
+    assert 'lane_worker_lanes{status="drained"} 1.0' in series(metrics)
+
+
+def test_a_drained_lane_with_live_machines_keeps_its_series() -> None:
+    """Machines still up on a drained lane are what a dashboard must show (safe to stop)."""
+    metrics = Metrics()
+    lane_gauges(metrics, [view("old", "drained", live=2)])
+    assert 'lane_worker_lane_live_workers{lane="runs_old",release="old"} 2.0' in series(metrics)
     assert 'lane_worker_lanes{status="drained"} 1.0' in series(metrics)

@@ -266,10 +266,12 @@ async def _handler_clock(
 
 
 def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
-    """Set the lane gauges from a drain report (a lane gone from it, or drained, is dropped).
+    """Set the lane gauges from a drain report (a lane gone, or drained and idle, is dropped).
 
-    A drained lane is only counted (``lane_worker_lanes{status="drained"}``): its
-    own series would all be zero, and they would grow with every deploy until pruned.
+    A drained lane with no live worker is only counted
+    (``lane_worker_lanes{status="drained"}``): its own series would all be zero, and
+    they would grow with every deploy until pruned. One with live workers keeps its
+    series: machines still up that are safe to stop are what a dashboard looks for.
     """
     gauges = (
         metrics.lanes, metrics.lane_open_runs, metrics.lane_live_workers,
@@ -280,7 +282,7 @@ def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
     for status, count in Counter(v.status for v in views).items():
         metrics.lanes.labels(status).set(count)
     for v in views:
-        if v.status == LaneState.DRAINED:
+        if v.status == LaneState.DRAINED and not v.live_workers:
             continue
         for bucket, n in v.counts.items():
             metrics.lane_open_runs.labels(v.queue, v.release_id, bucket).set(n)

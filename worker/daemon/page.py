@@ -101,7 +101,9 @@ def _row(view: LaneView) -> str:
         if view.foreign_tasks
         else ""
     )
-    if not view.stranded and view.live_workers and not view.claiming_workers:
+    # A drained lane's machines are safe to stop: whether they claim says nothing more.
+    quiet_status = view.status == "drained"
+    if not quiet_status and not view.stranded and view.live_workers and not view.claiming_workers:
         if view.unknown_workers:
             # Builds before 0.2.0 report nothing: they may claim, or fail every claim.
             stranded = (

@@ -625,7 +625,7 @@ def lanes_table(views: list[LaneView]) -> list[str]:
     lines = aligned(rows)
     for v in views:
         lines += not_claiming_lines(v.release_id, v.workers)
-        if v.unknown_workers and not v.claiming_workers:
+        if v.unknown_workers and not v.claiming_workers and v.status != "drained":
             lines.append(f"{v.release_id}: {unknown_line(v)}")
         if v.status != "claiming" or v.stranded:
             lines += [f"{v.release_id}: {line}" for line in _blocker_lines(v, ids=False)]
