@@ -295,3 +295,39 @@ async def test_own_tasks_on_a_queue_the_typescript_app_created_go_after_six_hour
     assert [(p["cleanup_ttl"], p["cleanup_limit"]) for p in policy] == [(timedelta(days=30), 1000)]
     cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
     assert [(c["queue"], c["tasks"]) for c in cleaned] == [(GOOD_QUEUE, 1)]
+
+
+async def submitted_by_sql(database_url: str, play: str, release: str) -> str:
+    """Submit a run through the store's SQL API (no lane row: its first submit makes the queue)."""
+    run_id: str = await sql(
+        database_url,
+        f"select ({SCHEMA}.submit_run($1, '{{}}'::jsonb, $2))->>'runId'",
+        play,
+        release,
+    )
+    return run_id
+
+
+async def test_another_systems_task_naming_a_run_of_ours_stays(database_url: str) -> None:
+    """Only a ``play-run`` task is lane-worker's by its params' runId; the app's notifier stays.
+
+    The TypeScript app's `ts-notify-slack` task carries a lane-worker run's id in
+    its params. The claim does not count it as lane-worker's; cleanup deleted it
+    with the run's own task.
+    """
+    queue = "runs_x1"
+    async with open_client(database_url, GOOD_ENV) as client:
+        run_id = await submitted_by_sql(database_url, "demo", "x1")
+        await sql(database_url, f"select {SCHEMA}.cancel_run($1::uuid)", run_id)
+        notify = await ts.spawn(database_url, queue, "ts-notify-slack", {"runId": run_id})
+        [claimed] = await ts.claim(database_url, queue)
+        assert claimed["task_id"] == notify
+        await ts.complete(database_url, queue, claimed["run_id"])
+        await long_ago(database_url, queue)
+
+        _, lines = await maintain_once(client)
+
+        after = await engine_rows(database_url, queue)
+    assert after["t"] == after["r"] == {notify}
+    cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
+    assert [(c["queue"], c["tasks"]) for c in cleaned] == [(queue, 1)]
