@@ -247,14 +247,19 @@ select l.queue, l.status, l.release_ids, q.queue_name is not null as engine_queu
 -- name: maintained_queues
 -- Every engine queue, and whether it is lane-worker's to clean: a lane row names
 -- it (a worker registered it, an operator retired it; a pruned lane's queue that
--- another system made again too: only this store's tasks are ever deleted), or a
--- run of this store was submitted there (a queue only a submit created). A
--- sandbox cleanup goes to its run's queue or adopter's lane, both named so. Any
+-- another system made again too: only this store's tasks are ever deleted), a
+-- run of this store was submitted there (a queue only a submit created), or this
+-- store recorded creating it (migration 0024: a queue only the SQL API's submit
+-- created, whose runs `lanes move` took elsewhere, still holds their old tasks).
+-- A sandbox cleanup goes to its run's queue or adopter's lane, both named so. Any
 -- other queue is another system's (the TypeScript app's own): never cleaned.
--- Index probes per queue (runs_queue_idx, migration 0022), no engine table read.
+-- Index probes per queue (runs_queue_idx, migration 0022; primary keys), no
+-- engine table read.
 select q.queue_name as queue,
        (exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
-        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)) as own
+        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)
+        or exists (select 1 from {schema}.created_queues c
+                    where c.queue = q.queue_name)) as own
   from absurd.queues q
  order by q.queue_name;
 
