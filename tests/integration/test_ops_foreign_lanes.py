@@ -270,13 +270,16 @@ async def test_prune_keeps_a_recorded_name_another_system_made_again(database_ur
 async def test_lanes_from_before_the_record_are_grandfathered(
     empty_database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Migration 0024 records every existing queue a lane row names (legacy): pruned as before.
+    """Migration 0024 records every existing queue a lane row or a run names (legacy): pruned
+    as before.
 
     A store at 0023 (a build before the record) holds: a lane with the queue that
-    build created, the TS app's queue with no lane row, a lane whose queue is gone.
+    build created, a queue only the SQL API's submit created (a run, no lane row),
+    the TS app's queue with no lane row, a lane whose queue is gone.
     """
     url = empty_database_url
     old, ts_queue, gone = queue_of(A), queue_of(TS_REL), queue_of("rel-gone")
+    submitted = queue_of(B)
     every = schema.known_migrations()
     before = [m for m in every if m.version < 24]
     monkeypatch.setattr(schema, "known_migrations", lambda: before)
@@ -289,17 +292,23 @@ async def test_lanes_from_before_the_record_are_grandfathered(
                     c, queue=q, release_id=r
                 )
             )
+        run_id = await sql(
+            url, f"select ({SCHEMA}.submit_run('plain', '{{}}'::jsonb, $1))->>'runId'", B
+        )
+        await sql(url, f"select {SCHEMA}.cancel_run($1::uuid)", run_id)
     assert await sql(url, f"select to_regclass('{SCHEMA}.created_queues')") is None
     monkeypatch.setattr(schema, "known_migrations", lambda: every)
     async with open_client(url, env_of(B)) as client:
-        assert await recorded_queues(url) == [(old, True)]
+        assert await recorded_queues(url) == [(old, True), (submitted, True)]
         await client.retire_release(A)
+        await client.retire_release(B)  # known by its run
         await client.retire_release(TS_REL, force=True)  # a lane row after the migration
-        for queue in (old, ts_queue):
+        for queue in (old, submitted, ts_queue):
             await retired_long_ago(url, queue)
-        assert await client.prune_lanes(0) == [old]
+        assert sorted(await client.prune_lanes(0)) == sorted([old, submitted])
         assert await client.prune_kept_not_ours(0) == [ts_queue]
         assert not await queue_exists(url, old)
+        assert not await queue_exists(url, submitted)
         assert await queue_exists(url, ts_queue)
         assert await recorded_queues(url) == []
 
