@@ -146,6 +146,32 @@ async def test_prune_keeps_a_lane_whose_queue_holds_a_foreign_task(database_url:
         assert (await client.status(mine.run_id)).status == "completed"
 
 
+async def test_prune_keeps_a_queue_with_the_apps_task_naming_a_run_of_ours(
+    database_url: str,
+) -> None:
+    """Only a ``play-run`` task is lane-worker's by its params' runId, as in cleanup.
+
+    The TS app's finished `ts-notify-slack` task names a lane-worker run in its
+    params; the queue is lane-worker's by record, but dropping it would drop the
+    app's task: kept as foreign.
+    """
+    async with (
+        open_client(database_url, env_of(A)) as client,
+        open_runtime(database_url, app_with_sandbox(), A) as rt,
+    ):
+        mine = await client.submit("plain")
+        assert await work_once(rt) == ["completed"]
+        notify = await ts.spawn(database_url, QA, "ts-notify-slack", {"runId": mine.run_id})
+        (claimed,) = await ts.claim(database_url, QA)
+        assert claimed["task_id"] == notify
+        await ts.complete(database_url, QA, claimed["run_id"])
+        await client.retire_release(A)
+        await retired_long_ago(database_url, QA)
+        assert await client.prune_lanes(0) == []
+        assert await client.prune_kept_foreign(0) == [QA]
+        assert await queue_exists(database_url, QA)
+
+
 async def recorded_queues(database_url: str) -> list[tuple[str, bool]]:
     """The engine queues the store recorded creating (migration 0024), with ``legacy``."""
     rows = await fetch(

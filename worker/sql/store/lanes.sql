@@ -149,8 +149,9 @@ select open_tasks, foreign_tasks from {schema}.queue_open_tasks($1);
 -- name: queue_holds_foreign_task
 -- Whether the queue's engine tasks ({tasks}) hold one, in any state (a finished one
 -- too, until the engine's cleanup removes it), that this store did not create: no
--- run row names it as its task or by the runId of its params (a task `lanes move`
--- or `runs retry` replaced), no sandbox cleanup row names it. Such a queue is
+-- run row names it as its task or, a `play-run` task, by the runId of its params (a
+-- task `lanes move` or `runs retry` replaced; another system's task carrying one of
+-- our runIds is still its own), no sandbox cleanup row names it. Such a queue is
 -- another system's too (the TypeScript app's): `lanes prune` keeps it. The caller
 -- checks first that the engine has the queue.
 select exists (
@@ -159,7 +160,7 @@ select exists (
      and not exists (
            select 1 from {schema}.runs r
             where r.run_id = case
-                    when t.params->>'runId'
+                    when t.task_name = 'play-run' and t.params->>'runId'
                          ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                     then (t.params->>'runId')::uuid end)
      and not exists (select 1 from {schema}.run_sandboxes x where x.cleanup_task_id = t.task_id));
