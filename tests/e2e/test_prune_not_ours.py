@@ -43,7 +43,10 @@ async def test_lanes_prune_keeps_the_typescript_apps_queue_and_says_why(
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines() == ["pruned 0 lane queue(s)."]
     (said,) = text.stderr.splitlines()
-    assert said.startswith("kept 1 drained lane(s) whose engine queue lane-worker did not create")
+    assert said.startswith(
+        "kept 1 drained lane(s) whose engine queue lane-worker has no record of creating"
+    )
+    assert "absurdctl drop-queue" in said
     assert said.endswith(f": {QUEUE}")
     assert await sql(
         database_url, "select count(*) from absurd.queues where queue_name = $1", QUEUE

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from support import typescript as ts
 from support.db import execute, fetch, sql
-from support.runtime import SCHEMA, open_client
+from support.runtime import SCHEMA, env_of, open_client, open_runtime, register_worker
+from worker import App, TaskContext
 from worker.client import LaneClient, RunStatus
 from worker.daemon.maintenance import maintain
 from worker.metrics import Metrics
@@ -295,3 +296,81 @@ async def test_own_tasks_on_a_queue_the_typescript_app_created_go_after_six_hour
     assert [(p["cleanup_ttl"], p["cleanup_limit"]) for p in policy] == [(timedelta(days=30), 1000)]
     cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
     assert [(c["queue"], c["tasks"]) for c in cleaned] == [(GOOD_QUEUE, 1)]
+
+
+async def submitted_by_sql(database_url: str, play: str, release: str) -> str:
+    """Submit a run through the store's SQL API (no lane row: its first submit makes the queue)."""
+    run_id: str = await sql(
+        database_url,
+        f"select ({SCHEMA}.submit_run($1, '{{}}'::jsonb, $2))->>'runId'",
+        play,
+        release,
+    )
+    return run_id
+
+
+async def test_another_systems_task_naming_a_run_of_ours_stays(database_url: str) -> None:
+    """Only a ``play-run`` task is lane-worker's by its params' runId; the app's notifier stays.
+
+    The TypeScript app's `ts-notify-slack` task carries a lane-worker run's id in
+    its params. The claim does not count it as lane-worker's; cleanup deleted it
+    with the run's own task.
+    """
+    queue = "runs_x1"
+    async with open_client(database_url, GOOD_ENV) as client:
+        run_id = await submitted_by_sql(database_url, "demo", "x1")
+        await sql(database_url, f"select {SCHEMA}.cancel_run($1::uuid)", run_id)
+        notify = await ts.spawn(database_url, queue, "ts-notify-slack", {"runId": run_id})
+        [claimed] = await ts.claim(database_url, queue)
+        assert claimed["task_id"] == notify
+        await ts.complete(database_url, queue, claimed["run_id"])
+        await long_ago(database_url, queue)
+
+        _, lines = await maintain_once(client)
+
+        after = await engine_rows(database_url, queue)
+    assert after["t"] == after["r"] == {notify}
+    cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
+    assert [(c["queue"], c["tasks"]) for c in cleaned] == [(queue, 1)]
+
+
+def demo_app() -> App:
+    app = App()
+
+    @app.play("demo")
+    async def demo(ctx: TaskContext, params: Any) -> str:
+        return "ok"
+
+    return app
+
+
+async def test_the_task_a_move_left_on_a_queue_only_the_sql_api_made_is_cleaned(
+    database_url: str,
+) -> None:
+    """A queue lane-worker recorded creating is its own to clean, with no lane row nor run.
+
+    The SQL API's submit made ``runs_m1`` (no lane row); `lanes move m1 --to m2`
+    put the run on m2's queue and cancelled its old task on m1. Nothing named m1
+    then, and that task was never cleaned.
+    """
+    old_queue = "runs_m1"
+    async with (
+        open_client(database_url, env_of("m2")) as client,
+        open_runtime(database_url, demo_app(), "m2") as rt,
+    ):
+        run_id = await submitted_by_sql(database_url, "demo", "m1")
+        old_task = await task_of(database_url, run_id)
+        await client.activate_release("m2", force=True)
+        await register_worker(rt)  # a live worker of m2 that runs `demo`
+        report = await client.move_lane("m1", "m2")
+        assert report.moved == (run_id,)
+        assert await engine_rows(database_url, old_queue) == {
+            "t": {old_task}, "r": {old_task}, "c": set(), "e": set()
+        }  # fmt: skip
+        await long_ago(database_url, old_queue)
+
+        _, lines = await maintain_once(client)
+
+        assert (await engine_rows(database_url, old_queue))["t"] == set()
+    cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
+    assert [(c["queue"], c["tasks"]) for c in cleaned] == [(old_queue, 1)]

@@ -146,6 +146,32 @@ async def test_prune_keeps_a_lane_whose_queue_holds_a_foreign_task(database_url:
         assert (await client.status(mine.run_id)).status == "completed"
 
 
+async def test_prune_keeps_a_queue_with_the_apps_task_naming_a_run_of_ours(
+    database_url: str,
+) -> None:
+    """Only a ``play-run`` task is lane-worker's by its params' runId, as in cleanup.
+
+    The TS app's finished `ts-notify-slack` task names a lane-worker run in its
+    params; the queue is lane-worker's by record, but dropping it would drop the
+    app's task: kept as foreign.
+    """
+    async with (
+        open_client(database_url, env_of(A)) as client,
+        open_runtime(database_url, app_with_sandbox(), A) as rt,
+    ):
+        mine = await client.submit("plain")
+        assert await work_once(rt) == ["completed"]
+        notify = await ts.spawn(database_url, QA, "ts-notify-slack", {"runId": mine.run_id})
+        (claimed,) = await ts.claim(database_url, QA)
+        assert claimed["task_id"] == notify
+        await ts.complete(database_url, QA, claimed["run_id"])
+        await client.retire_release(A)
+        await retired_long_ago(database_url, QA)
+        assert await client.prune_lanes(0) == []
+        assert await client.prune_kept_foreign(0) == [QA]
+        assert await queue_exists(database_url, QA)
+
+
 async def recorded_queues(database_url: str) -> list[tuple[str, bool]]:
     """The engine queues the store recorded creating (migration 0024), with ``legacy``."""
     rows = await fetch(
@@ -270,13 +296,16 @@ async def test_prune_keeps_a_recorded_name_another_system_made_again(database_ur
 async def test_lanes_from_before_the_record_are_grandfathered(
     empty_database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Migration 0024 records every existing queue a lane row names (legacy): pruned as before.
+    """Migration 0024 records every existing queue a lane row or a run names (legacy): pruned
+    as before.
 
     A store at 0023 (a build before the record) holds: a lane with the queue that
-    build created, the TS app's queue with no lane row, a lane whose queue is gone.
+    build created, a queue only the SQL API's submit created (a run, no lane row),
+    the TS app's queue with no lane row, a lane whose queue is gone.
     """
     url = empty_database_url
     old, ts_queue, gone = queue_of(A), queue_of(TS_REL), queue_of("rel-gone")
+    submitted = queue_of(B)
     every = schema.known_migrations()
     before = [m for m in every if m.version < 24]
     monkeypatch.setattr(schema, "known_migrations", lambda: before)
@@ -289,17 +318,23 @@ async def test_lanes_from_before_the_record_are_grandfathered(
                     c, queue=q, release_id=r
                 )
             )
+        run_id = await sql(
+            url, f"select ({SCHEMA}.submit_run('plain', '{{}}'::jsonb, $1))->>'runId'", B
+        )
+        await sql(url, f"select {SCHEMA}.cancel_run($1::uuid)", run_id)
     assert await sql(url, f"select to_regclass('{SCHEMA}.created_queues')") is None
     monkeypatch.setattr(schema, "known_migrations", lambda: every)
     async with open_client(url, env_of(B)) as client:
-        assert await recorded_queues(url) == [(old, True)]
+        assert await recorded_queues(url) == [(old, True), (submitted, True)]
         await client.retire_release(A)
+        await client.retire_release(B)  # known by its run
         await client.retire_release(TS_REL, force=True)  # a lane row after the migration
-        for queue in (old, ts_queue):
+        for queue in (old, submitted, ts_queue):
             await retired_long_ago(url, queue)
-        assert await client.prune_lanes(0) == [old]
+        assert sorted(await client.prune_lanes(0)) == sorted([old, submitted])
         assert await client.prune_kept_not_ours(0) == [ts_queue]
         assert not await queue_exists(url, old)
+        assert not await queue_exists(url, submitted)
         assert await queue_exists(url, ts_queue)
         assert await recorded_queues(url) == []
 

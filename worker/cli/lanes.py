@@ -183,8 +183,9 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
     its runs is open, its queue holds no unfinished task of any kind (a
     sandbox cleanup, another system's task) and no task of another system at
     all, finished or not (the queue is that system's too), and lane-worker
-    created its engine queue (another system's queue is never dropped); its
-    lane row and its runs stay.
+    recorded creating its engine queue (a queue it has no record of creating
+    is never dropped: another system's, or one made by an older build or
+    inside a savepoint); its lane row and its runs stay.
     `lanes activate` recreates the queue.
     """
 
@@ -202,9 +203,11 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
           f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
     if not_ours and not as_json:
         click.echo(
-            f"kept {len(not_ours)} drained lane(s) whose engine queue lane-worker did not create "
-            "(another system's, such as the TypeScript app's; `lanes prune` never drops it, "
-            f"absurdctl can if you truly mean to): {' '.join(not_ours)}",
+            f"kept {len(not_ours)} drained lane(s) whose engine queue lane-worker has no record "
+            "of creating (another system's, such as the TypeScript app's, or one made by a build "
+            "before records were kept or inside a savepoint; `lanes prune` never drops it: once "
+            "you have checked nothing else uses it, `absurdctl drop-queue QUEUE --yes`): "
+            f"{' '.join(not_ours)}",
             err=True,
         )
     if busy and not as_json:

@@ -466,7 +466,7 @@ class LaneClient:
         return await self.remedies.prune_kept_foreign(older_than_s)
 
     async def prune_kept_not_ours(self, older_than_s: float) -> list[str]:
-        """Name the lanes ``prune_lanes`` keeps because lane-worker did not create their queue."""
+        """Name the lanes ``prune_lanes`` keeps: lane-worker has no record of their queue."""
         return await self.remedies.prune_kept_not_ours(older_than_s)
 
     async def prune_kept_live(self, older_than_s: float) -> list[str]:

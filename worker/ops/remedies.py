@@ -449,8 +449,9 @@ class Remedies:
         The lane rows and every run stay (history: ``status``, ``runs``); only the
         engine tables go. A lane with a live worker is kept (its loops poll the
         queue: ``prune_kept_live`` names them), so is one whose engine queue
-        lane-worker did not create (``prune_kept_not_ours``: no record of its
-        creation, migration 0024; the TypeScript app's when release ids coincide),
+        lane-worker has no record of creating (``prune_kept_not_ours``, migration
+        0024: the TypeScript app's when release ids coincide, or one an older
+        build or a savepoint made),
         one whose queue holds an unfinished task (``prune_kept_busy``) or any task
         lane-worker did not create, finished or not (``prune_kept_foreign``:
         another system's queue too). One transaction per lane, re-checked under
@@ -506,7 +507,7 @@ class Remedies:
         return pruned
 
     async def _not_ours(self, queue: str) -> bool:
-        """Tell whether the engine has the queue and lane-worker did not create it."""
+        """Tell whether the engine has the queue and lane-worker has no record of creating it."""
         created_here = await self.db.run(
             lambda c: self.store.lanes.queue_created_here(c, queue=queue)
         )
@@ -558,11 +559,14 @@ class Remedies:
         ]
 
     async def prune_kept_not_ours(self, older_than_s: float) -> list[str]:
-        """Name the lanes ``prune_lanes`` keeps because lane-worker did not create their queue.
+        """Name the lanes ``prune_lanes`` keeps because lane-worker has no record of creating
+        their queue.
 
         Another system's queue (the TypeScript app's, when release ids coincide)
-        that a lane row names: `lanes prune` never drops it, whatever it holds,
-        with no override (an operator who means it drops it with absurdctl).
+        that a lane row names, or one lane-worker made without a record (a build
+        before migration 0024, or inside a savepoint): `lanes prune` never drops
+        it, whatever it holds, with no override (an operator who has checked
+        drops it with ``absurdctl drop-queue``).
         """
         await self.check_schemas()
         rows = await self.db.run(

@@ -13,9 +13,11 @@ create index if not exists runs_queue_idx on {schema}.runs (queue);
 -- (absurd.queues: cleanup_ttl, cleanup_limit), on the engine's clock, of what
 -- this store created:
 -- * finished tasks (completed, failed, cancelled) that ended more than the TTL
---   ago and that a run row names (its task; or by the runId of the task's
---   params, a task `runs retry` or `lanes move` replaced), or that a sandbox
---   cleanup row names; with their engine runs, checkpoints, waits and (on a
+--   ago and that a run row names (its task; or, for a task of lane-worker's
+--   name for runs, `play-run`, by the runId of its params: a task `runs retry`
+--   or `lanes move` replaced), or that a sandbox cleanup row names; another
+--   system's task that carries one of our runIds in its params (a TypeScript
+--   notifier's) is not named so; with their engine runs, checkpoints, waits and (on a
 --   partitioned queue) idempotency keys. Oldest first, at most cleanup_limit.
 -- * events emitted more than the TTL ago whose name is one lane-worker gives
 --   (evt:<run>:<key>, runner-terminal:<run>:<attempt>, worker/checkpoint.py)
@@ -61,9 +63,10 @@ begin
                             else t.cancelled_at end) < $1
           and coalesce(
                 (select true from %5$s.runs s where s.task_id = t.task_id),
-                (select true from %5$s.runs s
-                  where s.run_id = case when t.params->>''runId'' ~* $3
-                                        then (t.params->>''runId'')::uuid end),
+                case when t.task_name = ''play-run''
+                     then (select true from %5$s.runs s
+                            where s.run_id = case when t.params->>''runId'' ~* $3
+                                                  then (t.params->>''runId'')::uuid end) end,
                 case when t.task_name = ''daytona-sandbox-cleanup''
                      then (select true from %5$s.run_sandboxes x
                             where x.cleanup_task_id = t.task_id limit 1) end,

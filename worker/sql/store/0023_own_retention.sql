@@ -42,7 +42,8 @@ $$;
 -- One bounded cleanup batch of engine queue p_queue, of what this store created,
 -- by lane-worker's own retention (6 hours, at most 1000 of each a call), whatever
 -- the queue's policy, on the engine's clock: what 0022's clean_own deletes
--- (finished tasks a run row or a sandbox cleanup row names, with their engine runs,
+-- (finished tasks a run row names, as its task or, on a `play-run` task, by its
+-- params' runId; or a sandbox cleanup row names; with their engine runs,
 -- checkpoints, waits and idempotency keys; old events with lane-worker's names
 -- naming a run of this store). Zeros for a queue the engine does not have.
 create or replace function {schema}.clean_own(p_queue text,
@@ -83,9 +84,10 @@ begin
                             else t.cancelled_at end) < $1
           and coalesce(
                 (select true from %5$s.runs s where s.task_id = t.task_id),
-                (select true from %5$s.runs s
-                  where s.run_id = case when t.params->>''runId'' ~* $3
-                                        then (t.params->>''runId'')::uuid end),
+                case when t.task_name = ''play-run''
+                     then (select true from %5$s.runs s
+                            where s.run_id = case when t.params->>''runId'' ~* $3
+                                                  then (t.params->>''runId'')::uuid end) end,
                 case when t.task_name = ''daytona-sandbox-cleanup''
                      then (select true from %5$s.run_sandboxes x
                             where x.cleanup_task_id = t.task_id limit 1) end,

@@ -18,9 +18,10 @@ create table {schema}.created_queues (
   legacy boolean not null default false
 );
 
--- Grandfathered: every existing engine queue a lane row names, so fleets that
--- upgrade keep pruning their old lanes. The engine schema may not be installed
--- yet (a store migrated first): then there is no queue to record.
+-- Grandfathered: every existing engine queue a lane row or a run of this store
+-- names (a queue only the SQL API's submit created has no lane row), so fleets
+-- that upgrade keep pruning their old lanes. The engine schema may not be
+-- installed yet (a store migrated first): then there is no queue to record.
 do $$
 begin
   if to_regclass('absurd.queues') is not null then
@@ -28,6 +29,7 @@ begin
     select q.queue_name, q.created_at, true
       from absurd.queues q
      where exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
+        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)
     on conflict (queue) do nothing;
   end if;
 end;

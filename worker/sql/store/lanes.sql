@@ -149,8 +149,9 @@ select open_tasks, foreign_tasks from {schema}.queue_open_tasks($1);
 -- name: queue_holds_foreign_task
 -- Whether the queue's engine tasks ({tasks}) hold one, in any state (a finished one
 -- too, until the engine's cleanup removes it), that this store did not create: no
--- run row names it as its task or by the runId of its params (a task `lanes move`
--- or `runs retry` replaced), no sandbox cleanup row names it. Such a queue is
+-- run row names it as its task or, a `play-run` task, by the runId of its params (a
+-- task `lanes move` or `runs retry` replaced; another system's task carrying one of
+-- our runIds is still its own), no sandbox cleanup row names it. Such a queue is
 -- another system's too (the TypeScript app's): `lanes prune` keeps it. The caller
 -- checks first that the engine has the queue.
 select exists (
@@ -159,7 +160,7 @@ select exists (
      and not exists (
            select 1 from {schema}.runs r
             where r.run_id = case
-                    when t.params->>'runId'
+                    when t.task_name = 'play-run' and t.params->>'runId'
                          ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                     then (t.params->>'runId')::uuid end)
      and not exists (select 1 from {schema}.run_sandboxes x where x.cleanup_task_id = t.task_id));
@@ -247,14 +248,19 @@ select l.queue, l.status, l.release_ids, q.queue_name is not null as engine_queu
 -- name: maintained_queues
 -- Every engine queue, and whether it is lane-worker's to clean: a lane row names
 -- it (a worker registered it, an operator retired it; a pruned lane's queue that
--- another system made again too: only this store's tasks are ever deleted), or a
--- run of this store was submitted there (a queue only a submit created). A
--- sandbox cleanup goes to its run's queue or adopter's lane, both named so. Any
+-- another system made again too: only this store's tasks are ever deleted), a
+-- run of this store was submitted there (a queue only a submit created), or this
+-- store recorded creating it (migration 0024: a queue only the SQL API's submit
+-- created, whose runs `lanes move` took elsewhere, still holds their old tasks).
+-- A sandbox cleanup goes to its run's queue or adopter's lane, both named so. Any
 -- other queue is another system's (the TypeScript app's own): never cleaned.
--- Index probes per queue (runs_queue_idx, migration 0022), no engine table read.
+-- Index probes per queue (runs_queue_idx, migration 0022; primary keys), no
+-- engine table read.
 select q.queue_name as queue,
        (exists (select 1 from {schema}.releases l where l.queue = q.queue_name)
-        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)) as own
+        or exists (select 1 from {schema}.runs r where r.queue = q.queue_name)
+        or exists (select 1 from {schema}.created_queues c
+                    where c.queue = q.queue_name)) as own
   from absurd.queues q
  order by q.queue_name;
 
