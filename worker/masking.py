@@ -14,7 +14,9 @@ Any case counts (ASCII letters: an echo may upper-case a header; a token with ot
 letters also wholly upper- or lower-cased), and so does a token with non-ASCII
 characters as an endpoint in another encoding sends it back (its UTF-8 read as
 Latin-1 or Windows-1252, Latin-1 bytes read as UTF-8 with U+FFFD for each bad
-byte: the relay decodes so), in each spelling. So does base64 (standard and
+byte: the relay decodes so), in each Unicode normal form, HTML-escaped (entities:
+``&#246;``, ``&#xf6;``, ``&ouml;``, ``&amp;``), in each spelling; and its bytes as
+Python's ``repr`` of ``bytes`` or hex print them. So does base64 (standard and
 URL-safe, padded or not, of the secret and of ``Bearer <secret>``, and the secret's
 part of a longer encoded string at each of the three byte alignments). In what is
 kept of an answer, a secret of ``FRAGMENT_FROM`` characters or more is also masked
@@ -30,9 +32,11 @@ import binascii
 import contextlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
-from typing import Any
+from html.entities import codepoint2name
+from typing import Any, Literal
 from urllib.parse import quote
 
 REDACTED = "***"
@@ -111,6 +115,64 @@ def _misread(part: str) -> set[str]:
     return found
 
 
+# What an HTML writer escapes of ASCII: ``&`` and the brackets always, quotes in attributes.
+_HTML_SPECIAL = ("&<>", "&<>\"'")
+
+
+def _decimal(c: str) -> str:
+    return f"&#{ord(c)};"
+
+
+def _hex(c: str) -> str:
+    return f"&#x{ord(c):x};"
+
+
+def _named(c: str) -> str:
+    return f"&{codepoint2name[ord(c)]};" if ord(c) in codepoint2name else _decimal(c)
+
+
+# Each way of writing a character as an entity: decimal, hex, named (decimal when unnamed).
+_HTML_ENTITY: tuple[Callable[[str], str], ...] = (_decimal, _hex, _named)
+
+
+def _html_forms(text: str) -> set[str]:
+    """``text`` HTML-escaped: its ``&<>`` (and quotes) and, or not, its non-ASCII
+    characters as entities, one style of entity at a time (``&#246;``, ``&#xf6;``,
+    ``&ouml;``); ``'`` also as ``&#x27;`` (Python's ``html.escape``) and ``&apos;``."""
+    found: set[str] = set()
+    for entity in _HTML_ENTITY:
+        for special in ("", *_HTML_SPECIAL):
+            for wide in (False, True):
+                escaped = (entity(c) if c in special or (wide and c > "\x7f") else c for c in text)
+                found.add("".join(escaped))
+    if "'" in text:
+        found |= {f.replace("&#39;", q) for f in found for q in ("&#x27;", "&apos;")}
+    found.discard(text)
+    return found
+
+
+_NORMAL_FORMS: tuple[Literal["NFC", "NFD", "NFKC", "NFKD"], ...] = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def _normalised(part: str) -> set[str]:
+    """``part`` in each Unicode normal form that differs from it (an endpoint may
+    compose or decompose accents, or fold compatibility characters)."""
+    if part.isascii():
+        return set()
+    return {unicodedata.normalize(f, part) for f in _NORMAL_FORMS} - {part}
+
+
+def _byte_forms(part: str) -> set[str]:
+    """``part``'s bytes (UTF-8, and Latin-1 when it can) as Python's ``repr`` of ``bytes``
+    prints them (``t\\xc3\\xb6k``) and in hex."""
+    found: set[str] = set()
+    for codec in ("utf-8", "latin-1"):
+        with contextlib.suppress(UnicodeError):
+            raw = part.encode(codec)
+            found |= {repr(raw)[2:-1], raw.hex()}
+    return found
+
+
 def _spellings(text: str) -> set[str]:
     """``text`` as sent, percent-encoded (UTF-8, and Latin-1 when it can), inside
     ``repr()``, and JSON-escaped (``\\u`` escapes or raw, also with ``/`` as ``\\/``)."""
@@ -122,14 +184,19 @@ def _spellings(text: str) -> set[str]:
     return found
 
 
+# Cached: the relay asks for the forms of a fact's tokens at each refusal it keeps, and
+# a non-ASCII token has a hundred or more.
+@lru_cache(maxsize=64)
 def secret_forms(*secrets: str) -> tuple[str, ...]:
     """Every spelling of ``secrets`` an echo may print, longest first.
 
     Each spelling (``_spellings``: as sent, percent-encoded, in ``repr()``, JSON-escaped)
-    of the secret and of its misreadings in another encoding (``_misread``), the secret
-    in base64 (``_base64_forms``), and all that for each comma-separated part of a token
-    made of several (a Fly macaroon token is such a list). ASCII case is not a spelling:
-    every match ignores it.
+    of the secret, of its other Unicode normal forms (``_normalised``), of their
+    misreadings in another encoding (``_misread``) and of all those HTML-escaped
+    (``_html_forms``); the bytes of the secret and its normal forms (``_byte_forms``), the
+    secret in base64 (``_base64_forms``), and all that for each comma-separated part of a
+    token made of several (a Fly macaroon token is such a list). ASCII case is not a
+    spelling: every match ignores it.
     """
     found: set[str] = set()
     for secret in secrets:
@@ -140,8 +207,12 @@ def secret_forms(*secrets: str) -> tuple[str, ...]:
         for part in parts:
             if len(part) < _CUT_PREFIX:
                 continue
-            for read in (part, *_misread(part)):
-                found |= _spellings(read)
+            sent = {part, *_normalised(part)}
+            for read in sent | {m for n in sent for m in _misread(n)}:
+                for spelled in (read, *_html_forms(read)):
+                    found |= _spellings(spelled)
+            for read in sent:
+                found |= _byte_forms(read)
             if len(part) >= WHOLE_WORD_BELOW:
                 found |= _base64_forms(part)
     return tuple(sorted((s for s in found if s), key=len, reverse=True))
@@ -210,10 +281,19 @@ def _cut_prefix(text: str, secrets: Sequence[str]) -> str:
     """Mask a secret's beginning left at the very end of ``text`` (cut by a limit or a read),
     in any case."""
     folded = _fold(text)
+    tail = folded[-_CUT_PREFIX:]
+    if len(tail) < _CUT_PREFIX:
+        return text
     for secret in secrets:
         key = _fold(secret)
-        for n in range(min(len(secret) - 1, len(text)), _CUT_PREFIX - 1, -1):
-            if folded.endswith(key[:n]):
+        # A beginning the text ends with ends in the text's last characters: try only
+        # the lengths where the key holds them (a secret has a hundred forms or more).
+        ends, at = [], key.find(tail)
+        while at >= 0:
+            ends.append(at + _CUT_PREFIX)
+            at = key.find(tail, at + 1)
+        for n in sorted(ends, reverse=True):
+            if n <= min(len(secret) - 1, len(text)) and folded.endswith(key[:n]):
                 return text[:-n] + REDACTED
     return text
 

@@ -208,6 +208,7 @@ MISREAD_BODIES = {
     "percent": quote(UMLAUT, safe="").encode(),
     "json": json.dumps(UMLAUT)[1:-1].encode(),  # \u00f6 escapes
     "json-mojibake": json.dumps(_MOJIBAKE)[1:-1].encode(),  # a Python server's echo
+    "html": UMLAUT.encode("ascii", "xmlcharrefreplace"),  # t&#246;k&#233;n-...
 }
 
 

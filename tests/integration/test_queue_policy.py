@@ -11,14 +11,30 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from support import typescript as ts
 from support.db import fetch, sql
-from support.runtime import SCHEMA, connect, env_of, eventually, open_client, queue_of
+from support.runtime import (
+    SCHEMA,
+    connect,
+    env_of,
+    eventually,
+    open_client,
+    open_runtime,
+    queue_of,
+    work_once,
+)
+from worker import App, TaskContext
 from worker.client import LaneClient
+from worker.config.settings import Settings
+from worker.daemon.boot import install_and_register
 from worker.db import engine
+from worker.db.pool import Database, PoolOptions
+from worker.db.store import Store
+from worker.states import LaneState
 
 RELEASE = "rel-shared"
 QUEUE = queue_of(RELEASE)
@@ -156,3 +172,71 @@ async def test_a_queue_the_typescript_app_creates_meanwhile_keeps_its_policy(
             await app.close()
     assert await policy_of(database_url, QUEUE) == ENGINE_DEFAULT
     assert await recorded(database_url) == []  # not lane-worker's: `lanes prune` keeps it
+
+
+PART_BOOT, PART_FORCED = "part", "part-forced"
+
+
+async def _boot(database_url: str, release: str) -> LaneState:
+    """A worker of ``release`` boots (the daemon's install_and_register)."""
+    settings = Settings.from_env({
+        "WORKFLOW_RUNTIME_POSTGRES": database_url,
+        "DEEPLINE_RUNTIME_DEPLOY_VERSION": release,
+    })  # fmt: skip
+    db = await Database.open(PoolOptions(url=database_url, max_size=1, retry_for_s=5))
+    try:
+        return await install_and_register(db, Store(SCHEMA), settings)
+    finally:
+        await db.close()
+
+
+def _echo_app() -> App:
+    plays = App()
+
+    @plays.play("echo")
+    async def echo(ctx: TaskContext, params: Any) -> Any:
+        return params
+
+    return plays
+
+
+async def test_a_partitioned_queue_the_typescript_app_created_is_used_as_it_is(
+    database_url: str,
+) -> None:
+    """Issue 29, F7: the app creates a lane's queue partitioned. A worker boots on it,
+    `lanes retire --force` names one, a run submitted there completes and lane-worker's
+    cleanup takes it (its delete covers a partitioned queue's i_ table too); the
+    queues stay partitioned with the app's policy and its task, and are not recorded.
+    Before, absurd.create_queue($1) raised: Queue "..." already exists with storage
+    mode "partitioned"."""
+    queues = [queue_of(PART_BOOT), queue_of(PART_FORCED)]
+    for queue in queues:
+        await sql(database_url, "select absurd.create_queue($1, 'partitioned')", queue)
+    theirs = await ts.spawn(database_url, queue_of(PART_BOOT))
+    assert await _boot(database_url, PART_BOOT) == LaneState.CLAIMING
+    async with open_client(database_url, env_of(PART_BOOT)) as client:
+        assert await client.retire_release(PART_FORCED, force=True) == queue_of(PART_FORCED)
+        submitted = await client.submit("echo", {"n": 1}, idempotency_key="part-1")
+        async with open_runtime(database_url, _echo_app(), PART_BOOT) as runtime:
+            assert await work_once(runtime) == ["completed"]
+            status = await client.status(submitted.run_id)
+            assert status.as_json()["status"] == "completed", status.as_json()
+            # Older than lane-worker's retention: its cleanup deletes the run's task.
+            await sql(
+                database_url,
+                f'update absurd."r_{queues[0]}" set completed_at = completed_at - interval'
+                " '7 hours' where state = 'completed'",
+            )
+            cleaned = await runtime.db.run(
+                lambda c: runtime.store.lanes.clean_own(c, queue=queues[0])
+            )
+    assert cleaned == (1, 0)
+    tasks = await fetch(database_url, f'select task_id from absurd."t_{queues[0]}"')
+    assert [r["task_id"] for r in tasks] == [theirs]
+    for queue in queues:
+        mode = await sql(
+            database_url, "select storage_mode from absurd.queues where queue_name = $1", queue
+        )
+        assert mode == "partitioned", queue
+        assert await policy_of(database_url, queue) == ENGINE_DEFAULT, queue
+    assert await recorded(database_url) == []

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
+import unicodedata
+from html.entities import codepoint2name
 from urllib.parse import quote
 
 import pytest
@@ -173,3 +176,50 @@ def test_a_misreading_the_token_cannot_take_is_skipped() -> None:
     for token in (EURO, "Áccess-tökén-0123456789"):
         forms = secret_forms(token)
         assert mask_response(f"x {token} {quote(token, safe='')} y", forms) == "x *** *** y"
+
+
+# Issue 29, F6: the same tokens as an endpoint that escapes HTML, normalises Unicode or
+# prints bytes gives them back. DECOMPOSED is sent with its accents as combining marks;
+# LIGATURE holds characters NFKC replaces; SPECIAL is ASCII with HTML's own characters.
+DECOMPOSED = unicodedata.normalize("NFD", "dëcomposéd-tökén-0123456789")
+LIGATURE = "ﬁle-tökén-①②-0123456789"
+SPECIAL = "k3y&s3cr3t<x>\"q'-0123456789"
+ESCAPED = {
+    "html decimal entities": UMLAUT.encode("ascii", "xmlcharrefreplace").decode(),
+    "html hex entities": "".join(c if c.isascii() else f"&#x{ord(c):x};" for c in UMLAUT),
+    "html hex entities, upper-case": "".join(
+        c if c.isascii() else f"&#X{ord(c):X};" for c in UMLAUT
+    ),
+    "html named entities": "".join(
+        c if c.isascii() else f"&{codepoint2name[ord(c)]};" for c in UMLAUT
+    ),
+    "html.escape of an ascii token": html.escape(SPECIAL),
+    "html.escape without quotes": html.escape(SPECIAL, quote=False),
+    "html entities with &apos;": html.escape(SPECIAL).replace("&#x27;", "&apos;"),
+    "html decimal entities for ascii": SPECIAL.replace("&", "&#38;").replace("<", "&#60;"),
+    "nfd": unicodedata.normalize("NFD", UMLAUT),
+    "nfc of a decomposed token": unicodedata.normalize("NFC", DECOMPOSED),
+    "nfkc": unicodedata.normalize("NFKC", LIGATURE),
+    "nfkd": unicodedata.normalize("NFKD", LIGATURE),
+    "bytes repr of its utf-8": repr(UMLAUT.encode())[2:-1],
+    "bytes repr of its latin-1": repr(UMLAUT.encode("latin-1"))[2:-1],
+    "hex of its utf-8": UMLAUT.encode().hex(),
+    "hex of its utf-8, upper-case": UMLAUT.encode().hex().upper(),
+    "hex of an ascii token": SPECIAL.encode().hex(),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ESCAPED))
+def test_a_token_echoed_html_escaped_normalised_or_as_bytes_is_masked(how: str) -> None:
+    """Issue 29, F6: whole, cut at the end of a read, or in part, none of it is kept."""
+    echo = ESCAPED[how]
+    assert echo not in (UMLAUT, DECOMPOSED, LIGATURE, SPECIAL)  # a spelling of its own
+    secrets = secret_forms(UMLAUT, DECOMPOSED, LIGATURE, SPECIAL)
+    assert mask_response(f"unauthorized: {echo} (bad)", secrets) == "unauthorized: *** (bad)"
+    assert mask_response(f"bad {echo[:12]}", secrets, 200, cut=True) == "bad ***"
+    assert mask_response(f"saw ..{echo[3:15]}.. there", secrets) == "saw ..***.. there"
+
+
+def test_the_forms_of_a_token_are_computed_once() -> None:
+    """The relay asks for a fact's token forms at each refusal it keeps: the same tuple."""
+    assert secret_forms(UMLAUT, EURO) is secret_forms(UMLAUT, EURO)

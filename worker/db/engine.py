@@ -48,6 +48,9 @@ QueueRecorder = Callable[[Connection, str], Awaitable[None]]
 async def ensure_queue(conn: Connection, queue: str, *, record: QueueRecorder | None) -> bool:
     """Create ``queue`` if it is missing; return whether this call created it.
 
+    A queue that is there is left alone, whatever its storage mode (the app may
+    create a partitioned one: the engine's claim and cleanup handle both).
+
     lane-worker's cleanup policy goes only on a queue it creates, in the same
     transaction (the caller's, or one of its own). A queue that was there before,
     the TypeScript app's when release ids coincide, keeps the policy its creator

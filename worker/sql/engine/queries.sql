@@ -46,7 +46,11 @@ on conflict (contract) do update
        installed_at = now();
 
 -- name: create_queue
-select absurd.create_queue($1);
+-- Only when absurd.queues has no row for $1: an existing queue is left as it is,
+-- whatever its storage mode. create_queue($1) asks for an unpartitioned queue and
+-- raises on a partitioned one the TypeScript app made (issue 29, F7).
+select absurd.create_queue($1)
+ where not exists (select 1 from absurd.queues where queue_name = $1);
 
 -- name: queue_created_here
 -- Whether this transaction inserted queue $1's row: absurd.create_queue inserts
