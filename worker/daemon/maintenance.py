@@ -49,11 +49,16 @@ ATTEMPT_SWEEP_BATCH = 1000
 # batch holds ~700 of the ~7,800 slots of PostgreSQL's default lock table
 # (max_locks_per_transaction 64 x its ~120 backends), a pass of 1,000 queues held 34,000.
 CLEANUP_BATCH = 20
-# Cleanup deletes what ended 6 hours ago: every queue once in a few passes is plenty.
-CLEANUP_PER_PASS = 100
+# Cleanup deletes what ended 6 hours ago: every queue once in 20 minutes (at 1,000
+# queues) is plenty, and a pass stays three transactions however many queues there are.
+CLEANUP_PER_PASS = 60
 # A lane's reconcile read locks ~10 relations (its task and run tables and their indexes).
+# It is the safety net under the claim's own settling (a lease that expired on the last
+# attempt, a cancellation policy): two transactions a pass, each lane with open runs
+# every ceil(lanes / 100) minutes. Per pass, not per lane: idle cost must not grow with
+# the lanes a week of deploys leaves (issue 35).
 RECONCILE_GROUP = 50
-RECONCILE_PER_PASS = 200
+RECONCILE_PER_PASS = 100
 
 
 @dataclass
