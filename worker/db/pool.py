@@ -38,6 +38,8 @@ from worker.jsonvalue import decode_json
 log = structlog.get_logger("lane_worker.db")
 
 T = TypeVar("T")
+# asyncpg's prepared-statement cache per connection (it was 100, asyncpg's default).
+STATEMENT_CACHE_SIZE = 250
 # Units of work get a pooled proxy; tests and the LISTEN loop may pass a plain connection.
 if TYPE_CHECKING:
     Connection: TypeAlias = (
@@ -199,8 +201,11 @@ class Database:
             init=_init_connection,
             reset=_keep_session,
             timeout=options.connect_timeout_s,
-            # Prepared statements do not survive PgBouncer transaction pooling.
-            statement_cache_size=0 if options.pgbouncer else 100,
+            # Prepared statements do not survive PgBouncer transaction pooling. Room for
+            # a maintenance pass's per-queue reconcile statements (RECONCILE_PER_PASS) on
+            # top of the hot ones: at 100 a pass evicted them all, and each re-prepare
+            # outside a transaction is a transaction of its own (issue 35's idle cost).
+            statement_cache_size=0 if options.pgbouncer else STATEMENT_CACHE_SIZE,
             server_settings={"application_name": options.application_name},
         )
         # min_size=0 opens nothing: prove the server answers before reporting success.
