@@ -49,7 +49,7 @@ ATTEMPT_SWEEP_BATCH = 1000
 # batch holds ~700 of the ~7,800 slots of PostgreSQL's default lock table
 # (max_locks_per_transaction 64 x its ~120 backends), a pass of 1,000 queues held 34,000.
 CLEANUP_BATCH = 20
-# Cleanup deletes what ended 6 hours ago: every queue once in 20 minutes (at 1,000
+# Cleanup deletes what ended 6 hours ago: every queue within 17 minutes (at 1,000
 # queues) is plenty, and a pass stays three transactions however many queues there are.
 CLEANUP_PER_PASS = 60
 # A lane's reconcile read locks ~10 relations (its task and run tables and their indexes).
