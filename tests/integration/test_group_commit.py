@@ -21,6 +21,7 @@ from support.runtime import SCHEMA, connect, eventually, one_step_app, open_clie
 from worker.client import LaneClient
 from worker.db.engine import ClaimedRun
 from worker.db.pool import Connection
+from worker.db.store.attempts import CheckpointWrite
 from worker.run.execute import Runtime
 from worker.run.group_commit import GroupCommit
 from worker.states import Outcome
@@ -160,9 +161,10 @@ def checkpoint_write(
             QUEUE, run.task_id, name, {"by": "test"}, run.run_id,
         )  # fmt: skip
 
-    entry = {"k": "checkpoint", "q": QUEUE, "t": str(run.task_id), "n": name,
-             "r": str(run.run_id), "s": {"by": "test"}, "x": 30}  # fmt: skip
-    return gc.write(entry, alone)
+    def batched() -> CheckpointWrite:
+        return CheckpointWrite(QUEUE, run.task_id, name, '{"by": "test"}', run.run_id, 30)
+
+    return gc.write(batched, alone)
 
 
 async def checkpoint_names(url: str, runs: list[ClaimedRun]) -> list[str]:
@@ -179,13 +181,13 @@ async def checkpoint_names(url: str, runs: list[ClaimedRun]) -> list[str]:
 
 
 async def batch_waits_for_a_lock(url: str) -> bool:
-    """Tell whether a write_batch statement waits for a lock now."""
+    """Tell whether a batch statement waits for a lock now."""
     conn = await connect(url)
     try:
         return bool(
             await conn.fetchval(
                 "select count(*) from pg_stat_activity where datname = current_database()"
-                " and wait_event_type = 'Lock' and query like '%write_batch%'"
+                " and wait_event_type = 'Lock' and query like '%write_checkpoints%'"
             )
         )
     finally:

@@ -32,6 +32,7 @@ from worker.version import VERSION
 CONTRACTS: tuple[str, ...] = (
     "claim_v1",
     "notify_v1",
+    "writes_v1",
 )
 
 ENGINE_SCHEMA_VERSION: str = absurdctl.ABSURD_SCHEMA_TARGET_VERSION

@@ -18,6 +18,7 @@ left over at shutdown) is given back by ``worker/run/handback.py``.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from worker.config.dburl import mask_secrets, url_secrets
 from worker.db import engine
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
+from worker.db.store.attempts import CheckpointWrite, CompletionWrite
 from worker.db.store.rows import Begun
 from worker.db.tasks import notify
 from worker.errors import LeaseLostError
@@ -223,11 +225,11 @@ class Attempt:
                 conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
             )
 
-        entry = {"k": "checkpoint", "q": h.queue, "t": str(h.task_id), "n": key,
-                 "r": str(h.engine_run_id), "x": h.lease_s}  # fmt: skip
-        if result is not None:
-            entry["s"] = result
-        await self._owner.group_commit.write(entry, alone)
+        def batched() -> CheckpointWrite:
+            state = None if result is None else json.dumps(result)
+            return CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
+
+        await self._owner.group_commit.write(batched, alone)
 
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
         """Write the run's envelope, fenced: a newer claim makes it raise ``LeaseLostError``."""
@@ -288,12 +290,14 @@ class Attempt:
                     run_id=h.run_id, attempt_id=self.attempt_id, fact=fact,
                 )  # fmt: skip
 
-        entry = {"k": "complete", "q": h.queue, "r": str(h.engine_run_id), "u": str(h.run_id),
-                 "a": self.attempt_id, "f": fact}  # fmt: skip
-        if output is not None:
-            entry["o"] = output
+        def batched() -> CompletionWrite:
+            encoded = None if output is None else json.dumps(output)
+            return CompletionWrite(
+                h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, json.dumps(fact)
+            )
+
         try:
-            await self._owner.group_commit.write(entry, complete)
+            await self._owner.group_commit.write(batched, complete)
         except LeaseLostError as lost:
             return await self.lose(lost)
         self.ended = True

@@ -6,15 +6,18 @@ statement and one commit each. ``GroupCommit`` sends a write at once, as its
 own statement in its caller's task, when no other write is in flight: then it
 is exactly the write without this class (a cancel of the caller reaches its
 statement). Writes that arrive while one is in flight queue, and go together
-as one ``write_batch`` statement (one transaction, one commit) when it returns,
-or after ``group_wait_s`` at most: a write that is slow to return (it waits for
+as one ``write_sets`` statement (one transaction, one commit; the writes as
+typed arrays, each kind written set-based: store migration 0027) when it
+returns, or after ``group_wait_s`` at most: a write that is slow to return (it waits for
 a lock, say) holds up no other run. A caller returns only once its write is
 committed, so a step is still durable before the next one starts.
 
 What keeps one run's trouble its own:
-- in a batch, each write runs in a subtransaction: a write that fails (a lost
-  lease, a cancel) is undone alone, and a write that waits over
-  ``lock_wait_ms`` for a lock fails the same way. A write that failed for a
+- in a batch, a write that fails (a lost lease, a cancel) is undone alone
+  (the set-based statement judges each write before it writes any), and a
+  write that waits over ``lock_wait_ms`` for a lock fails the same way (the
+  statement then writes the batch one write at a time, each in a
+  subtransaction). A write that failed for a
   lock goes again in a later batch, after a backoff (``LOCK_RETRY_S`` doubling
   to ``LOCK_RETRY_MAX_S``), holding no connection meanwhile: a row an operator's
   open transaction keeps locked must not take the pool's few connections from
@@ -34,7 +37,6 @@ What keeps one run's trouble its own:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ import structlog
 
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
+from worker.db.store.attempts import CheckpointWrite, CompletionWrite
 
 log = structlog.get_logger("lane_worker.runtime")
 
@@ -68,11 +71,19 @@ ALONE_BYTES = 64 * 1024
 CANCEL_WAIT_S = 10.0
 
 Write = Callable[[Connection], Awaitable[None]]
+BatchWrite = CheckpointWrite | CompletionWrite
+
+
+def _size(write: BatchWrite) -> int:
+    """Return the bytes of JSON ``write`` carries."""
+    if isinstance(write, CheckpointWrite):
+        return len(write.state or "")
+    return len(write.output or "") + len(write.fact)
 
 
 @dataclass(eq=False)
 class _Pending:
-    encoded: str  # its write_batch entry, as JSON
+    write: BatchWrite
     queued_at: float
     # True: committed in a batch; False: its caller sends it alone.
     done: asyncio.Future[bool] = field(
@@ -120,16 +131,20 @@ class GroupCommit:
         """Tell whether a write is in flight (a new one then queues for a batch)."""
         return self._alone > 0 or self._flusher is not None
 
-    async def write(self, entry: dict[str, Any], alone: Write) -> None:
-        """Commit one write, grouped with others when some are in flight; raise as ``alone``."""
+    async def write(self, batched: Callable[[], BatchWrite], alone: Write) -> None:
+        """Commit one write, grouped with others when some are in flight; raise as ``alone``.
+
+        ``batched`` makes the write's typed value for a batch (its JSON encoded
+        then, once): it is called only when the write queues.
+        """
         if not self.busy:
             await self._send_alone(alone)
             return
-        encoded = json.dumps(entry)  # encoded once, here, for the batch's parameter
-        if len(encoded) > ALONE_BYTES:
+        write = batched()
+        if _size(write) > ALONE_BYTES:
             await self._send_alone(alone)
             return
-        pending = _Pending(encoded, time.monotonic())
+        pending = _Pending(write, time.monotonic())
         self._enqueue(pending)
         try:
             committed = await pending.done
@@ -216,20 +231,29 @@ class GroupCommit:
     async def _flush(self, batch: list[_Pending]) -> None:
         self.flushes += 1
         self.largest = max(self.largest, len(batch))
-        encoded = "[" + ",".join(p.encoded for p in batch) + "]"
+        checkpoints: list[CheckpointWrite] = []
+        completions: list[CompletionWrite] = []
+        at: list[tuple[int, int]] = []  # each pending's (kind, position in its list)
+        for p in batch:
+            if isinstance(p.write, CheckpointWrite):
+                at.append((0, len(checkpoints)))
+                checkpoints.append(p.write)
+            else:
+                at.append((1, len(completions)))
+                completions.append(p.write)
         sent = asyncio.ensure_future(
             self.db.run(
-                lambda c: self.store.attempts.write_batch(
-                    c, encoded, lock_wait_ms=self.lock_wait_ms
+                lambda c: self.store.attempts.write_sets(
+                    c, checkpoints, completions, lock_wait_ms=self.lock_wait_ms
                 )
             )
         )
         for p in batch:
             p.sent = sent
             p.first_sent_at = p.first_sent_at or time.monotonic()
-        failed: dict[int, str] | None
+        failed_sets: tuple[dict[int, str], dict[int, str]] | None
         try:
-            failed = await asyncio.shield(sent)
+            failed_sets = await asyncio.shield(sent)
         except asyncio.CancelledError:
             sent.cancel()
             for p in batch:
@@ -244,11 +268,12 @@ class GroupCommit:
             # Not the server going away: something in the batch itself (one bad
             # value fails the whole statement). Each write goes again alone.
             log.warning("group_commit.batch_failed", error=type(exc).__name__, writes=len(batch))
-            failed = None
-        for at, p in enumerate(batch):
+            failed_sets = None
+        for (kind, position), p in zip(at, batch, strict=True):
             if p.done.done():
                 continue
-            if failed is not None and failed.get(at) == _LOCK_NOT_AVAILABLE:
+            code = None if failed_sets is None else failed_sets[kind].get(position)
+            if code == _LOCK_NOT_AVAILABLE:
                 self._retry_for_lock(p)
             else:
-                p.done.set_result(failed is not None and at not in failed)
+                p.done.set_result(failed_sets is not None and code is None)

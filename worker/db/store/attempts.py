@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
 from worker.db.store.rows import Begun, DeferralCount, LaneState
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointWrite:
+    """A step's engine checkpoint, for ``write_sets``: the engine's set_task_checkpoint_state."""
+
+    queue: str
+    task_id: uuid.UUID
+    name: str
+    state: str | None  # JSON, encoded once by its writer; None is SQL null
+    engine_run_id: uuid.UUID
+    extend_s: int | None  # the lease's extension, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionWrite:
+    """A completing attempt, for ``write_sets``: what ``complete`` writes, as one of a set."""
+
+    queue: str
+    engine_run_id: uuid.UUID
+    output: str | None  # JSON, encoded once by its writer; None is SQL null
+    run_id: uuid.UUID
+    attempt_id: int
+    fact: str  # the terminal fact's JSON
 
 
 class AttemptQueries(Queries):
@@ -75,6 +100,33 @@ class AttemptQueries(Queries):
         """
         rows = await self._records(conn, "write_batch", writes, lock_wait_ms)
         return {r["write_at"]: r["error_code"] for r in rows}
+
+    async def write_sets(
+        self,
+        conn: Connection,
+        checkpoints: list[CheckpointWrite],
+        completions: list[CompletionWrite],
+        *,
+        lock_wait_ms: int,
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """Apply a batch's writes as typed arrays, one statement (``write_sets``).
+
+        Return the SQLSTATE of each checkpoint and each completion that failed,
+        by its position in its list; a failed write is undone alone, the others
+        commit. A write that waits over ``lock_wait_ms`` for a lock fails (55P03).
+        """
+        cp, co = checkpoints, completions
+        rows = await self._records(
+            conn, "write_sets", lock_wait_ms,
+            [w.queue for w in cp], [w.task_id for w in cp], [w.name for w in cp],
+            [w.state for w in cp], [w.engine_run_id for w in cp], [w.extend_s for w in cp],
+            [w.queue for w in co], [w.engine_run_id for w in co], [w.output for w in co],
+            [w.run_id for w in co], [w.attempt_id for w in co], [w.fact for w in co],
+        )  # fmt: skip
+        failed: tuple[dict[int, str], dict[int, str]] = ({}, {})
+        for r in rows:
+            failed[0 if r["kind"] == "checkpoint" else 1][r["write_at"]] = r["error_code"]
+        return failed
 
     async def finish(
         self, conn: Connection, *, attempt_id: int, outcome: str, error: Any = None

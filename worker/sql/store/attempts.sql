@@ -64,6 +64,18 @@ select {schema}.complete_attempt($1, $2, $3, $4, $5, $6);
 -- $1 is the writes' JSON array as text (each write encoded once, by its caller).
 select write_at, error_code from {schema}.write_batch($1::text::jsonb, $2);
 
+-- name: write_sets
+-- A batch's checkpoints and completions as typed arrays (migration 0027), one
+-- statement: the kind and position of each write that failed, undone alone.
+-- JSON values come encoded, once, by their writer ($5, $10, $13).
+select 'checkpoint' as kind, write_at, error_code
+  from {schema}.write_checkpoints($1, $2::text[], $3::uuid[], $4::text[],
+                                  $5::text[]::jsonb[], $6::uuid[], $7::integer[])
+union all
+select 'complete', write_at, error_code
+  from {schema}.write_completions($1, $8::text[], $9::uuid[], $10::text[]::jsonb[],
+                                  $11::uuid[], $12::bigint[], $13::text[]::jsonb[]);
+
 -- name: finish_attempt
 update {schema}.attempts
    set outcome = $2, error = $3, finished_at = now()
