@@ -31,6 +31,7 @@ from worker.version import VERSION
 # the next _v<N>, beside the old one: older builds keep calling theirs.
 CONTRACTS: tuple[str, ...] = (
     "claim_v1",
+    "claim_v2",
     "notify_v1",
     "writes_v1",
 )

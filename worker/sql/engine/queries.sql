@@ -138,8 +138,8 @@ select lane_worker.next_due_any_v1($1);
 
 -- name: claim_next
 -- A loop's claim and, when it fell short, the next due time, one round trip
--- (claim_v1.sql); with $9, the store's facts too; with $10, begun attempts.
-select * from lane_worker.claim_next_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+-- (claim_v2.sql); with $9, the store's facts too; with $10, begun attempts.
+select * from lane_worker.claim_next_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
 -- name: reconcile_batch
 -- Up to $2 open store runs of queue $1 whose engine task ended by itself (an

@@ -1,0 +1,163 @@
+"""claim_next_v2 (begins its own attempts as one set) held to claim_next_v1 (one per run).
+
+One history on a real database: fresh runs, a run whose facts go to a runtime
+API (its `run.started` fact), a play this app lacks, a run stamped with another
+spelling of the lane's release, a run adopted by another lane, a retry of a run
+taken over before (engine checkpoints, an older attempt left open), a run whose
+store row another session holds locked, and a task without a store row (not
+lane-worker's: never handed out). The
+same claim is made with each version in one transaction, rolled back after
+each, on the engine's clock held still: both must hand out the same runs with
+the same facts, begin the same ones, and leave the same rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+import asyncpg
+
+from support.runtime import SCHEMA, connect, eventually, one_step_app, open_client, open_runtime
+from worker.run.execute import Runtime
+
+RELEASE = "rel-cs"
+ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
+QUEUE = "runs_rel_cs"
+NOW = "2030-01-01T00:00:00Z"
+WORKER = "claim-sets-worker"
+
+Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
+
+
+async def claim(conn: Conn, version: int) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        f"select * from lane_worker.claim_next_v{version}($1, $2, 30, 16, $3, $1, null,"
+        " array['one'], true, $4, $2, 2::smallint)",
+        QUEUE, WORKER, SCHEMA, RELEASE,
+    )  # fmt: skip
+    return [dict(r) for r in rows]
+
+
+async def written(conn: Conn) -> list[list[dict[str, Any]]]:
+    parts = [
+        f'select run_id, state, claimed_by, claim_expires_at, started_at from absurd."r_{QUEUE}"'
+        " order by 1",
+        "select task_id, state, attempts, first_started_at, last_attempt_run"
+        f' from absurd."t_{QUEUE}" order by 1',
+        f"select run_id, status, current_wait, attempts, step_keys, adopted_release_id,"
+        f" adopted_queue, defer_count, updated_at from {SCHEMA}.runs order by 1",
+        f"select run_id, engine_run_id, attempt, worker_id, release_id, disposition, outcome,"
+        f" error from {SCHEMA}.attempts order by run_id, engine_run_id, attempt",
+        f"select run_id, type, fact from {SCHEMA}.ledger order by run_id, type",
+    ]
+    return [[dict(x) for x in await conn.fetch(p)] for p in parts]
+
+
+def comparable(rows: list[dict[str, Any]], ids: dict[int, int]) -> list[dict[str, Any]]:
+    """The claim's rows with attempt ids by rank (the identity moves on between the two)."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        row.pop("begun_db_now_ms")  # v2 reads the clock as the claim starts
+        if row["begun_attempt_id"] is not None:
+            row["begun_attempt_id"] = ids[row["begun_attempt_id"]]
+        out.append(row)
+    return out
+
+
+def ranks(rows: list[dict[str, Any]]) -> dict[int, int]:
+    begun = sorted(r["begun_attempt_id"] for r in rows if r["begun_attempt_id"] is not None)
+    return {a: i for i, a in enumerate(begun)}
+
+
+@contextlib.asynccontextmanager
+async def history(url: str) -> AsyncIterator[tuple[Runtime, Conn]]:
+    async with (
+        open_client(url, ENV) as client,
+        open_client(url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-other"}) as other,
+        open_runtime(url, one_step_app(), RELEASE) as rt,
+    ):
+        conn = await connect(url)
+        try:
+            # A retry of a run taken over before: claimed and begun, a checkpoint
+            # written, then its engine run failed with a retry due now.
+            retried = await client.submit("one", {"n": "retried"})
+
+            async def first() -> Any:
+                return (await rt.claim(QUEUE, 1)).runs or None
+
+            (taken,) = await eventually(first, what="the first claim")
+            await conn.execute(
+                "select absurd.set_task_checkpoint_state($1, $2, 's', '1', $3)",
+                QUEUE, taken.task_id, taken.run_id,
+            )  # fmt: skip
+            await conn.execute(
+                "select absurd.fail_run($1, $2, '{}'::jsonb, now() - interval '1 second')",
+                QUEUE, taken.run_id,
+            )  # fmt: skip
+            assert retried.run_id
+            for i in range(3):
+                await client.submit("one", {"n": i})
+            await client.submit(
+                "one", {"n": "api"},
+                runtime_api={"baseUrl": "http://127.0.0.1:9/api", "executorToken": "t" * 20},
+            )  # fmt: skip
+            await client.submit("two", {"n": "not this app's"})
+            spelled = await client.submit("one", {"n": "spelled"})
+            await conn.execute(
+                f"update {SCHEMA}.runs set release_id = 'REL_CS' where run_id = $1",
+                uuid.UUID(str(spelled.run_id)),
+            )
+            adopted = await client.submit("one", {"n": "adopted"})
+            await conn.execute(
+                f"update {SCHEMA}.runs set adopted_release_id = 'rel-other',"
+                " adopted_queue = 'runs_rel_other' where run_id = $1",
+                uuid.UUID(str(adopted.run_id)),
+            )
+            await other.submit("one", {"n": "elsewhere"})  # another queue: not claimed here
+            await conn.execute("select absurd.spawn_task($1, 'no-store-row', '{}'::jsonb)", QUEUE)
+            yield rt, conn
+        finally:
+            await conn.close()
+
+
+async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> None:
+    """The same claim, v1 and v2: the same runs, facts, begun attempts and rows written."""
+    async with history(database_url) as (_, conn):
+        locked = await connect(database_url)
+        try:
+            lock = locked.transaction()
+            await lock.start()
+            await locked.execute(f"select 1 from {SCHEMA}.runs where input->>'n' = '0' for update")
+            results = []
+            outer = conn.transaction()
+            await outer.start()
+            try:
+                await conn.execute(f"set local absurd.fake_now = '{NOW}'")
+                for version in (1, 2):
+                    tx = conn.transaction()
+                    await tx.start()
+                    try:
+                        rows = await claim(conn, version)
+                        results.append((rows, await written(conn)))
+                    finally:
+                        await tx.rollback()
+            finally:
+                await outer.rollback()
+            await lock.rollback()
+        finally:
+            await locked.close()
+    (rows1, written1), (rows2, written2) = results
+    claimed = [r for r in rows1 if r["run_id"] is not None]
+    # every run of the queue; not the task without a store row (another system's)
+    assert len(claimed) == 8
+    begun = [r for r in claimed if r["begun_attempt_id"] is not None]
+    # fresh 1 and 2, the API run, the spelled one, the retry (not the locked, the
+    # other play, the adopted one or the task without a store row)
+    assert len(begun) == 5
+    assert any(r["begun_engine_checkpoints"] == {"s": 1} for r in begun)
+    assert comparable(rows2, ranks(rows2)) == comparable(rows1, ranks(rows1))
+    assert written2 == written1
