@@ -381,7 +381,7 @@ def _start_missing(
 
 def _trim(release_id: str, fresh: list[MachineFacts], keep: int) -> list[Action]:
     """Stop what ``fresh`` has above ``keep``, never a live machine it still needs."""
-    live_left = sum(1 for m in fresh if m.live)
+    live_left = len({m.machine_id for m in fresh if m.live})  # machines, not listings
     # Machines without a live worker first, the oldest first.
     surplus = sorted(fresh, key=lambda m: (m.live, -m.age_s))
     surplus = [m for m in surplus if m.condition is not Condition.DOUBTED]
