@@ -14,7 +14,7 @@ import pytest
 from support.apps.faults import executions
 from support.daemon import Daemons, queue_of
 from support.runtime import connect, eventually, open_client
-from worker.daemon.supervisor import longest_stop_s
+from worker.config.stopping import longest_stop_s
 
 RELEASE = "drain-rel"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}

@@ -42,6 +42,7 @@ from support.deployfiles import (
 from worker import lanes
 from worker.app import load_app
 from worker.config import settings
+from worker.config.stopping import longest_stop_s
 from worker.daemon import supervisor
 from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
@@ -139,7 +140,7 @@ def test_kill_timeout_exceeds_the_drain_window_fly_sets() -> None:
         f"{settings.DRAIN_SECONDS_ENV}={drain_s:g} s: runs are cut off mid-drain"
     )
     # Loops stop, runs drain, the rest is handed back, the stop is recorded.
-    worst = supervisor.longest_stop_s(drain_s)
+    worst = longest_stop_s(drain_s)
     assert kill_timeout > worst, (
         f"fly.toml kill_timeout={kill_timeout:g} s does not exceed the daemon's longest stop "
         f"({worst:g} s with a {drain_s:g} s drain window)"
@@ -149,7 +150,7 @@ def test_kill_timeout_exceeds_the_drain_window_fly_sets() -> None:
 def test_kill_timeout_exceeds_the_code_default_drain_when_fly_sets_none() -> None:
     """Without fly's LANE_WORKER_DRAIN_SECONDS, kill_timeout still exceeds the longest stop."""
     fly = tomllib.loads(FLY_TOML.read_text())
-    assert seconds(fly["kill_timeout"]) > supervisor.longest_stop_s(settings.Tuning().drain_s)
+    assert seconds(fly["kill_timeout"]) > longest_stop_s(settings.Tuning().drain_s)
 
 
 def test_stop_signal_is_sigterm_in_fly_and_dockerfile(fly: dict[str, Any], image: Stage) -> None:

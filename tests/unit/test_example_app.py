@@ -41,6 +41,7 @@ from support.example_app import EXAMPLE, VENDOR_SCRIPT, installs_uv
 from support.http import LocalServer
 from worker import lanes
 from worker.config import settings
+from worker.config.stopping import longest_stop_s
 from worker.daemon import supervisor
 from worker.scaler import fly as fly_scaler
 from worker.version import VERSION
@@ -265,4 +266,4 @@ async def test_a_machine_the_scaler_creates_from_the_image_boots_on_its_release(
     assert config["stop_config"]["signal"] == image.last("STOPSIGNAL")
     timeout = config["stop_config"]["timeout"]
     assert timeout.endswith("s"), timeout
-    assert float(timeout[:-1]) > supervisor.longest_stop_s(diagnosis.tuning.drain_s)
+    assert float(timeout[:-1]) > longest_stop_s(diagnosis.tuning.drain_s)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.daemon.supervisor import longest_stop_s
+from worker.config.stopping import longest_stop_s
 from worker.scaler.fly import FlyBackend
 from worker.scaler.process import ProcessBackend
 

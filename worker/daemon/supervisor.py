@@ -33,6 +33,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from worker.app import App
 from worker.config.settings import Settings
+from worker.config.stopping import POLLER_STOP_GRACE_S, STOP_MARK_TIMEOUT_S
 from worker.daemon import boot
 from worker.daemon.health import HealthServer
 from worker.daemon.listener import Listener, Wakeups
@@ -56,7 +57,6 @@ from worker.ops.run_view import RunView
 from worker.run.attempt import DeferLimits
 from worker.run.claim import Capacity
 from worker.run.execute import Runtime
-from worker.run.handback import HAND_BACK_TIMEOUT_S
 from worker.run.handle import WorkerSeat
 from worker.run.sandbox import DaytonaDeleter
 from worker.states import LaneState, LaneStatus
@@ -81,21 +81,9 @@ SIDE_LOOP_OUTAGE_EVENTS = {
     "lane_refresh": "adoption.refresh_failed",
     "listener": "listener.failed",
 }
-POLLER_STOP_GRACE_S = 5.0
-STOP_MARK_TIMEOUT_S = 5.0
 # /readyz's database probe: `select 1` through the daemon's pool, one at a time, reused briefly.
 READY_PROBE_TIMEOUT_S = 2.0
 READY_PROBE_FRESH_S = 1.0
-
-
-def longest_stop_s(drain_s: float) -> float:
-    """Return the longest a SIGTERM can take to end the process, with drain window ``drain_s``.
-
-    Claim loops stop, runs drain, unfinished ones hand themselves back, the stop is
-    recorded: an orchestrator's kill timeout must exceed this, or runs are cut off
-    and resume only after their lease expires.
-    """
-    return POLLER_STOP_GRACE_S + drain_s + HAND_BACK_TIMEOUT_S + STOP_MARK_TIMEOUT_S
 
 
 def run_daemon(env: Mapping[str, str], app_spec: str) -> int:

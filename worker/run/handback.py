@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
+from worker.config.stopping import HAND_BACK_TIMEOUT_S
 from worker.db import engine
 from worker.db.pool import Connection
 from worker.db.tasks import PLAY_RUN_TASK, notify
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # attempt.py builds on this module
 
 log = structlog.get_logger("lane_worker.runtime")
 
-HAND_BACK_TIMEOUT_S = 10.0
 # A claim given back after an unexpected error waits this long before it is due
 # again: an error that repeats must not become a busy loop of claims.
 ERROR_HAND_BACK_DELAY_S = 10.0

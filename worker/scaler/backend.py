@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.config.env import Problems
+from worker.config.stopping import longest_stop_s
 from worker.config.tuning import read_tuning
-from worker.daemon.supervisor import longest_stop_s
 
 RELEASE_METADATA = "lane_worker_release"
 # The image as the scaler asked for it (a backend may list it normalised: a

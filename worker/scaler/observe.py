@@ -1,0 +1,217 @@
+"""What a scaler pass believes: the plan's state, built from what it read and watched.
+
+``observe`` is the one adapter from the page's and the registry's models
+(``Deployment``, ``LaneView``) and the backend's listing to the plan's narrow
+typed state (``plan.PassState``). It also keeps the scaler's memory
+(``Watch``): each pass is otherwise stateless, so a scaler that restarts (or a
+standby that takes over) converges to the same end. What is watched, and
+forgotten when a scaler becomes active:
+
+- since when a machine has been seen without a live worker (so a database
+  outage, which stops every heartbeat, does not make every machine look dead
+  the moment it ends);
+- which stops were sent (a backend may list a stopping machine as running for a
+  moment: it is believed stopping for ``STOP_RESEND_S``), and since when a
+  machine the backend lists stopping without saying since when was seen so;
+- how many listings in a row said failed or stopped of a machine whose worker
+  beats and that nobody was known to stop: the first is doubted (the machine is
+  counted running and never acted on), the second believed; a machine listed
+  running again has its stopping clock start over;
+- the machines this scaler created (until listed) and made (while listed).
+
+The deaths of a release's image (its backoff) are kept across activations.
+A machine is its id: one the backend lists twice is one machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import structlog
+
+from worker.db.store.rows import Deployment
+from worker.ops.report import LaneView
+from worker.scaler.backend import STOPPING, Machine, one_per_id
+from worker.scaler.plan import (
+    Condition,
+    MachineFacts,
+    PassState,
+    ReleaseState,
+    Role,
+    Stray,
+    Unlisted,
+)
+
+# A stop sent while the backend still lists the machine running is not sent again
+# for this long (the backend catches up within a pass or two).
+STOP_RESEND_S = 300.0
+# Listings in a row that say a machine whose worker beats is off, from which on they
+# are believed (the first is doubted).
+BELIEVED_FROM = 2
+
+log = structlog.get_logger("lane_worker.scaler")
+
+_ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED}
+
+
+@dataclass
+class Watch:
+    """What the scaler remembers between passes (in memory: a restarted scaler starts
+    over, which is safe, only slower). Machine ids, and (release, image) keys."""
+
+    not_live_since: dict[str, float] = field(default_factory=dict)
+    stop_sent: dict[str, float] = field(default_factory=dict)
+    stopping_seen: dict[str, float] = field(default_factory=dict)
+    off_listings: dict[str, int] = field(default_factory=dict)
+    # (release, image, when) of a create this scaler made that the backend has not
+    # listed yet; kept until it does.
+    created: dict[str, tuple[str, str, float]] = field(default_factory=dict)
+    # (release, image) of every machine this scaler made, while it is listed (or not
+    # yet): it runs that image whatever the listing says of it.
+    made: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Per release and image: machines that died young in a row, when the next may
+    # be created, and the last exit, until one is ready. A new image of the
+    # release (the fix) starts at once.
+    died: dict[tuple[str, str], int] = field(default_factory=dict)
+    not_before: dict[tuple[str, str], float] = field(default_factory=dict)
+    why_died: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        """Forget what was watched: called when this scaler becomes the active one."""
+        self.not_live_since.clear()
+        self.stop_sent.clear()
+        self.stopping_seen.clear()
+        self.off_listings.clear()
+        # Another scaler may have listed and removed them meanwhile: not this one's word.
+        self.created.clear()
+        self.made.clear()
+
+    def forget_unlisted(self, listed: set[str]) -> None:
+        """Forget what is watched of machines the listing no longer has."""
+        for memory in (self.not_live_since, self.stop_sent, self.stopping_seen,
+                       self.off_listings):  # fmt: skip
+            for gone in set(memory) - listed:
+                del memory[gone]
+        for found in listed & set(self.created):
+            del self.created[found]
+        for gone in set(self.made) - listed - set(self.created):
+            del self.made[gone]
+
+
+def observe(
+    watch: Watch, deployments: Iterable[Deployment], views: Mapping[str, LaneView],
+    listing: list[Machine], *, now: float, stop_deadline_s: float,
+    where_logs: Callable[[str], str],
+) -> tuple[PassState, dict[str, Machine]]:  # fmt: skip
+    """The plan's state for one pass, and each listed machine by id as actions name it.
+
+    ``views`` is the drain report by queue; ``now`` the scaler's monotonic clock.
+    """
+    machines = one_per_id(listing)
+    watch.forget_unlisted({m.machine_id for m in machines})
+    # What this scaler made that runs, per release and image, wherever the listing
+    # puts it (another release's metadata, another image): bounds its creates.
+    made_running: dict[tuple[str, str], int] = {}
+    for m in machines:
+        if m.running and m.machine_id in watch.made:
+            key = watch.made[m.machine_id]
+            made_running[key] = made_running.get(key, 0) + 1
+    by_release: dict[str, list[Machine]] = {}
+    for m in machines:
+        by_release.setdefault(m.release_id, []).append(m)
+    acted_on: dict[str, Machine] = {}
+    releases = []
+    for d in deployments:
+        mine = by_release.pop(d.release_id, [])
+        release = _release(watch, d, views.get(d.queue), mine, now, where_logs, acted_on)
+        releases.append(replace(release, made_running=made_running.get((d.release_id, d.image), 0)))
+    strays = tuple(Stray(release_id, sum(m.running for m in found))
+                   for release_id, found in by_release.items())  # fmt: skip
+    state = PassState(now=now, stop_deadline_s=stop_deadline_s, releases=tuple(releases),
+                      strays=strays)  # fmt: skip
+    return state, acted_on
+
+
+def _release(
+    watch: Watch, d: Deployment, view: LaneView | None, mine: list[Machine], now: float,
+    where_logs: Callable[[str], str], acted_on: dict[str, Machine],
+) -> ReleaseState:  # fmt: skip
+    # A retired lane the report no longer shows (pruned) holds nothing either.
+    if d.role == "retired":
+        drained = view is None or view.status == "drained"
+        role = Role.DRAINED if drained else Role.DRAINING
+    else:
+        role = _ROLES.get(d.role, Role.SUPERSEDED)
+    live, ready = set(d.live_machines), set(d.ready_machines)
+    facts = []
+    for m in mine:
+        misreported = watch.made.get(m.machine_id) == (d.release_id, d.image) and m.image != d.image
+        if misreported:
+            # It runs the image this scaler created it with, whatever the listing says
+            # (a listing without lane_worker_image shows config.image as resolved).
+            m = replace(m, image=d.image)
+        acted_on[m.machine_id] = m
+        facts.append(_machine(watch, m, live, ready, misreported, role, now, where_logs))
+    return ReleaseState(
+        release_id=d.release_id, image=d.image, role=role, desired=d.desired,
+        stranded=role is Role.DRAINING and view is not None and view.stranded,
+        machines=tuple(facts),
+        unlisted=tuple(Unlisted(i, image, at) for i, (r, image, at) in watch.created.items()
+                       if r == d.release_id),
+        deaths={image: n for (r, image), n in watch.died.items() if r == d.release_id},
+        not_before=watch.not_before.get((d.release_id, d.image), 0.0),
+    )  # fmt: skip
+
+
+def _machine(
+    watch: Watch, m: Machine, live: set[str], ready: set[str], misreported: bool, role: Role,
+    now: float, where_logs: Callable[[str], str],
+) -> MachineFacts:  # fmt: skip
+    """What the plan reads of ``m``; watches it (the clocks and counts above)."""
+    mid = m.machine_id
+    stop_known = m.stopping_s is not None or mid in watch.stop_sent
+    facts = MachineFacts(
+        machine_id=mid, image=m.image, condition=Condition.RUNNING, age_s=m.age_s,
+        live=mid in live, ready=mid in ready, stop_known=stop_known,
+        listed_running=m.running, exit_code=m.exit_code, misreported=misreported,
+    )  # fmt: skip
+    if _doubted(watch, m, facts.live and not stop_known):
+        return replace(facts, condition=Condition.DOUBTED)
+    sent = watch.stop_sent.get(mid)
+    if m.state == STOPPING or (m.running and sent is not None and now - sent < STOP_RESEND_S):
+        return replace(facts, condition=Condition.STOPPING, stopping_s=_stopping_for(watch, m, now))
+    if not m.running:
+        return replace(facts, condition=Condition.DOWN, logs=where_logs(mid))
+    if role is Role.DRAINED:
+        return facts  # its machines stop whatever their workers do: not watched
+    if facts.live:
+        watch.not_live_since.pop(mid, None)
+        return facts
+    since = watch.not_live_since.setdefault(mid, now)
+    return replace(facts, not_live_s=now - since)
+
+
+def _doubted(watch: Watch, m: Machine, unasked_live: bool) -> bool:
+    """Whether this listing of ``m`` is doubted: its worker beats, nobody was known to stop
+    it (``unasked_live``), and it is listed failed or stopped for the first time in a
+    row (a stale listing must not cut a step mid-run; the next listing decides)."""
+    if m.running:  # listed running again: its stopping clock starts over
+        watch.stopping_seen.pop(m.machine_id, None)
+    if m.running or m.state == STOPPING or not unasked_live:
+        watch.off_listings.pop(m.machine_id, None)
+        return False
+    listings = watch.off_listings[m.machine_id] = watch.off_listings.get(m.machine_id, 0) + 1
+    if listings >= BELIEVED_FROM:
+        return False
+    log.warning("scaler.listing_doubted", machine=m.machine_id, state=m.state,
+                detail="its worker beats: believed running until the next listing")  # fmt: skip
+    return True
+
+
+def _stopping_for(watch: Watch, m: Machine, now: float) -> float:
+    """How long ``m`` has been stopping: as the backend says, else as this scaler saw it."""
+    if m.stopping_s is not None:
+        return m.stopping_s
+    since = watch.stopping_seen.setdefault(m.machine_id, watch.stop_sent.get(m.machine_id, now))
+    return now - since
