@@ -20,6 +20,7 @@ import pytest
 
 from support.runtime import connect
 from worker.db import engine, engine_schema
+from worker.db.sql import query
 from worker.db.store import Store
 
 SCHEMA = "runtime_scheduler"
@@ -159,10 +160,15 @@ async def give_store_rows(c: asyncpg.Connection[asyncpg.Record], queue: str) -> 
 
 
 async def claim_batch(
-    c: asyncpg.Connection[asyncpg.Record], queue: str, qty: int
+    c: asyncpg.Connection[asyncpg.Record], queue: str, qty: int, static: bool = False
 ) -> list[tuple[Any, ...]]:
+    """One claim of ``qty`` on ``queue``: claim_task on BY_ENGINE; on BY_LANE mode 'all', or
+    with ``static`` the own loop's static statement (sql/engine/own_claim.sql)."""
     if queue == BY_ENGINE:
         rows = await c.fetch("select * from absurd.claim_task($1, 'claimer', 60, $2)", queue, qty)
+    elif static:
+        text = query("engine", "own_claim.sql", "own_claim", schema=SCHEMA, queue=queue)
+        rows = await c.fetch(text, queue, "claimer", 60, qty, [], "rel-x", "claimer", 2)
     else:
         rows = await c.fetch(
             "select * from lane_worker.claim_lane_v1($1, 'claimer', 60, $2, $3, $1, 'all', '{}')",
@@ -207,9 +213,10 @@ async def snapshot(c: asyncpg.Connection[asyncpg.Record], queue: str) -> dict[st
     return {"tasks": tasks, "runs": runs, "waits": waits}
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["claim_lane", "static"])
 @pytest.mark.parametrize("qty", [1, 2, 16])
 async def test_claim_all_hands_out_what_claim_task_does(
-    conn: asyncpg.Connection[asyncpg.Record], qty: int
+    conn: asyncpg.Connection[asyncpg.Record], qty: int, static: bool
 ) -> None:
     """Batch by batch the same runs, and in the end the same states, as the engine's claim."""
     for queue in (BY_ENGINE, BY_LANE):
@@ -220,10 +227,10 @@ async def test_claim_all_hands_out_what_claim_task_does(
     await at(conn, CLAIM_AT)
     batches: dict[str, list[list[tuple[Any, ...]]]] = {BY_ENGINE: [], BY_LANE: []}
     for queue in (BY_ENGINE, BY_LANE):
-        while batch := await claim_batch(conn, queue, qty):
+        while batch := await claim_batch(conn, queue, qty, static):
             batches[queue].append(batch)
         # One more claim with nothing due: bounded upkeep catches up.
-        assert await claim_batch(conn, queue, qty) == []
+        assert await claim_batch(conn, queue, qty, static) == []
     assert batches[BY_LANE] == batches[BY_ENGINE]
     # The staged history is what this test means it to be.
     assert sorted(x for b in batches[BY_ENGINE] for x in b) == [
@@ -261,8 +268,9 @@ async def test_claim_all_serves_only_the_claimers_own_queue(
         )  # fmt: skip
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["claim_lane", "static"])
 async def test_claim_all_leaves_another_systems_tasks_untouched(
-    conn: asyncpg.Connection[asyncpg.Record],
+    conn: asyncpg.Connection[asyncpg.Record], static: bool
 ) -> None:
     """Foreign tasks first in line change nothing: lane-worker's are claimed as claim_task would.
 
@@ -276,7 +284,7 @@ async def test_claim_all_leaves_another_systems_tasks_untouched(
     await at(conn, CLAIM_AT)
     batches: dict[str, list[list[tuple[Any, ...]]]] = {BY_ENGINE: [], BY_LANE: []}
     for queue in (BY_ENGINE, BY_LANE):
-        while batch := await claim_batch(conn, queue, 2):
+        while batch := await claim_batch(conn, queue, 2, static):
             batches[queue].append(batch)
     assert batches[BY_LANE] == batches[BY_ENGINE]
     engine_state = await snapshot(conn, BY_ENGINE)
@@ -294,9 +302,13 @@ async def test_claim_all_leaves_another_systems_tasks_untouched(
         "foreign-lease-expired": "running",
     }
     due = "select lane_worker.next_due_in_v1($1, $2, $1, 'all', '{}')"
-    assert await conn.fetchval(due, BY_LANE, SCHEMA) == await conn.fetchval(
-        "select lane_worker.next_due_any_v1($1)", BY_ENGINE
-    )
+    engine_due = await conn.fetchval("select lane_worker.next_due_any_v1($1)", BY_ENGINE)
+    assert await conn.fetchval(due, BY_LANE, SCHEMA) == engine_due
+    if static:
+        # The static statement's own due row, read with its claim, says the same.
+        text = query("engine", "own_claim.sql", "own_claim", schema=SCHEMA, queue=BY_LANE)
+        rows = await conn.fetch(text, BY_LANE, "claimer", 60, 2, [], "rel-x", "claimer", 2)
+        assert [r["due_in_s"] for r in rows if r["due_known"]] == [engine_due]
 
 
 async def foreign_rows(c: asyncpg.Connection[asyncpg.Record]) -> list[tuple[Any, ...]]:

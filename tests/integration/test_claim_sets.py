@@ -21,6 +21,7 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from support.runtime import SCHEMA, connect, eventually, one_step_app, open_client, open_runtime
+from worker.db.sql import query
 from worker.run.execute import Runtime
 
 RELEASE = "rel-cs"
@@ -32,7 +33,13 @@ WORKER = "claim-sets-worker"
 Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record]"
 
 
-async def claim(conn: Conn, version: int) -> list[dict[str, Any]]:
+async def claim(conn: Conn, version: int | str) -> list[dict[str, Any]]:
+    """The own loop's claim: claim_next_v<version>, or the static own_claim statement."""
+    if version == "static":
+        text = query("engine", "own_claim.sql", "own_claim", schema=SCHEMA, queue=QUEUE)
+        rows = await conn.fetch(text, QUEUE, WORKER, 30, 16, ["one"], RELEASE, WORKER, 2)
+        assert not any(r["retired"] for r in rows)
+        return [{k: v for k, v in r.items() if k != "retired"} for r in rows]
     rows = await conn.fetch(
         f"select * from lane_worker.claim_next_v{version}($1, $2, 30, 16, $3, $1, null,"
         " array['one'], true, $4, $2, 2::smallint)",
@@ -124,10 +131,12 @@ async def history(url: str) -> AsyncIterator[tuple[Runtime, Conn]]:
             await conn.close()
 
 
-async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> None:
-    """The same claim, v1 and v2: the same runs, facts, begun attempts and rows written."""
-    async with history(database_url) as (_, conn):
-        locked = await connect(database_url)
+async def both_claims(
+    url: str, versions: tuple[int | str, int | str]
+) -> list[tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]]:
+    """Each claim over the history, in a savepoint rolled back after: (rows, rows written)."""
+    async with history(url) as (_, conn):
+        locked = await connect(url)
         try:
             lock = locked.transaction()
             await lock.start()
@@ -137,7 +146,7 @@ async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> 
             await outer.start()
             try:
                 await conn.execute(f"set local absurd.fake_now = '{NOW}'")
-                for version in (1, 2):
+                for version in versions:
                     tx = conn.transaction()
                     await tx.start()
                     try:
@@ -150,7 +159,12 @@ async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> 
             await lock.rollback()
         finally:
             await locked.close()
-    (rows1, written1), (rows2, written2) = results
+    return results
+
+
+async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> None:
+    """The same claim, v1 and v2: the same runs, facts, begun attempts and rows written."""
+    (rows1, written1), (rows2, written2) = await both_claims(database_url, (1, 2))
     claimed = [r for r in rows1 if r["run_id"] is not None]
     # every run of the queue; not the task without a store row (another system's)
     assert len(claimed) == 8
@@ -161,3 +175,11 @@ async def test_claim_v2_hands_out_and_begins_what_v1_does(database_url: str) -> 
     assert any(r["begun_engine_checkpoints"] == {"s": 1} for r in begun)
     assert comparable(rows2, ranks(rows2)) == comparable(rows1, ranks(rows1))
     assert written2 == written1
+
+
+async def test_the_static_own_claim_hands_out_and_begins_what_v2_does(database_url: str) -> None:
+    """The own loop's static statement and claim_next_v2: the same runs, facts, begins and rows."""
+    (rows2, written2), (rows3, written3) = await both_claims(database_url, (2, "static"))
+    assert sum(r["begun_attempt_id"] is not None for r in rows3) == 5
+    assert comparable(rows3, ranks(rows3)) == comparable(rows2, ranks(rows2))
+    assert written3 == written2

@@ -1,7 +1,10 @@
-"""Break the claim function a claim loop calls, as an older build's install did, and restore it.
+"""Break the functions a claim loop calls, as an older build's install did, and restore them.
 
-The function is found by name in the claim loop's own query (``claim_next`` in
-``worker/sql/engine/queries.sql``), so a rename of it moves the breakage along.
+The continuation loops' function is found by name in their query (``claim_next``
+in ``worker/sql/engine/queries.sql``), so a rename of it moves the breakage
+along. The own loop's static statement (``sql/engine/own_claim.sql``) calls no
+contract function an older build could replace; it fails here through the
+engine clock it reads first, ``absurd.current_time``.
 """
 
 from __future__ import annotations
@@ -9,43 +12,65 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from worker.db.sql import engine_query
+from worker.db.sql import engine_query, query
 
 BROKEN_REASON = "unknown claim mode all"  # what an older build's claim_lane raised (issue 29)
 
 
 def claim_function() -> str:
-    """Return the schema-qualified name of the function a loop's claim calls."""
+    """Return the schema-qualified name of the function the continuation loops' claim calls."""
     # `select * from <schema>.<function>(...)`: whatever schema a versioned build puts it in.
     found = re.search(r"from\s+([A-Za-z_]\w*\.\w+)\s*\(", engine_query("claim_next"))
     assert found, "the claim query calls no schema-qualified function"
     return found[1]
 
 
+def own_claim_opening() -> str:
+    """Return how the own loop's static claim statement begins (its first line)."""
+    text = query("engine", "own_claim.sql", "own_claim", schema="s", queue="q")
+    first = text.splitlines()[0]
+    assert "absurd.current_time()" in text.split("\n", 2)[1], "own_claim reads the clock first"
+    return first
+
+
 async def break_claims(conn: Any, reason: str = BROKEN_REASON) -> list[str]:
-    """Replace every overload of the claim function with one that raises; return the originals."""
+    """Make every claim fail with ``reason``; return what ``restore_claims`` puts back.
+
+    The continuation loops' claim function is replaced with one that raises. The
+    own loop's static statement calls no contract function; the engine clock it
+    reads first raises instead, only inside that statement (submits still work).
+    """
     schema, name = claim_function().split(".")
     originals: list[str] = [
         r["def"]
         for r in await conn.fetch(
             "select pg_get_functiondef(p.oid) as def from pg_proc p join pg_namespace n"
-            " on n.oid = p.pronamespace where n.nspname = $1 and p.proname = $2",
+            " on n.oid = p.pronamespace where n.nspname = $1 and p.proname = $2"
+            "  or (n.nspname = 'absurd' and p.proname = 'current_time')",
             schema,
             name,
         )
     ]
-    assert originals, f"no function {schema}.{name}"
+    assert len(originals) >= 2, f"no function {schema}.{name} or absurd.current_time"
     quoted = reason.replace("'", "''")
     for definition in originals:
         header = definition.split("\n LANGUAGE ")[0]
-        await conn.execute(
-            f"{header}\n LANGUAGE plpgsql\nAS $broken$ begin raise exception '{quoted}'; end"
-            " $broken$"
-        )
+        if "current_time" in header:  # pg_get_functiondef quotes the keyword
+            opening = own_claim_opening().replace("'", "''")
+            body = (
+                f"begin if position('{opening}' in current_query()) > 0 then"
+                f" raise exception '{quoted}'; end if;"
+                " if nullif(trim(current_setting('absurd.fake_now', true)), '') is not null then"
+                " return current_setting('absurd.fake_now')::timestamptz; end if;"
+                " return clock_timestamp(); end"
+            )
+        else:
+            body = f"begin raise exception '{quoted}'; end"
+        await conn.execute(f"{header}\n LANGUAGE plpgsql\nAS $broken$ {body} $broken$")
     return originals
 
 
 async def restore_claims(conn: Any, originals: list[str]) -> None:
-    """Put back the claim function ``break_claims`` replaced."""
+    """Put back the functions ``break_claims`` replaced."""
     for definition in originals:
         await conn.execute(definition)

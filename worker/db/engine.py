@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 import asyncpg
 
 from worker.db.pool import Connection
-from worker.db.sql import engine_query
+from worker.db.sql import engine_query, query
 from worker.db.store.rows import Begun, LaneState, row_of
 from worker.errors import LeaseLostError, RunCancelledError, RunNotRunningError
 
@@ -219,14 +219,26 @@ async def claim(
     if (with_lanes or mode is not None) and store_schema is None:
         raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
     sent_s = time.monotonic()
-    if with_lanes or mode is not None:
+    rows: list[asyncpg.Record] | None = None
+    if mode is None and with_lanes and begin is not None and queue == own_queue:
+        # The own loop's usual claim: one static statement for this queue, whose
+        # plan the server keeps (sql/engine/own_claim.sql).
+        assert store_schema is not None
+        rows = await conn.fetch(
+            query("engine", "own_claim.sql", "own_claim", schema=store_schema, queue=queue),
+            queue, worker_id, lease_s, qty, plays or [], begin.release_id, begin.worker_id,
+            begin.step_keys,
+        )  # fmt: skip
+        if any(r["retired"] for r in rows):
+            rows = None  # a retired lane's worker: claim_next serves it as 'drain'
+    if rows is None and (with_lanes or mode is not None):
         rows = await conn.fetch(
             engine_query("claim_next"),
             queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
             with_lanes,
             *((begin.release_id, begin.worker_id, begin.step_keys) if begin else (None,) * 3),
         )  # fmt: skip
-    else:
+    elif rows is None:
         rows = await conn.fetch(engine_query("claim_task"), queue, worker_id, lease_s, qty)
     due = next((r for r in rows if r["run_id"] is None and r.get("due_known")), None)
     runs = tuple(

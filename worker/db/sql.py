@@ -2,7 +2,7 @@
 
 Values are always bound parameters. The only text substituted into SQL is an
 identifier, by ``fill``: ``{schema}`` (the run-state store's schema) and a
-queue's engine tables ``{tasks}``, ``{runs}`` and ``{checkpoints}``, each quoted
+queue's engine tables ``{tasks}``, ``{runs}``, ``{checkpoints}`` and ``{waits}``, each quoted
 by ``quote_ident``.
 """
 
@@ -14,8 +14,8 @@ from importlib import resources
 from typing import Any
 
 _QUERY_HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_QUEUE_TABLES = (("tasks", "t"), ("runs", "r"), ("checkpoints", "c"))
-_PLACEHOLDER = re.compile(r"\{(schema|tasks|runs|checkpoints)\}")
+_QUEUE_TABLES = (("tasks", "t"), ("runs", "r"), ("checkpoints", "c"), ("waits", "w"))
+_PLACEHOLDER = re.compile(r"\{(schema|tasks|runs|checkpoints|waits)\}")
 
 
 def quote_ident(name: str) -> str:
@@ -26,7 +26,7 @@ def quote_ident(name: str) -> str:
 
 
 def engine_table(kind: str, queue: str) -> str:
-    """Return the quoted engine table of ``queue``: ``t`` tasks, ``r`` runs, ``c`` checkpoints."""
+    """Return the quoted engine table ``kind`` (t, r, c or w: tasks, runs, checkpoints, waits)."""
     return f"absurd.{quote_ident(f'{kind}_{queue}')}"
 
 
