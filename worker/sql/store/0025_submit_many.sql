@@ -267,7 +267,11 @@ begin
   -- one of this call's keys meanwhile: the try is undone, and the keys answered
   -- again now that its run can be seen (as submit_run answers it).
   <<attempt>>
-  loop
+  for v_try in 1 .. 100 loop
+    if v_try = 100 then  -- never seen: a key is answered on the next try
+      raise exception 'submit_runs: this call''s idempotency keys kept being taken by other transactions; try again.'
+        using errcode = '40001';
+    end if;
     v_run := v_own_run;
     v_release := v_own_release;
     v_new := array_fill(true, array[v_count]);
