@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import drain
 import lanes
+import submit
 import wake
 from common import add_common_args, parse_args, percentile, print_table, run_main, session
 
@@ -161,6 +162,8 @@ async def main() -> int:
     parser.add_argument("--idle-window", type=float, default=20.0, help="wake: idle seconds")
     wake.add_attached_window(parser)
     lanes.add_args(parser)
+    parser.add_argument("--submit-runs", type=int, default=20_000,
+                        help="submit.py: runs per batched case (0: skip)")  # fmt: skip
     args = parse_args(parser, CASES)
     args.profile = None
     args.statements = False
@@ -178,6 +181,10 @@ async def main() -> int:
             ["measure", "figure", "target", ""],
             [[m, f, b, "met" if ok else "missed"] for m, f, b, ok in lanes.verdicts(steps)],
         )
+    if "lane-worker" in args.only and args.submit_runs:
+        # Its own scratch database too: a backlog of bulk submits must not slow the others.
+        print("\nsubmit: one submit_run a call against submit_runs", flush=True)
+        submit.report(await submit.measure(args.url, args.submit_runs, [100, 1000]))
     return 0
 
 

@@ -90,12 +90,18 @@ async def test_node_submits_signals_reads_and_cancels_through_the_sql_api(
         "runId": seen["other"]["runId"], "cancelled": True, "status": "cancelled",
     }  # fmt: skip
 
+    many = seen["many"]
+    assert many[0] == {**submitted, "created": False}
+    assert (many[1]["queue"], many[1]["created"]) == ("runs_rel_node", True)
+    assert seen["manyRefused"]["code"] == "22023"
+    assert seen["manyRefused"]["message"].startswith("item 1: a run's input must be a JSON object")
+
     row = await run_row(database_url, submitted["runId"])
     assert (row["input"], row["status"], row["idempotency_key"]) == (
         {"name": "from-node"}, "queued", "node-order-1",
     )  # fmt: skip
     runs = await fetch(database_url, f"select count(*) as n from {SCHEMA}.runs")
-    assert runs[0]["n"] == 2  # the repeat and the refusals wrote nothing
+    assert runs[0]["n"] == 3  # the repeats and the refusals wrote nothing
     signals = await fetch(
         database_url, f"select payload from {SCHEMA}.signals where run_id = $1",
         uuid.UUID(submitted["runId"]),

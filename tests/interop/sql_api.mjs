@@ -1,7 +1,7 @@
 // lane-worker's SQL API, called from Node with the `pg` package the way the
 // TypeScript app calls it: submit, an idempotent re-submit, signal, status,
-// cancel, and the refusals an app tests by SQLSTATE. Prints one JSON object of
-// what it saw; tests/e2e/test_interop_node.py checks it against the database.
+// cancel, a bulk submit, and the refusals an app tests by SQLSTATE. Prints one
+// JSON object of what it saw; tests/e2e/test_interop_node.py checks it against the database.
 //
 // Usage: DATABASE_URL=postgresql://... STORE_SCHEMA=runtime_scheduler node sql_api.mjs
 import pg from 'pg';
@@ -62,6 +62,14 @@ try {
   seen.noRunner = await refusal('report_runner_result', runId, 1, JSON.stringify({ ok: true }));
   seen.other = await call('submit_run', 'greet', null, 'rel-node');
   seen.cancelled = await call('cancel_run', seen.other.runId, 'changed my mind');
+  seen.many = await call('submit_runs', JSON.stringify([
+    { play: 'greet', input: { name: 'from-node' }, releaseId: 'rel-node',
+      idempotencyKey: 'node-order-1' },
+    { play: 'greet', input: { n: 2 }, releaseId: 'rel-node' },
+  ]));
+  seen.manyRefused = await refusal('submit_runs', JSON.stringify([
+    { play: 'greet', releaseId: 'rel-node' }, { play: 'greet', input: [1], releaseId: 'rel-node' },
+  ]));
 } finally {
   await client.end();
 }

@@ -60,7 +60,11 @@ def _read_json_text(value: str, what: str) -> str:
 
 
 def _parse_json(value: str, what: str) -> Any:
-    text = _read_json_text(value, what)
+    return parse_json_text(_read_json_text(value, what), what)
+
+
+def parse_json_text(text: str, what: str) -> Any:
+    """Return the JSON value ``text`` holds, or refuse it (``ValueError`` naming ``what``)."""
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from worker.cli.bulk import read_submits, submit_from
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure
 from worker.cli.output import cell, columns, emit, one_line
@@ -35,7 +36,13 @@ from worker.ops.report import aligned
 
 
 @cli.command()
-@click.argument("play", type=PLAY)
+@click.argument("play", type=PLAY, required=False)
+@click.option("--from", "from_file", metavar="FILE|-",
+              help="Submit one run per line of FILE (- for stdin), all in one transaction: "
+                   "each line a JSON object with play, and optionally input, "
+                   "idempotencyKey, queueSuffix, runtimeApi. Prints one run id per line "
+                   "(--json: {\"runs\": [...]}); a bad line is refused by its number and "
+                   "nothing is submitted.")  # fmt: skip
 @click.option("--input", "input_", type=INPUT, metavar="JSON|@FILE|-",
               help="The play's input: a JSON object inline, from @FILE, or - for stdin "
                    "(default {}; at most 1 MiB).")  # fmt: skip
@@ -53,10 +60,26 @@ from worker.ops.report import aligned
               show_default=True, metavar="SECONDS", help="How long --wait waits.")  # fmt: skip
 @json_option
 @click.pass_context
-def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | None,
-           queue_suffix: str | None, runtime_api: dict[str, Any] | None, wait: bool,
-           timeout: float, as_json: bool) -> None:  # fmt: skip
-    """Submit a run of PLAY on this release's lane and print its run id."""
+def submit(ctx: click.Context, play: str | None, from_file: str | None, input_: Any,
+           idempotency_key: str | None, queue_suffix: str | None,
+           runtime_api: dict[str, Any] | None, wait: bool, timeout: float,
+           as_json: bool) -> None:  # fmt: skip
+    """Submit a run of PLAY on this release's lane and print its run id (or runs: --from)."""
+    if from_file is not None:
+        given = [name for name, value in (
+            ("PLAY", play), ("--input", input_), ("--idempotency-key", idempotency_key),
+            ("--queue-suffix", queue_suffix), ("--runtime-api", runtime_api),
+            ("--wait", wait or None),
+        ) if value is not None]  # fmt: skip
+        if given:
+            raise click.UsageError(
+                f"--from takes every submit from its lines, not from {', '.join(given)}: "
+                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi."
+            )
+        _submit_from(from_file, as_json)
+        return
+    if play is None:
+        raise click.UsageError("Missing argument 'PLAY' (or --from FILE).")
     if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
         raise click.UsageError("--timeout only applies together with --wait.")
 
@@ -90,6 +113,19 @@ def submit(ctx: click.Context, play: str, input_: Any, idempotency_key: str | No
     if not done:
         why = f": {one_line(final.error)}" if final.error is not None else "."
         raise Failure(f"run {final.run_id} {final.status}{why}")
+
+
+def _submit_from(source: str, as_json: bool) -> None:
+    numbers, requests = read_submits(source)
+    own_lane = any(r.queue_suffix is None for r in requests)
+    check = SUBMIT_VARIABLES if own_lane else (settings.MAX_ATTEMPTS_ENV,)
+    made = with_client(lambda client: submit_from(client, source, numbers, requests), check=check)
+    reports = [dict(runId=run.run_id, releaseId=run.release_id, queue=run.queue,
+                    created=run.created) for run in made]  # fmt: skip
+    if as_json:
+        emit(True, {"runs": reports})
+    elif made:
+        emit(False, None, *(run.run_id for run in made))
 
 
 @cli.command()

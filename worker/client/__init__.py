@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import asyncpg
 
 from worker import lanes
+from worker.client.bulk import SubmitRequest as SubmitRequest  # public API
+from worker.client.bulk import submit_items
 from worker.client.results import AttemptView as AttemptView
 from worker.client.results import RunnerReport as RunnerReport
 from worker.client.results import RunStatus as RunStatus
@@ -276,6 +278,29 @@ class LaneClient:
             # is a lane again), once.
             made = await self.db.run(submit)
         return SubmittedRun(made["runId"], made["releaseId"], made["queue"], made["created"])
+
+    async def submit_many(self, requests: Iterable[SubmitRequest]) -> list[SubmittedRun]:
+        """Submit every request in one transaction: all runs are made, or none.
+
+        One call of the store's ``submit_runs``; one ``SubmittedRun`` per request, in
+        order. Each request is checked as ``submit`` checks its arguments, and refused
+        with the same errors, their message starting ``item <index>: `` (0-based). A
+        request whose idempotency key names a run answers that run (``created``
+        False); a later request with the key of an earlier one answers the earlier's.
+        """
+        items = submit_items(requests, self._submit_release, self._max_attempts)
+        if not items:
+            return []
+        await self.ensure_schemas()
+
+        async def submit(conn: Connection) -> list[Any]:
+            return await self.store.api.submit_many(conn, items)
+
+        try:
+            made = await self.db.run(submit)
+        except asyncpg.UndefinedTableError:
+            made = await self.db.run(submit)  # a queue pruned meanwhile: as submit does
+        return [SubmittedRun(m["runId"], m["releaseId"], m["queue"], m["created"]) for m in made]
 
     def _submit_release(self, queue_suffix: str | None) -> str:
         """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""

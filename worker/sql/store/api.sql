@@ -6,6 +6,10 @@
 -- name: submit_run
 select {schema}.submit_run($1, $2, $3, $4, $5, $6);
 
+-- name: submit_runs
+-- Migration 0025: a JSON array of submits, one transaction, one result each.
+select {schema}.submit_runs($1);
+
 -- name: signal_run
 select {schema}.signal_run($1, $2, $3);
 
