@@ -235,9 +235,10 @@ async def server_now(url: str) -> Any:
         await conn.close()
 
 
-async def run_case(bench: Session, case: str, workers: int, rnd: int) -> Steady | None:
+async def run_case(
+    bench: Session, args: argparse.Namespace, case: str, workers: int, rnd: int
+) -> Steady | None:
     """Run one case in a scratch database of its own; return its window's figures."""
-    args = bench.args
     print(f"steady, {case}, {workers} workers, round {rnd}:", flush=True)
     if case == SDK and bench.sdk is None:
         print("  skipped: absurd-sdk is not available (see above)")
@@ -279,15 +280,15 @@ async def run_case(bench: Session, case: str, workers: int, rnd: int) -> Steady 
     return result
 
 
-async def measure(bench: Session) -> list[Steady]:
-    """Run every round at every worker count; each round starts with the next case."""
+async def measure(bench: Session, args: argparse.Namespace) -> list[Steady]:
+    """Run ``args.rounds`` rounds at every worker count; each round starts with the next case."""
     results: list[Steady] = []
-    cases = [c for c in CASES if c in bench.args.only]
-    for rnd in range(1, bench.args.rounds + 1):
-        for workers in bench.args.workers:
+    cases = [c for c in CASES if c in args.only]
+    for rnd in range(1, args.rounds + 1):
+        for workers in args.workers:
             shift = (rnd - 1) % len(cases) if cases else 0
             for case in cases[shift:] + cases[:shift]:
-                result = await run_case(bench, case, workers, rnd)
+                result = await run_case(bench, args, case, workers, rnd)
                 if result is not None:
                     results.append(result)
     return results
@@ -367,7 +368,7 @@ async def main() -> int:
     add_args(parser)
     args = steady_args(parse_args(parser, CASES))
     async with session(args) as bench:
-        results = await measure(bench)
+        results = await measure(bench, args)
     report(results, args)
     return 0
 
