@@ -266,7 +266,7 @@ async def run_case(
             await child.stop()
         conn = await connect(url)
         try:
-            completed, failed = await conn.fetchrow(side.done_sql, started, ended)
+            completed, failed = await conn.fetchrow(side.done_sql, started, ended) or (0, 0)
         finally:
             await conn.close()
     depths = producer.depths or [0]
@@ -309,7 +309,7 @@ def medians(
 
 def held(r: Steady, args: argparse.Namespace) -> bool:
     """Whether the producer held the queue: never under 90% of the target in the window."""
-    return r.depth_min >= 0.9 * args.depth
+    return bool(r.depth_min >= 0.9 * args.depth)
 
 
 def _num(value: float | None, spec: str = ".0f") -> str:
