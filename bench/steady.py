@@ -5,7 +5,9 @@ no case reads tables an earlier one filled. A producer in this process keeps
 ``--depth`` runs pending on the case's engine queue: one probe connection reads
 the queue's pending count every 50 ms and hands out that many submissions short
 of the target to ``--producers`` submitter connections, each sending one call
-per run, as an app would (``--batch K``: up to K runs a statement instead):
+per run, as an app would; only while that does not hold the queue (below 95% of the
+target) do they put more runs in one statement, doubling up to ``--batch`` (32; 1:
+never), and halving again once the queue is full:
 
 - ``lane-worker``: ``runtime_scheduler.submit_run(play, input, release)``, the
   store's SQL API (store row + engine task in one transaction), drained by the
@@ -73,6 +75,7 @@ class Steady:
     completed: int
     failed: int
     submitted_per_s: float
+    runs_per_statement: float
     depth_min: int
     depth_mean: float
     depth_max: int
@@ -87,39 +90,48 @@ class Steady:
 class Producer:
     """Keeps ``target`` runs pending on one engine queue: a depth probe and N submitters."""
 
-    def __init__(self, url: str, side: Side, target: int) -> None:
+    def __init__(self, url: str, side: Side, target: int, max_batch: int) -> None:
         self.url = url
         self.side = side
         self.depth_sql = f"select count(*) from absurd.\"r_{side.queue}\" where state = 'pending'"
         self.target = target
+        self.max_batch = max_batch
+        self.batch = 1  # runs a statement now: 1 while one call a run holds the queue
         self.budget = 0
         self.wake = asyncio.Event()
         self.submitted = 0
+        self.statements = 0
         self.next_n = target + 1  # the fill took 1..target
         self.depths: list[int] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     def start_window(self) -> None:
         """Count depth samples and submissions from now on."""
-        self.depths, self.submitted = [], 0
+        self.depths, self.submitted, self.statements = [], 0, 0
 
     async def _probe(self, conn: Any) -> None:
         while True:
             depth: int = await conn.fetchval(self.depth_sql)
             self.depths.append(depth)
-            # Submissions in flight are not in the count yet: at most one per submitter.
+            # Below 95% of the target one call a run does not keep up: batch more (up to
+            # max_batch); back at the target, fewer again.
+            if depth < 0.95 * self.target:
+                self.batch = min(self.max_batch, self.batch * 2)
+            elif depth >= self.target:
+                self.batch = max(1, self.batch // 2)
+            # Submissions in flight are not in the count yet: at most a batch per submitter.
             self.budget = max(0, self.target - depth)
             if self.budget:
                 self.wake.set()
             await asyncio.sleep(PROBE_S)
 
-    async def _submit(self, conn: Any, batch: int) -> None:
+    async def _submit(self, conn: Any) -> None:
         while True:
             if self.budget <= 0:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            k = min(self.budget, batch)
+            k = min(self.budget, self.batch)
             self.budget -= k
             n, self.next_n = self.next_n, self.next_n + k
             if k == 1:
@@ -127,13 +139,14 @@ class Producer:
             else:
                 await conn.fetchval(self.side.batch_sql, n, n + k - 1)
             self.submitted += k
+            self.statements += 1
 
     @contextlib.asynccontextmanager
-    async def running(self, submitters: int, batch: int) -> AsyncIterator[Producer]:
-        """Run the probe and ``submitters`` submitters (``batch`` runs a call at most)."""
+    async def running(self, submitters: int) -> AsyncIterator[Producer]:
+        """Run the probe and ``submitters`` submitters until the block exits."""
         conns = [await connect(self.url) for _ in range(submitters + 1)]
         self._tasks = [asyncio.create_task(self._probe(conns[0]))]
-        self._tasks += [asyncio.create_task(self._submit(c, batch)) for c in conns[1:]]
+        self._tasks += [asyncio.create_task(self._submit(c)) for c in conns[1:]]
         try:
             yield self
             self.check()
@@ -156,7 +169,7 @@ class Side:
     """What differs between the two implementations."""
 
     queue: str
-    batch_sql: str  # runs numbered $1..$2 in one statement (the fill; --batch above 1)
+    batch_sql: str  # runs numbered $1..$2 in one statement (the fill; batches)
     submit_sql: str
     submit_args: Callable[[int], tuple[Any, ...]]  # the call's arguments for run number n
     done_sql: str  # $1, $2: the window's bounds; returns (completed, failed)
@@ -246,11 +259,11 @@ async def run_case(
     async with scratch_database(args.url) as (_name, url):
         await install_schemas(url)
         side = await prepare(url, case, workers, rnd, PLAYS[args.work], args.depth)
-        producer = Producer(url, side, args.depth)
+        producer = Producer(url, side, args.depth, args.batch)
         child = start_worker(bench, url, case, workers, rnd, side)
         try:
             await child.wait_event("worker.ready", timeout_s=60)
-            async with producer.running(args.producers, args.batch):
+            async with producer.running(args.producers):
                 await asyncio.sleep(args.warmup)
                 child.check_alive()
                 producer.check()
@@ -271,8 +284,9 @@ async def run_case(
             await conn.close()
     depths = producer.depths or [0]
     result = Steady(case, workers, rnd, (ended - started).total_seconds(), completed, failed,
-                    producer.submitted / seconds, min(depths), statistics.fmean(depths),
-                    max(depths), cpu, pg_meter.seconds)  # fmt: skip
+                    producer.submitted / seconds,
+                    producer.submitted / max(producer.statements, 1), min(depths),
+                    statistics.fmean(depths), max(depths), cpu, pg_meter.seconds)  # fmt: skip
     print(f"  {result.rate:.0f} jobs/s; queued min {result.depth_min},"
           f" mean {result.depth_mean:.0f}", flush=True)  # fmt: skip
     if failed:
@@ -322,10 +336,11 @@ def report(results: list[Steady], args: argparse.Namespace) -> None:
           f" {args.warmup:g} s warm-up, {args.window:g} s measured:")  # fmt: skip
     print_table(
         ["implementation", "workers", "round", "jobs/s", "failed", "submitted/s",
-         "queued min", "queued mean", "queued max", "held", "worker CPU %", "PG CPU %"],
+         "runs/submit", "queued min", "queued mean", "queued max", "held", "worker CPU %",
+         "PG CPU %"],
         [[r.case, str(r.workers), str(r.round), f"{r.rate:.0f}", str(r.failed),
-          f"{r.submitted_per_s:.0f}", str(r.depth_min), f"{r.depth_mean:.0f}",
-          str(r.depth_max), "yes" if held(r, args) else "NO",
+          f"{r.submitted_per_s:.0f}", f"{r.runs_per_statement:.1f}", str(r.depth_min),
+          f"{r.depth_mean:.0f}", str(r.depth_max), "yes" if held(r, args) else "NO",
           f"{100 * r.worker_cpu_s / r.seconds:.0f}", f"{100 * r.pg_cpu_s / r.seconds:.0f}"]
          for r in results],
     )  # fmt: skip
@@ -348,7 +363,10 @@ def add_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     parser.add_argument(f"{p}window", type=float, default=60.0, help="seconds measured (60)")
     parser.add_argument(f"{p}depth", type=int, default=4000, help="runs kept queued (4000)")
     parser.add_argument(f"{p}producers", type=int, default=4, help="submitter connections (4)")
-    parser.add_argument(f"{p}batch", type=int, default=1, help="runs a submit statement (1)")
+    parser.add_argument(
+        f"{p}batch", type=int, default=32,
+        help="most runs a submit statement, used only while one a call falls behind (32)",
+    )  # fmt: skip
     parser.add_argument(f"{p}work", choices=sorted(PLAYS), default="sleep", help="1 ms of what")
 
 
