@@ -4,12 +4,15 @@ On one Postgres, in one scratch database: the 3,000-run drain in alternating
 rounds (raw loop, absurd-sdk's async worker, lane-worker; each round starts with
 the next case, so none always runs first), the 30,000-run drain once for the
 raw loop and lane-worker, then the wake benchmark (lane-worker, and absurd-sdk's
-sync worker as a reference). It prints the figures of each benchmark, then one
-table: every target of the speed issue with what was measured, the ratio it is
-judged by, and whether it is met. It exits 0 whether or not targets are met
-(it measures; the README keeps its table), 1 when a benchmark fails.
+sync worker as a reference), then the steady load of ``steady.py`` (lane-worker
+and absurd-sdk's async worker alternating, at 16 and 64 workers, each case in a
+scratch database of its own; ``--steady-rounds 0`` skips it). It prints the
+figures of each benchmark, then one table: every target of the speed issue with
+what was measured, the ratio it is judged by, and whether it is met. It exits 0
+whether or not targets are met (it measures; the README keeps its table), 1 when
+a benchmark fails.
 
-Usage: .venv/bin/python bench/all.py [--rounds 2] [--big 30000] [--runs 30]
+Usage: .venv/bin/python bench/all.py [--rounds 2] [--big 30000] [--runs 30] [--steady-rounds 2]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import drain
 import lanes
+import steady
 import submit
 import wake
 from common import add_common_args, parse_args, percentile, print_table, run_main, session
@@ -52,9 +56,19 @@ def fmt(value: float | None, spec: str = ".0f", unit: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{unit}"
 
 
-async def measure(args: argparse.Namespace) -> tuple[list[drain.Result], list[wake.Wake]]:
+@dataclass
+class Measured:
+    """Every benchmark's figures."""
+
+    drains: list[drain.Result]
+    wakes: list[wake.Wake]
+    steady: list[steady.Steady]
+
+
+async def measure(args: argparse.Namespace, steady_args: argparse.Namespace) -> Measured:
     drains: list[drain.Result] = []
     wakes: list[wake.Wake] = []
+    steadies: list[steady.Steady] = []
     async with session(args) as bench:
         for r in range(args.rounds):
             order = DRAIN_CASES[r % len(DRAIN_CASES) :] + DRAIN_CASES[: r % len(DRAIN_CASES)]
@@ -78,7 +92,9 @@ async def measure(args: argparse.Namespace) -> tuple[list[drain.Result], list[wa
         if "absurd-sdk" in args.only and bench.sdk is not None:
             print("wake, absurd-sdk (sync worker, 250 ms poll):", flush=True)
             wakes.append(await wake.case_sdk(bench, bench.sdk))
-    return drains, wakes
+        if steady_args.rounds > 0:
+            steadies = await steady.measure(bench, steady_args)
+    return Measured(drains, wakes, steadies)
 
 
 def median_rate(drains: list[drain.Result], case: str, n: int) -> float | None:
@@ -88,6 +104,18 @@ def median_rate(drains: list[drain.Result], case: str, n: int) -> float | None:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
+
+
+def steady_targets(results: list[steady.Steady], args: argparse.Namespace) -> list[Target]:
+    """One line per worker count: lane-worker's jobs/s under steady load over absurd-sdk's."""
+    if args.rounds <= 0:
+        return []
+    unit = " jobs/s"
+    return [
+        Target(f"steady load, {w} workers: x absurd-sdk-async", fmt(lane, unit=unit),
+               fmt(sdk, unit=unit), "", ratio(lane, sdk), ">= 2x", lambda v: v >= 2)
+        for w, lane, sdk in steady.medians(results, args.workers)
+    ]  # fmt: skip
 
 
 def targets(
@@ -137,12 +165,15 @@ def targets(
     ]  # fmt: skip
 
 
-def report(args: argparse.Namespace, drains: list[drain.Result], wakes: list[wake.Wake]) -> None:
-    drain.report(drains)
-    if wakes:
-        wake.report(wakes, args)
-    rows = targets(args, drains, wakes)
-    print(f"\nspeed targets ({args.rounds} rounds of the {args.size:,} drain, medians):")
+def report(args: argparse.Namespace, steady_args: argparse.Namespace, m: Measured) -> None:
+    drain.report(m.drains)
+    if m.wakes:
+        wake.report(m.wakes, args)
+    if m.steady:
+        steady.report(m.steady, steady_args)
+    rows = targets(args, m.drains, m.wakes) + steady_targets(m.steady, steady_args)
+    print(f"\nspeed targets ({args.rounds} rounds of the {args.size:,} drain,"
+          f" {steady_args.rounds} of the steady load; medians):")  # fmt: skip
     print_table(
         ["measure", "lane-worker", "absurd-sdk-async", "raw loop", "judged", "target", ""],
         [[t.measure, t.lane, t.sdk, t.raw, fmt(t.judged, ".2f"), t.bound, verdict(t)]
@@ -161,14 +192,17 @@ async def main() -> int:
     parser.add_argument("--poll-interval", type=float, default=1.0, help="wake: daemon's poll")
     parser.add_argument("--idle-window", type=float, default=20.0, help="wake: idle seconds")
     wake.add_attached_window(parser)
+    parser.add_argument("--steady-rounds", type=int, default=2, help="steady load (0: skip)")
+    steady.add_args(parser, prefix="steady-")
     lanes.add_args(parser)
     parser.add_argument("--submit-runs", type=int, default=20_000,
                         help="submit.py: runs per batched case (0: skip)")  # fmt: skip
     args = parse_args(parser, CASES)
     args.profile = None
     args.statements = False
-    drains, wakes = await measure(args)
-    report(args, drains, wakes)
+    steady_args = steady.steady_args(args, prefix="steady-")
+    steady_args.rounds = args.steady_rounds
+    report(args, steady_args, await measure(args, steady_args))
     if "lane-worker" in args.only and args.steps:
         # Its own scratch database: a thousand engine queues must not slow the others.
         print("\nlanes: a worker facing many engine queues", flush=True)

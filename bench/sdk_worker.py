@@ -2,7 +2,8 @@
 
 Started with the Python of a throwaway venv that has absurd-sdk (never the
 project's venv), so it imports nothing from this repository. The task is the
-same trivial play: one step that echoes the input. It prints one JSON line,
+same trivial play: one step that echoes the input; and ``sleep_ms`` / ``busy_ms``,
+one step of about a millisecond of work, as in bench_app (steady.py). It prints one JSON line,
 ``{"event": "worker.ready", "timestamp": ...}``, just before the worker loop
 starts, and runs until it is killed.
 """
@@ -14,6 +15,7 @@ import asyncio
 import json
 import os
 import socket
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +28,13 @@ def ready(mode: str) -> None:
     print(json.dumps({"event": "worker.ready", "timestamp": stamp, "mode": mode}), flush=True)
 
 
+def spin_ms() -> None:
+    """A millisecond of busy CPU (bench_app's busy_ms does the same)."""
+    end = time.perf_counter() + 0.001
+    while time.perf_counter() < end:
+        pass
+
+
 def run_sync(args: argparse.Namespace) -> None:
     """The synchronous worker: a thread pool of ``concurrency`` over one connection."""
     client = Absurd(args.url, queue_name=args.queue)
@@ -33,6 +42,14 @@ def run_sync(args: argparse.Namespace) -> None:
     @client.register_task("trivial")
     def trivial(params: Any, ctx: Any) -> Any:
         return ctx.step("echo", lambda: {"echo": params})
+
+    @client.register_task("sleep_ms")
+    def sleep_ms(params: Any, ctx: Any) -> Any:
+        return ctx.step("work", lambda: time.sleep(0.001) or {"slept_ms": 1})
+
+    @client.register_task("busy_ms")
+    def busy_ms(params: Any, ctx: Any) -> Any:
+        return ctx.step("work", lambda: spin_ms() or {"busy_ms": 1})
 
     ready("sync")
     client.start_worker(
@@ -53,6 +70,22 @@ async def run_async(args: argparse.Namespace) -> None:
             return {"echo": params}
 
         return await ctx.step("echo", echo)
+
+    @client.register_task("sleep_ms")
+    async def sleep_ms(params: Any, ctx: Any) -> Any:
+        async def work() -> Any:
+            await asyncio.sleep(0.001)
+            return {"slept_ms": 1}
+
+        return await ctx.step("work", work)
+
+    @client.register_task("busy_ms")
+    async def busy_ms(params: Any, ctx: Any) -> Any:
+        async def work() -> Any:
+            spin_ms()
+            return {"busy_ms": 1}
+
+        return await ctx.step("work", work)
 
     await client._ensure_connected()
     ready("async")
