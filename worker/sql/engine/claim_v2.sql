@@ -139,7 +139,8 @@ $$;
 
 -- claim_next_v1 over claim_with_lanes_v2: a loop's claim and, when it handed
 -- out fewer runs than p_qty, one more row (run_id null, due_known true) with
--- the seconds until the next run this loop could claim.
+-- the seconds until the next run this loop could claim. Without p_with_lanes
+-- it is claim_next_v1.
 create or replace function lane_worker.claim_next_v2 (
   p_queue_name text,
   p_worker_id text,
@@ -188,23 +189,19 @@ as $$
 declare
   v_rows integer;
 begin
-  if p_with_lanes then
+  if not p_with_lanes then
+    -- Without the store's facts nothing differs from v1.
     return query
-      select c.*, false, null::float8
-        from lane_worker.claim_with_lanes_v2(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
-                                             p_store_schema, p_own_queue, p_mode, p_plays,
-                                             p_begin_release, p_begin_worker, p_step_keys) c;
-  else
-    return query
-      select c.run_id, c.task_id, c.attempt, c.task_name, c.params, c.max_attempts,
-             c.wake_event, c.event_payload, c.swept,
-             null::uuid, null::text, null::text, null::text, null::text, null::jsonb,
-             null::text, null::jsonb, null::boolean, null::boolean,
-             null::bigint, null::jsonb, null::smallint, null::jsonb, null::jsonb, null::bigint,
-             false, null::float8
-        from lane_worker.claim_lane_v1(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
-                                       p_store_schema, p_own_queue, p_mode, p_plays) c;
+      select * from lane_worker.claim_next_v1(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+                                              p_store_schema, p_own_queue, p_mode, p_plays,
+                                              false, null, null, null);
+    return;
   end if;
+  return query
+    select c.*, false, null::float8
+      from lane_worker.claim_with_lanes_v2(p_queue_name, p_worker_id, p_claim_timeout, p_qty,
+                                           p_store_schema, p_own_queue, p_mode, p_plays,
+                                           p_begin_release, p_begin_worker, p_step_keys) c;
   -- Rows, not runs: a sweep's row of nulls counts, so a batch of one that only
   -- swept reports no due time (the caller then asks for it).
   get diagnostics v_rows = row_count;
