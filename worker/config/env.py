@@ -235,11 +235,6 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     return said
 
 
-def _plain_text(value: str) -> bool:
-    """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
-    return value.isprintable() and is_utf8(value)
-
-
 def plain_text(value: str) -> bool:
     """Tell whether ``value`` has no control character and encodes as UTF-8 (it is stored)."""
     return value.isprintable() and is_utf8(value)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import structlog
 
 from worker.db import engine
@@ -16,11 +13,6 @@ from worker.states import RunStatus
 log = structlog.get_logger("lane_worker.reconcile")
 
 RECONCILE_BATCH = 100
-
-
-def cancelled_fact(run_id: uuid.UUID, source: facts.Source) -> dict[str, Any]:
-    """Return the `run.cancelled` ledger fact (kept for the client and remedies)."""
-    return facts.cancelled(run_id, source).as_json()
 
 
 async def reconcile_queue(
