@@ -1,4 +1,4 @@
-"""The world of tests/integration/test_claim_rule.py: every combination of lane facts, in one database.
+"""The world of tests/integration/test_claim_rule.py: every combination of lane facts, one database.
 
 Six lanes, registered in this order (a release adopts only from older ones):
 ``old`` (retired), ``dr`` (retired: the draining seat's), ``again`` (claiming again
@@ -69,9 +69,7 @@ class Case:
     stamp: str
 
 
-CASES = tuple(
-    Case(*c) for c in itertools.product(QUEUES, WAITS, ADOPTERS, PLAYS, STAMPS)
-)
+CASES = tuple(Case(*c) for c in itertools.product(QUEUES, WAITS, ADOPTERS, PLAYS, STAMPS))
 
 
 @dataclass
@@ -134,12 +132,23 @@ async def build_world(url: str) -> World:
         )  # fmt: skip
         if not live:
             await store.lanes.worker_stopped(world.conn, worker_id=worker)
-    # Every run through the real submit (LaneClient.submit, the SQL API's submit_run).
-    for case in CASES:
-        run = await clients[case.queue].submit(case.play, {})
-        world.task[case] = await world.conn.fetchval(
-            f"select task_id from {SCHEMA}.runs where run_id = $1", uuid.UUID(run.run_id)
+    # Every run through the real submit: the store's submit_run (the app's SQL API,
+    # which LaneClient.submit calls once per run), one statement for all of them.
+    made = await world.conn.fetch(
+        f"select n, (s ->> 'runId')::uuid as run_id from unnest($1::text[], $2::text[])"
+        f" with ordinality as c(play, release, n),"
+        f" lateral {SCHEMA}.submit_run(c.play, '{{}}'::jsonb, c.release, null, null, null) s",
+        [c.play for c in CASES],
+        [world.release[c.queue] for c in CASES],
+    )
+    runs = {r["n"]: r["run_id"] for r in made}
+    tasks = dict(
+        await world.conn.fetch(
+            f"select run_id, task_id from {SCHEMA}.runs where run_id = any($1)", list(runs.values())
         )
+    )
+    for n, case in enumerate(CASES, start=1):
+        world.task[case] = tasks[runs[n]]
     await set_facts(world)
     return world
 
@@ -156,23 +165,30 @@ async def set_facts(world: World) -> None:
     available_at, wake_event and event_payload. The stray stamp is a launch row
     no submit writes (a misconfigured app that stamped another release).
     """
-    conn = world.conn
+    store_rows, engine_rows = [], {q: [] for q in QUEUES}
     for case in CASES:
         status, kind, state, due, payload = WAITS[case.wait]
         wait = None if kind is None else {"kind": kind, "boundaryId": f"b-{case.wait}"}
         adopter = None if case.adopter == "none" else world.release[case.adopter]
-        await conn.execute(
-            f"update {SCHEMA}.runs set status = $2, current_wait = $3, adopted_release_id = $4,"
-            " adopted_queue = $5, release_id = coalesce($6, release_id) where task_id = $1",
+        store_rows.append((
             world.task[case], status, wait, adopter,
             None if adopter is None else world.queue[case.adopter],
             STRAY if case.stamp == "stray" else None,
-        )  # fmt: skip
-        await conn.execute(
-            f"update absurd.r_{world.queue[case.queue]} set state = $2,"
-            f" available_at = {DUE[due]}, event_payload = $3,"
-            " wake_event = case when $4 then 'evt:rule' end where task_id = $1",
-            world.task[case], state, payload,
-            kind in ("integration_event", "runner"),
-        )  # fmt: skip
-
+        ))  # fmt: skip
+        engine_rows[case.queue].append(
+            (world.task[case], state, due, payload, kind in ("integration_event", "runner"))
+        )
+    await world.conn.executemany(
+        f"update {SCHEMA}.runs set status = $2, current_wait = $3, adopted_release_id = $4,"
+        " adopted_queue = $5, release_id = coalesce($6, release_id) where task_id = $1",
+        store_rows,
+    )
+    for queue, updates in engine_rows.items():
+        await world.conn.executemany(
+            f"update absurd.r_{world.queue[queue]} set state = $2,"
+            f" available_at = case $3 when 'past' then {DUE['past']}"
+            f" when 'future' then {DUE['future']} else {DUE['infinity']} end,"
+            " event_payload = $4, wake_event = case when $5 then 'evt:rule' end"
+            " where task_id = $1",
+            updates,
+        )
