@@ -60,6 +60,11 @@ DUE = {"past": "now() - interval '1 second'", "future": "now() + interval '1 hou
        "infinity": "'infinity'::timestamptz"}  # fmt: skip
 
 
+def armed_event(kind: str | None, state: str) -> bool:
+    """Whether the engine run names the event it waits for (emit_event clears it as it wakes)."""
+    return kind in ("integration_event", "runner") and state == "sleeping"
+
+
 @dataclass(frozen=True)
 class Case:
     queue: str
@@ -176,7 +181,7 @@ async def set_facts(world: World) -> None:
             STRAY if case.stamp == "stray" else None,
         ))  # fmt: skip
         engine_rows[case.queue].append(
-            (world.task[case], state, due, payload, kind in ("integration_event", "runner"))
+            (world.task[case], state, due, payload, armed_event(kind, state))
         )
     await world.conn.executemany(
         f"update {SCHEMA}.runs set status = $2, current_wait = $3, adopted_release_id = $4,"
