@@ -70,6 +70,7 @@ async def shape(conn: asyncpg.Connection[asyncpg.Record], run_id: str) -> tuple[
         " where s.run_id = $1::uuid order by r.attempt desc limit 1",
         run_id,
     )
+    assert row is not None, run_id
     return tuple(row)
 
 

@@ -28,7 +28,7 @@ RETIRED = ("old", "dr", "nr")
 QUEUES = ("me", "dr", "old", "again")  # where runs are put (the seats' queues)
 APPS = {"me": ("p_all", "p_me"), "dr": ("p_all", "p_dr")}
 # (worker, lane, plays, live): another machine of a lane may have another app.
-WORKERS = (
+WORKERS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("me-a", "me", ("p_all", "p_me"), True),
     ("me-b", "me", ("p_all", "p_live"), True),
     ("me-c", "me", ("p_stopped",), False),
@@ -125,9 +125,9 @@ async def build_world(url: str) -> World:
     for lane in (*RETIRED, "again"):
         await clients[lane].retire_release(world.release[lane], force=True)
     await clients["again"].activate_release(world.release["again"], force=True)
-    for lane, plays in APPS.items():
+    for lane, app_plays in APPS.items():
         world.runtimes[lane] = await stack.enter_async_context(
-            open_runtime(url, app_of(plays), world.release[lane], worker_base=f"seat-{lane}")
+            open_runtime(url, app_of(app_plays), world.release[lane], worker_base=f"seat-{lane}")
         )
     store = Store(SCHEMA)
     for worker, lane, plays, live in WORKERS:  # a heartbeat, and a stop mark
@@ -147,11 +147,12 @@ async def build_world(url: str) -> World:
         [world.release[c.queue] for c in CASES],
     )
     runs = {r["n"]: r["run_id"] for r in made}
-    tasks = dict(
-        await world.conn.fetch(
+    tasks: dict[uuid.UUID, uuid.UUID] = {
+        r["run_id"]: r["task_id"]
+        for r in await world.conn.fetch(
             f"select run_id, task_id from {SCHEMA}.runs where run_id = any($1)", list(runs.values())
         )
-    )
+    }
     for n, case in enumerate(CASES, start=1):
         world.task[case] = tasks[runs[n]]
     await set_facts(world)
@@ -170,7 +171,8 @@ async def set_facts(world: World) -> None:
     available_at, wake_event and event_payload. The stray stamp is a launch row
     no submit writes (a misconfigured app that stamped another release).
     """
-    store_rows, engine_rows = [], {q: [] for q in QUEUES}
+    store_rows: list[tuple[Any, ...]] = []
+    engine_rows: dict[str, list[tuple[Any, ...]]] = {q: [] for q in QUEUES}
     for case in CASES:
         status, kind, state, due, payload = WAITS[case.wait]
         wait = None if kind is None else {"kind": kind, "boundaryId": f"b-{case.wait}"}
