@@ -27,7 +27,7 @@ from support.runtime import (
 )
 from worker import App, TaskContext
 
-REL, REL_H = "rule-shapes", "rule-shapes-h"
+REL, REL_H, REL_L = "rule-shapes", "rule-shapes-h", "rule-shapes-l"
 
 
 def shapes_app() -> App:
@@ -79,8 +79,10 @@ async def test_the_tables_wait_states_are_what_the_real_paths_leave(database_url
     async with (
         open_client(database_url, {**env_of(REL), "LANE_WORKER_MAX_ATTEMPTS": "3"}) as client,
         open_client(database_url, env_of(REL_H)) as client_h,
+        open_client(database_url, env_of(REL_L)) as client_l,
         open_runtime(database_url, app, REL) as rt,
         open_runtime(database_url, app, REL_H) as rt_h,
+        open_runtime(database_url, app, REL_L, lease_s=1) as rt_l,
     ):
         # A hand-back, on a lane of its own: an event woke the run, its worker claimed
         # it and gave it back (a drain's leftovers).
@@ -90,6 +92,16 @@ async def test_the_tables_wait_states_are_what_the_real_paths_leave(database_url
         claimed = await rt_h.claim(queue_of(REL_H), 5)
         assert len(claimed.runs) == 1
         assert await rt_h.give_back_leftovers([queue_of(REL_H)]) == 1
+
+        # A lease lost: the worker claimed the run (its attempt begun) and died; the
+        # next claim sweeps the expired lease.
+        lost = (await client_l.submit("nap", {"s": 0})).run_id
+        assert len((await rt_l.claim(queue_of(REL_L), 5)).runs) == 1
+
+        async def swept() -> bool:
+            return (await rt_l.claim(queue_of(REL_L), 5)).swept == 1
+
+        await eventually(swept, what="a claim to sweep the expired lease")
 
         runs = {
             "retry": (await client.submit("fails")).run_id,
@@ -103,7 +115,7 @@ async def test_the_tables_wait_states_are_what_the_real_paths_leave(database_url
         await client.signal(runs["event_woken"], "go", {"ok": 1})
         await client.report_runner_result(runs["runner_woken"], 1, {"ok": 1})
         runs["fresh"] = (await client.submit("nap", {"s": 1})).run_id
-        runs["handback"] = handback
+        runs["handback"], runs["lease_lost"] = handback, lost
         # mystery_woken: a wait kind this build does not know; only a newer build parks one.
         assert set(runs) == set(WAITS) - {"mystery_woken"}
 

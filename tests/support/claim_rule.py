@@ -46,6 +46,8 @@ STRAY = "rule-stray"
 WAITS: dict[str, tuple[str, str | None, str, str, Any]] = {
     "fresh": ("queued", None, "pending", "past", None),
     "retry": ("retrying", None, "sleeping", "past", None),
+    # Its worker died mid-attempt: a claim swept the expired lease (fail_run: a retry).
+    "lease_lost": ("running", None, "sleeping", "past", None),
     # A hand-back is absurd.schedule_run: `sleeping`, keeping an event payload it had.
     "handback": ("queued", None, "sleeping", "past", {"late": True}),
     "sleep_woken": ("waiting", "sleep", "sleeping", "past", None),
