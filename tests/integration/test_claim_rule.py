@@ -86,6 +86,7 @@ class Row:
     facts: LaneFacts
     decision: Decision
     handed: bool
+    begun: bool  # the claim began its attempt (claim_next_v2, own loops only)
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,7 @@ async def claim_every_seat(world: World) -> list[Row]:
             await claiming.rollback()
         assert batch.swept == 0
         handed = {r.task_id for r in batch.runs}
+        begun = {r.task_id for r in batch.runs if r.begun is not None}
         seat = decide.Seat(rt.release_id, rt.queue, frozenset(rt.app.plays), own)
         for case in (c for c in CASES if c.queue == spec.queue):
             task_id = world.task[case]
@@ -295,7 +297,7 @@ async def claim_every_seat(world: World) -> list[Row]:
                 found = await rt.store.lanes.play_on_lane(conn, queue=rt.queue, play=facts.play)
                 registration = PlayRegistration(live=found.live, ever=found.ever)
             verdict = decide.decide(facts, seat, registration)
-            rows.append(Row(spec.name, case, facts, verdict, task_id in handed))
+            rows.append(Row(spec.name, case, facts, verdict, task_id in handed, task_id in begun))
             handed.discard(task_id)
         assert not handed, f"{spec.name} handed out a run of no case"
     return rows
@@ -323,6 +325,17 @@ def test_the_claim_hands_out_exactly_what_decide_executes(rows: tuple[list[Row],
         if row.handed != handed and not any(known(row, world) for known in KNOWN.values()):
             wrong.append(f"{describe(row)}; expected {handed} ({excuse or 'decide'})")
     assert wrong == []
+    # The own loop's claim begins the attempts it will certainly own: exactly the runs
+    # decide() owns as its lane's (not PLAY_UNKNOWN: the worker begins those itself).
+    for row in table:
+        certain = (
+            row.decision.disposition == Disposition.OWN and row.decision.cause == Cause.OWN_LANE
+        )
+        own_loop = next(s for s in SEATS if s.name == row.seat).queue == _claimer(row.seat)
+        if row.begun != (row.handed and own_loop and certain):
+            wrong.append(f"{describe(row)}; begun {row.begun}")
+    assert wrong == []
+    assert {r.seat for r in table if r.begun} == {"own-all", "own", "drain", "drain-unaware"}
     # Every excuse is needed somewhere (none is dead text).
     assert set(needed) == {e.name for e in EXCUSES}, needed
     # The table is the whole product, on every seat.
