@@ -10,6 +10,9 @@ same state), and each run's fate in the claim is held to ``decide()`` on the
 facts the store gives for it (``lane_state``, ``play_on_lane``, as
 ``Runtime._decide`` reads them). Where the design hands out more, or less, than
 ``decide()`` would execute, the table says so in ``EXCUSES``, quoting why.
+
+Size: 10 wait states x 5 adopters x 6 plays x 2 stamps on 4 queues (2,400 runs,
+``support.claim_rule``), claimed by 8 seats: 4,800 rows, built in a few seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from worker.db import engine
 from worker.run import decide
 from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
 from worker.run.execute import Runtime
+from worker.run.handle import STEP_KEYS_CURRENT
 from worker.states import Disposition
 
 
@@ -274,7 +278,8 @@ async def claim_every_seat(world: World) -> list[Row]:
                 conn, queue, rt.worker_id_for(queue), lease_s=30, qty=100_000,
                 mode=rt.claim_mode(queue), store_schema=rt.store.schema, own_queue=rt.queue,
                 plays=rt.plays, with_lanes=own,
-                begin=engine.BeginOwn(rt.release_id, rt.worker_id_for(queue), 2) if own else None,
+                begin=engine.BeginOwn(rt.release_id, rt.worker_id_for(queue), STEP_KEYS_CURRENT)
+                if own else None,
             )  # fmt: skip
         finally:
             await claiming.rollback()
