@@ -11,8 +11,8 @@ facts the store gives for it (``lane_state``, ``play_on_lane``, as
 ``Runtime._decide`` reads them). Where the design hands out more, or less, than
 ``decide()`` would execute, the table says so in ``EXCUSES``, quoting why.
 
-Size: 10 wait states x 5 adopters x 6 plays x 2 stamps on 4 queues (2,400 runs,
-``support.claim_rule``), claimed by 8 seats: 4,800 rows, built in a few seconds.
+Size: 10 wait states x 6 adopters x 6 plays x 2 stamps on 4 queues (2,880 runs,
+``support.claim_rule``), claimed by 8 seats: 5,760 rows, built in a few seconds.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ WORKERS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("oc-a", "oc", ("p_all",), True),
 )
 PLAYS = ("p_all", "p_me", "p_dr", "p_live", "p_stopped", "p_nowhere")
-ADOPTERS = ("none", "me", "dr", "oc", "nr")
+ADOPTERS = ("none", "me", "dr", "again", "oc", "nr")  # again: claiming, older than me
 STAMPS = ("lane", "stray")  # stray: stamped with a release of no lane here (misconfigured)
 STRAY = "rule-stray"
 
