@@ -1,0 +1,129 @@
+"""Adversarial review of issue 34: the scaler's pass through the real Fly client against a
+fake Machines API that misbehaves in ways the first tests did not try.
+
+Each test here is a defect found by the review (marked in its docstring); the registry and
+the workers' heartbeats are real (Postgres), the Machines API is ``support.fly.FakeFly``
+without processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+
+import pytest
+
+from support.fly import FakeFly
+from support.runtime import SCHEMA, env_of, open_client
+from support.scaler import Clock, worker_on
+from worker.client import LaneClient
+from worker.scaler import reconcile
+from worker.scaler.fly import FlyBackend
+from worker.scaler.reconcile import MADE_SURPLUS, Reconciler
+
+TOKEN = "fm2_fake0token0a7c1/x+Q"
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    at = Clock()
+    monkeypatch.setattr(reconcile, "time", SimpleNamespace(monotonic=at.monotonic))
+    return at
+
+
+@asynccontextmanager
+async def fly_api(database_url: str, release: str) -> AsyncIterator[tuple[FakeFly, FlyBackend,
+                                                                          LaneClient]]:  # fmt: skip
+    fly = FakeFly(None, {}, TOKEN, "lw-atk")
+    await fly.start()
+    try:
+        async with open_client(database_url, env_of(release)) as client:
+            backend = FlyBackend(api_url=fly.api_url, token=TOKEN, app="lw-atk", region=None)
+            backend.store_id = await client.db.run(client.store.registry.store_id)
+            yield fly, backend, client
+    finally:
+        await fly.stop()
+
+
+def _acted(fly: FakeFly) -> list[str]:
+    return [("create" if m == "POST" and p.endswith("/machines") else
+             "stop" if p.endswith("/stop") else "destroy" if m == "DELETE" else m)
+            for m, p, _ in fly.calls if m != "GET"]  # fmt: skip
+
+
+async def test_a_dead_machine_the_api_will_not_delete_leaves_its_release_without_machines(
+    database_url: str, clock: Clock
+) -> None:
+    """DEFECT (attack34 A1): the only machine of a release of one is listed stopped (it died),
+    and the API answers 404 to its DELETE (its listing lags its endpoints). The pass's failed
+    destroy ended the release's pass before its missing machine was created: pass after pass,
+    the release that should run had zero machines."""
+    async with fly_api(database_url, "atk-404") as (fly, backend, client):
+        await client.releases.deploy("atk-404", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [dead] = fly.records
+        fly.states[dead] = "stopped"
+        fly.refuse_acts[dead] = 404
+        fly.calls.clear()
+        for _ in range(5):
+            seen = await reconciler.once()
+            clock.now += 2
+    assert _acted(fly).count("create") == 1, fly.calls
+    assert seen["atk-404"].running == 1, seen["atk-404"]
+    assert "404" in (seen["atk-404"].error or ""), seen["atk-404"]  # and said
+
+
+@pytest.mark.parametrize("answer", ["<html>502 upstream</html>", "{}", "[]", '{"id": null}'])
+async def test_creates_answered_200_with_garbage_are_bounded(
+    database_url: str, clock: Clock, answer: str
+) -> None:
+    """DEFECT (attack34 A2): creates that make their machine and answer 200 with a body that
+    is not a machine (garbage, no id), from an API that also lists machines without their
+    metadata: the scaler never recorded what it made, so each pass created again, without
+    bound (the unlisted and made-surplus bounds both count only what create returned)."""
+    async with fly_api(database_url, "atk-junk") as (fly, backend, client):
+        await client.releases.deploy("atk-junk", image="img:1", machines=1)
+        fly.without_metadata = True
+        fly.garbage_after_create = [answer] * 40
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        for _ in range(20):
+            try:
+                await reconciler.once()
+            except Exception:  # noqa: S110 (the real scaler logs a failed pass and goes on)
+                pass
+            clock.now += 2
+    assert fly.creates() <= 1 + MADE_SURPLUS, fly.calls
+
+
+async def test_a_live_machine_listed_under_a_superseded_release_is_not_trimmed(
+    database_url: str, clock: Clock
+) -> None:
+    """DEFECT (attack34 A3): the current release's only live machine is listed with another
+    (superseded) release's metadata. That release, at its count with its own live machine,
+    trimmed it as its surplus: the current release's last live machine was stopped (its
+    worker's heartbeat said whose it was), mid-step."""
+    async with fly_api(database_url, "atk-old") as (fly, backend, client):
+        await client.releases.deploy("atk-old", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [old] = fly.records
+        await client.releases.deploy("atk-cur", image="img:1", machines=1)
+        await reconciler.once()
+        [cur] = [m for m in fly.records if m != old]
+        for machine_id, release in ((old, "atk-old"), (cur, "atk-cur")):
+            fly.states[machine_id] = "started"
+        # Live, not ready: the current release takes nothing over (both keep claiming).
+        await worker_on(client, "atk-old", old, live=True)
+        await worker_on(client, "atk-cur", cur, live=True)
+        await client.db.execute(
+            f"update {SCHEMA}.workers set ready_at = null where machine_id = $1", cur
+        )
+        fly.listed_release[cur] = "atk-old"
+        fly.calls.clear()
+        for _ in range(3):
+            await reconciler.once()
+            clock.now += 2
+    stopped = [p for m, p, _ in fly.calls if p.endswith("/stop")]
+    assert not any(cur in p for p in stopped), fly.calls
