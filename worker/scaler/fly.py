@@ -104,6 +104,10 @@ class Unanswered(BackendError):
     """No answer the API meant (5xx, 429, a timeout) after every try."""
 
 
+class Unreadable(BackendError):
+    """A 2xx whose body is not what the call answers (not JSON, or no machine in it)."""
+
+
 class RateLimited(Unanswered):
     """A 429 whose ``Retry-After`` is above ``MAX_RETRY_WAIT_S``: not waited out here."""
 
@@ -190,7 +194,13 @@ class FlyBackend:
                             f"({said or 'no body'})",
                             response.status,
                         )
-                    return await response.json(content_type=None) if text else None
+                    try:
+                        return await response.json(content_type=None) if text else None
+                    except ValueError:
+                        raise Unreadable(
+                            f"Fly Machines API {method} {path}: HTTP {response.status} with a "
+                            "body that is not JSON"
+                        ) from None
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 raise _Retryable(type(exc).__name__) from exc
 
@@ -285,14 +295,17 @@ class FlyBackend:
                 if exc.status not in (409, 422):  # not "that name is taken": a refusal
                     raise
                 last = str(exc)
+            except Unreadable as exc:
+                last = str(exc)  # a 2xx: it made the machine and the answer is lost
             else:
-                if not isinstance(made, dict) or "id" not in made:
-                    raise BackendError(
-                        "Fly Machines API POST /machines answered without a machine id"
-                    )
-                return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
-                               state=_STATES.get(str(made.get("state")), STARTING),
-                               age_s=0.0)  # fmt: skip
+                if isinstance(made, dict) and made.get("id") not in (None, ""):
+                    return Machine(machine_id=str(made["id"]), release_id=release_id,
+                                   image=image, state=_STATES.get(str(made.get("state")),
+                                                                  STARTING),
+                                   age_s=0.0)  # fmt: skip
+                # A 2xx without a machine id made its machine: an answer that is lost
+                # (forgetting it would let every pass create again).
+                last = "Fly Machines API POST /machines answered without a machine id"
             found = await self._find_made(key)
             if found is not None:
                 return found
