@@ -202,12 +202,19 @@ class Reconciler:
         by_release: dict[str, list[Machine]] = {}
         for m in machines:
             by_release.setdefault(m.release_id, []).append(m)
+        # Machine id: the releases whose worker beats on it (the heartbeat says what runs
+        # there, whatever the listing's metadata says).
+        live_of: dict[str, set[str]] = {}
+        for d in deployments:
+            for machine_id in d.live_machines:
+                live_of.setdefault(machine_id, set()).add(d.release_id)
         seen: dict[str, ReleaseSeen] = {}
         for d in deployments:
             view = views.get(d.queue)
             made = made_running.get((d.release_id, d.image), 0)
+            others = {i for i, of in live_of.items() if d.release_id not in of}
             seen[d.release_id] = await self._release(
-                d, by_release.pop(d.release_id, []), view, made
+                d, by_release.pop(d.release_id, []), view, made, others
             )
         # Machines carrying the mark of a release the registry does not have: left
         # alone (their lane may still hold work), and shown.
@@ -238,7 +245,7 @@ class Reconciler:
         return m.age_s > DEAD_AFTER_S and time.monotonic() - since > DEAD_AFTER_S
 
     async def _release(self, d: Deployment, mine: list[Machine], view: LaneView | None,
-                       made_running: int) -> ReleaseSeen:  # fmt: skip
+                       made_running: int, others_live: set[str]) -> ReleaseSeen:  # fmt: skip
         # A retired lane the report no longer shows (pruned) holds nothing either.
         drained = d.role == "retired" and (view is None or view.status == "drained")
         seen = ReleaseSeen(desired=d.desired, image=d.image,
@@ -250,7 +257,15 @@ class Reconciler:
             alive: list[Machine] = []
             self._doubted_now.clear()
             misreported: list[str] = []
+            failed: list[str] = []  # actions on machines the release does not count
+            misfiled: list[str] = []
             for m in mine:
+                if m.machine_id in others_live:
+                    # Listed as this release's, yet another release's worker beats on it:
+                    # never counted nor acted on here (stopping it would cut that
+                    # release's live machine, perhaps its last, mid-step).
+                    misfiled.append(m.machine_id)
+                    continue
                 made = self._made.get(m.machine_id)
                 if made == (release_id, d.image) and m.image != d.image:
                     # It runs the image this scaler created it with, whatever the
@@ -271,7 +286,7 @@ class Reconciler:
                                     machine=m.machine_id)  # fmt: skip
                     elif self._stopping_for(m) > deadline_s:
                         why = f"still stopping {deadline_s:g} s after its stop"
-                        await self._act(seen, release_id, "destroyed", m, why)
+                        await self._act_aside(seen, failed, release_id, "destroyed", m, why)
                     continue
                 if not m.running:
                     # A machine this scaler (or one before it) stopped did not die.
@@ -287,11 +302,12 @@ class Reconciler:
                         )
                         if m.image == d.image:  # an older image's death is not this deploy's
                             seen.boot_refused = self._why_died[release_id, m.image]
-                    await self._act(seen, release_id, "destroyed", m, "it is not running")
+                    await self._act_aside(seen, failed, release_id, "destroyed", m,
+                                          "it is not running")  # fmt: skip
                     continue
                 if not drained and self._dead(m, live):
                     why = f"no live worker on it for {DEAD_AFTER_S:g} s"
-                    await self._act(seen, release_id, "replaced", m, why)
+                    await self._act_aside(seen, failed, release_id, "replaced", m, why)
                     continue
                 alive.append(m)
             # Machines still on an image the release no longer records (it was
@@ -306,6 +322,15 @@ class Reconciler:
                 )
                 log.error("scaler.image_misreported", release_id=release_id,
                           machines=sorted(misreported), image=d.image)  # fmt: skip
+            if misfiled:
+                seen.error = _also(seen.error, (
+                    f"the backend lists machine(s) {', '.join(sorted(misfiled))} as this "
+                    "release's, yet another release's worker runs on them: left alone"
+                ))  # fmt: skip
+                log.error("scaler.release_misreported", release_id=release_id,
+                          machines=sorted(misfiled))  # fmt: skip
+            for said in failed:
+                seen.error = _also(seen.error, said)
             seen.running = len(alive)
             seen.outdated += len(outdated)
             seen.ready = sum(1 for m in fresh if m.machine_id in ready)
@@ -324,7 +349,10 @@ class Reconciler:
             # gets one machine even if the release was deployed with none.
             stranded = d.role == "retired" and view is not None and view.stranded
             seen.target = max(d.desired, 1) if stranded else d.desired
+            had = seen.error
             await self._start_missing(seen, d, len(fresh), made_running)
+            if had and seen.error != had:
+                seen.error = _also(had, seen.error)
             # An outdated machine stops only once the new image has the release's
             # count ready: a new image that cannot boot leaves the old ones serving.
             if outdated and seen.ready >= d.desired:
@@ -466,6 +494,22 @@ class Reconciler:
         log.info(f"scaler.machine_{action}", release_id=release_id, machine=m.machine_id,
                  reason=reason, exit_code=m.exit_code)  # fmt: skip
 
+    async def _act_aside(
+        self, seen: ReleaseSeen, failed: list[str], release_id: str, action: str, m: Machine,
+        reason: str,
+    ) -> None:  # fmt: skip
+        """``_act`` on a machine the release no longer counts: a refusal is said, and the
+        pass goes on to create what the release lacks (a dead machine the API will not
+        remove, a 404 or a 412 pass after pass, must not leave the release with none)."""
+        try:
+            await self._act(seen, release_id, action, m, reason)
+        except BackendError as exc:
+            if _retry_after_s(exc):
+                raise  # rate limited: the whole backend is left alone a while
+            failed.append(str(exc))
+            log.error("scaler.action_failed", release_id=release_id, machine=m.machine_id,
+                      action=action, error=str(exc))  # fmt: skip
+
     async def _record(self, release_id: str, action: str, detail: dict[str, Any]) -> None:
         await self.db.run(
             lambda c: self.store.registry.record(
@@ -490,6 +534,11 @@ class Reconciler:
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)
+
+
+def _also(said: str | None, more: str | None) -> str | None:
+    """Two things a pass says of a release, in one error."""
+    return f"{said}; {more}" if said and more else said or more
 
 
 def _retry_after_s(exc: BaseException) -> float:
