@@ -124,3 +124,50 @@ async def test_a_live_machine_listed_under_a_superseded_release_is_not_trimmed(
             clock.now += 2
     stopped = [p for m, p, _ in fly.calls if p.endswith("/stop")]
     assert not any(cur in p for p in stopped), fly.calls
+
+
+async def test_a_live_machine_missing_from_one_listing_is_never_stopped(
+    database_url: str, clock: Clock
+) -> None:
+    """HELD (attack34): the only live machine of a release of one is left out of one listing
+    (a page that moved under the cursor), then listed again: the pass makes one machine for
+    the gap and trims that one, never the live machine."""
+    async with fly_api(database_url, "atk-gap") as (fly, backend, client):
+        await client.releases.deploy("atk-gap", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [live] = fly.records
+        fly.states[live] = "started"
+        await worker_on(client, "atk-gap", live, live=True)
+        fly._lagging[live] = 1  # out of the next listing only
+        fly.calls.clear()
+        for _ in range(4):
+            seen = await reconciler.once()
+            clock.now += 2
+    assert not any(live in p for m, p, _ in fly.calls if m != "GET"), fly.calls
+    assert fly.creates() <= 2, fly.calls
+    assert (seen["atk-gap"].running, seen["atk-gap"].ready) == (1, 1), seen["atk-gap"]
+
+
+async def test_a_stop_answered_404_for_a_surplus_machine_keeps_the_live_one(
+    database_url: str, clock: Clock
+) -> None:
+    """HELD (attack34): a release of one with a twin whose stop answers 404: its live machine
+    is never stopped in the twin's place (the refused stop counts as sent: the twin shows as
+    stopping until the stop deadline, then its destroy is tried)."""
+    async with fly_api(database_url, "atk-twin") as (fly, backend, client):
+        await client.releases.deploy("atk-twin", image="img:1", machines=2)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        live, twin = sorted(fly.records)
+        for machine_id in (live, twin):
+            fly.states[machine_id] = "started"
+        await worker_on(client, "atk-twin", live, live=True)
+        await client.releases.deploy("atk-twin", image="img:1", machines=1)
+        fly.refuse_acts[twin] = 404
+        fly.calls.clear()
+        for _ in range(4):
+            seen = await reconciler.once()
+            clock.now += 2
+    assert not any(live in p for m, p, _ in fly.calls if m != "GET"), fly.calls
+    assert (seen["atk-twin"].running, seen["atk-twin"].ready) == (1, 1), seen["atk-twin"]
