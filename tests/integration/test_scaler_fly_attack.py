@@ -52,11 +52,12 @@ def _acted(fly: FakeFly) -> list[str]:
             for m, p, _ in fly.calls if m != "GET"]  # fmt: skip
 
 
+@pytest.mark.parametrize("exit_code", [None, 137])
 async def test_a_dead_machine_the_api_will_not_delete_leaves_its_release_without_machines(
-    database_url: str, clock: Clock
+    database_url: str, clock: Clock, exit_code: int | None
 ) -> None:
-    """DEFECT (attack34 A1): the only machine of a release of one is listed stopped (it died),
-    and the API answers 404 to its DELETE (its listing lags its endpoints). The pass's failed
+    """DEFECT (attack34 A1): the only machine of a release of one is listed stopped or failed
+    (it died), and the API answers 404 to its DELETE (its listing lags its endpoints). The pass's failed
     destroy ended the release's pass before its missing machine was created: pass after pass,
     the release that should run had zero machines."""
     async with fly_api(database_url, "atk-404") as (fly, backend, client):
@@ -64,12 +65,17 @@ async def test_a_dead_machine_the_api_will_not_delete_leaves_its_release_without
         reconciler = Reconciler(client.db, client.store, backend, actor="test")
         await reconciler.once()
         [dead] = fly.records
-        fly.states[dead] = "stopped"
+        fly.states[dead] = "stopped" if exit_code is None else "failed"
+        if exit_code is not None:  # it crashed: listed with its exit, pass after pass
+            fly.records[dead]["events"] = [
+                {"type": "exit", "request": {"exit_event": {"exit_code": exit_code}}}]
         fly.refuse_acts[dead] = 404
         fly.calls.clear()
-        for _ in range(5):
+        for _ in range(8):
             seen = await reconciler.once()
             clock.now += 2
+    # (A crash is noted once: the same dead machine listed again is not a new death that
+    # doubles the wait before its replacement, pass after pass.)
     assert _acted(fly).count("create") == 1, fly.calls
     assert seen["atk-404"].running == 1, seen["atk-404"]
     assert "404" in (seen["atk-404"].error or ""), seen["atk-404"]  # and said
