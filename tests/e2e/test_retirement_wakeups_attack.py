@@ -46,7 +46,8 @@ async def test_sleepers_that_wake_after_a_retirement_without_listen_go_to_the_ne
         for run_id in runs:
             rows = await attempt_rows(database_url, run_id)
             got = [(r["release_id"], r["disposition"], r["outcome"]) for r in rows]
-            assert got[0][0] == A_ID and all(r[0] == B_ID for r in got[1:]), (run_id, got)
+            assert got[0][0] == A_ID, (run_id, got)
+            assert all(r[0] == B_ID for r in got[1:]), (run_id, got)
             assert got[-1][2] == "completed", (run_id, got)
         assert not a.events("loop.claim_failed")
         assert not b.events("loop.claim_failed")

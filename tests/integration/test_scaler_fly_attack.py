@@ -57,9 +57,9 @@ async def test_a_dead_machine_the_api_will_not_delete_leaves_its_release_without
     database_url: str, clock: Clock, exit_code: int | None
 ) -> None:
     """DEFECT (attack34 A1): the only machine of a release of one is listed stopped or failed
-    (it died), and the API answers 404 to its DELETE (its listing lags its endpoints). The pass's failed
-    destroy ended the release's pass before its missing machine was created: pass after pass,
-    the release that should run had zero machines."""
+    (it died), and the API answers 404 to its DELETE (its listing lags its endpoints). The
+    pass's failed destroy ended the release's pass before its missing machine was created:
+    pass after pass, the release that should run had zero machines."""
     async with fly_api(database_url, "atk-404") as (fly, backend, client):
         await client.releases.deploy("atk-404", image="img:1", machines=1)
         reconciler = Reconciler(client.db, client.store, backend, actor="test")
@@ -68,7 +68,8 @@ async def test_a_dead_machine_the_api_will_not_delete_leaves_its_release_without
         fly.states[dead] = "stopped" if exit_code is None else "failed"
         if exit_code is not None:  # it crashed: listed with its exit, pass after pass
             fly.records[dead]["events"] = [
-                {"type": "exit", "request": {"exit_event": {"exit_code": exit_code}}}]
+                {"type": "exit", "request": {"exit_event": {"exit_code": exit_code}}}
+            ]
         fly.refuse_acts[dead] = 404
         fly.calls.clear()
         for _ in range(8):

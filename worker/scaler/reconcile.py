@@ -149,6 +149,10 @@ class Reconciler:
         # this scaler never stopped is not running (failed or stopped).
         self._off_listings: dict[str, int] = {}
         self._doubted_now: set[str] = set()  # this release's, this pass: never acted on
+        # Machine id: a crash already noted (a dead machine the API will not remove is
+        # listed pass after pass: one death, not one per listing, or the wait before
+        # its replacement doubles every pass and never ends).
+        self._death_noted: dict[str, bool] = {}
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
         self._backend_failures = 0
@@ -185,7 +189,7 @@ class Reconciler:
         machines = one_per_id(machines)
         listed = {m.machine_id for m in machines}
         for memory in (self._not_live_since, self._stop_sent, self._stopping_seen,
-                       self._off_listings):  # fmt: skip
+                       self._off_listings, self._death_noted):  # fmt: skip
             for gone in set(memory) - listed:
                 del memory[gone]
         for found in listed & set(self._created):
@@ -292,7 +296,9 @@ class Reconciler:
                     # A machine this scaler (or one before it) stopped did not die.
                     stopped = m.stopping_s is not None or m.machine_id in self._stop_sent
                     if not stopped and m.exit_code not in (None, 0):
-                        self._note_death((release_id, m.image))
+                        if not self._death_noted.get(m.machine_id):
+                            self._death_noted[m.machine_id] = True
+                            self._note_death((release_id, m.image))
                         why = ("its worker refused the configuration"
                                if m.exit_code == EXIT_CONFIG
                                else "its worker could not start or crashed")  # fmt: skip
