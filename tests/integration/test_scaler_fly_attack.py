@@ -19,6 +19,7 @@ from support.runtime import SCHEMA, env_of, open_client
 from support.scaler import Clock, worker_on
 from worker.client import LaneClient
 from worker.scaler import reconcile
+from worker.scaler.backend import RELEASE_METADATA, STORE_METADATA
 from worker.scaler.fly import FlyBackend
 from worker.scaler.reconcile import MADE_SURPLUS, Reconciler
 
@@ -178,3 +179,36 @@ async def test_a_stop_answered_404_for_a_surplus_machine_keeps_the_live_one(
             clock.now += 2
     assert not any(live in p for m, p, _ in fly.calls if m != "GET"), fly.calls
     assert (seen["atk-twin"].running, seen["atk-twin"].ready) == (1, 1), seen["atk-twin"]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"id": "odd-1", "state": "started", "config": "not an object"},
+        {"id": "odd-2", "state": "started", "config": {"metadata": ["a", "list"]}},
+        {"id": "odd-3", "state": "stopped", "events": 7, "config": {"metadata": {}}},
+        {"id": "odd-4", "state": "stopped", "events": [{"type": "exit", "request": "x"}],
+         "config": {"metadata": {}}},
+    ],
+)  # fmt: skip
+async def test_a_machine_of_an_odd_shape_in_the_listing_does_not_stop_every_pass(
+    database_url: str, clock: Clock, odd: dict[str, object]
+) -> None:
+    """DEFECT (attack34 A4): one machine in the app's listing with a shape the client did not
+    expect (another tool's machine: a config that is not an object, metadata that is a list,
+    odd events) made every pass raise (AttributeError, TypeError): no release of the store
+    got a machine, and the scaler's word was empty instead of an error."""
+    async with fly_api(database_url, "atk-odd") as (fly, backend, client):
+        await client.releases.deploy("atk-odd", image="img:1", machines=1)
+        config = odd["config"]
+        if isinstance(config, dict) and config.get("metadata") == {}:
+            # One of the scaler's own (dead) machines, with odd events: removed, replaced.
+            config["metadata"] = {RELEASE_METADATA: "atk-odd", STORE_METADATA: backend.store_id}
+            fly.records[str(odd["id"])] = odd
+        else:
+            fly.foreign[str(odd["id"])] = odd  # another tool's machine: never touched
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        seen = await reconciler.once()
+    assert fly.creates() == 1, fly.calls
+    assert seen["atk-odd"].target == 1
+    assert fly.touched_foreign == []
