@@ -251,8 +251,8 @@ class FlyBackend:
     async def list(self) -> list[Machine]:
         machines: list[Machine] = []
         for m in await self._listing():
-            config = m.get("config") or {}
-            metadata = config.get("metadata") or {}
+            config = _object(m.get("config"))
+            metadata = _object(config.get("metadata"))
             release = metadata.get(RELEASE_METADATA)
             if not release or m.get("id") is None or m.get("state") in _GONE:
                 continue  # not the scaler's (or on its way out): never touched
@@ -327,8 +327,8 @@ class FlyBackend:
     async def _made_by(self, key: str) -> Machine | None:
         """The machine a create with ``key`` made, if the listing shows it."""
         for m in await self._listing():
-            config = m.get("config") or {}
-            metadata = config.get("metadata") or {}
+            config = _object(m.get("config"))
+            metadata = _object(config.get("metadata"))
             if m.get("name") == f"lane-worker-{key}" or metadata.get(CREATE_METADATA) == key:
                 if m.get("id") is None or m.get("state") in _GONE:
                     continue
@@ -360,6 +360,12 @@ def _machine(
     )  # fmt: skip
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: a machine of another tool in
+    the app's listing may have any shape, and must not make every pass fail."""
+    return value if isinstance(value, dict) else {}
+
+
 def _age_s(created_at: Any) -> float:
     try:
         return max(0.0, time.time() - datetime.fromisoformat(str(created_at)).timestamp())
@@ -369,9 +375,10 @@ def _age_s(created_at: Any) -> float:
 
 def _exit_code(machine: Mapping[str, Any]) -> int | None:
     """The exit code of the machine's last exit event, if it has one."""
-    for event in machine.get("events") or []:
+    events = machine.get("events")
+    for event in events if isinstance(events, list) else []:
         if isinstance(event, dict) and event.get("type") == "exit":
-            code = ((event.get("request") or {}).get("exit_event") or {}).get("exit_code")
+            code = _object(_object(event.get("request")).get("exit_event")).get("exit_code")
             if isinstance(code, int):
                 return code
     return None
