@@ -8,29 +8,36 @@ is left for A, and A starts none of them again.
 
 from __future__ import annotations
 
+import pytest
+
 from support.cli import lane_worker
 from support.daemon import Daemons
 from support.db import all_ended, attempt_rows, statuses
 from support.runtime import eventually, open_client
 from worker import lanes
 
-A, B = "lw-atk-sleep-a", "lw-atk-sleep-b"
+A, B = "lw-atk-wake-a", "lw-atk-wake-b"
 A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
 B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
 NO_LISTEN = {"LANE_WORKER_PGBOUNCER": "1", "LANE_WORKER_POLL_INTERVAL": "0.2"}
 SLEEPERS = 4
 
 
-async def test_sleepers_that_wake_after_a_retirement_without_listen_go_to_the_newer(
-    database_url: str,
+@pytest.mark.parametrize(
+    ("play", "params"), [("sleeper", {"seconds": 4}), ("short-waiter", {"timeout": 4})]
+)
+async def test_runs_that_wake_after_a_retirement_without_listen_go_to_the_newer(
+    database_url: str, play: str, params: dict[str, float]
 ) -> None:
+    """A durable sleep, or an event wait's timeout, ends after `lanes retire A` (A has not
+    refreshed its lanes): each run's next attempt is B's, and `lanes wait A` said drained."""
     async with Daemons(database_url) as pool:
         a = pool.start(A, name="A", **NO_LISTEN)
         await a.ready()
         b = pool.start(B, name="B", **NO_LISTEN)
         await b.ready()
         async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A}) as client:
-            runs = [(await client.submit("sleeper", {"seconds": 4})).run_id
+            runs = [(await client.submit(play, params)).run_id
                     for _ in range(SLEEPERS)]  # fmt: skip
 
         async def all_parked() -> bool:
