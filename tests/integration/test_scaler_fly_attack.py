@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -212,3 +213,46 @@ async def test_a_machine_of_an_odd_shape_in_the_listing_does_not_stop_every_pass
     assert fly.creates() == 1, fly.calls
     assert seen["atk-odd"].target == 1
     assert fly.touched_foreign == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="attack34 A5: the scaler keys what it remembers (a stop sent) by machine id only; "
+    "a reused id is counted stopping and gets a twin. Telling the machines apart needs their "
+    "creation time against the scaler's monotonic clock (and the tests fake that clock)",
+)
+async def test_a_machine_id_reused_for_a_new_machine_is_a_new_machine(
+    database_url: str, clock: Clock
+) -> None:
+    """DEFECT (attack34 A5, not fixed): the API reuses the id of a machine the scaler stopped for a new
+    machine of another release, without a listing between that leaves the id out. What the
+    scaler remembered of the old machine (its stop) must not make it count the new one as
+    stopping, create a twin for it, or destroy it once the old stop's deadline passes."""
+    async with fly_api(database_url, "atk-reuse-a") as (fly, backend, client):
+        await client.releases.deploy("atk-reuse-a", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [reused] = fly.records
+        fly.states[reused] = "started"
+        await worker_on(client, "atk-reuse-a", reused, live=True)
+        await client.releases.deploy("atk-reuse-a", image="img:1", machines=0)
+        await reconciler.once()  # stopped: scaled to none
+        assert fly.records[reused]["state"] == "stopped"
+        clock.now += 10
+        # Destroyed by the API and its id given at once to a new machine of release B.
+        await client.releases.deploy("atk-reuse-b", image="img:2", machines=1)
+        fly.records[reused] = {
+            "id": reused, "name": "someone", "state": "started", "region": "ams", "events": [],
+            "created_at": datetime.now(UTC).isoformat(),
+            "config": {"image": "img:2", "metadata": {
+                RELEASE_METADATA: "atk-reuse-b", STORE_METADATA: backend.store_id}},
+        }  # fmt: skip
+        await worker_on(client, "atk-reuse-b", reused, live=True)
+        fly.calls.clear()
+        for _ in range(3):
+            seen = await reconciler.once()
+            clock.now += 2
+        clock.now += backend.stop_deadline_s + 10
+        seen = await reconciler.once()
+    assert _acted(fly) == [], fly.calls
+    assert (seen["atk-reuse-b"].running, seen["atk-reuse-b"].stopping) == (1, 0), seen
