@@ -224,9 +224,9 @@ async def test_a_machine_of_an_odd_shape_in_the_listing_does_not_stop_every_pass
 async def test_a_machine_id_reused_for_a_new_machine_is_a_new_machine(
     database_url: str, clock: Clock
 ) -> None:
-    """DEFECT (attack34 A5, not fixed): the API reuses the id of a machine the scaler stopped for a new
-    machine of another release, without a listing between that leaves the id out. What the
-    scaler remembered of the old machine (its stop) must not make it count the new one as
+    """DEFECT (attack34 A5, not fixed): the API reuses the id of a machine the scaler stopped
+    for a new machine of another release, without a listing between that leaves the id out.
+    What the scaler remembered of the old machine (its stop) must not make it count the new one as
     stopping, create a twin for it, or destroy it once the old stop's deadline passes."""
     async with fly_api(database_url, "atk-reuse-a") as (fly, backend, client):
         await client.releases.deploy("atk-reuse-a", image="img:1", machines=1)
