@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+from support import REPO
 from support.cli import lane_worker
 from support.daemon import base_env
 from support.fly import FakeFly
@@ -62,3 +65,28 @@ async def test_a_dead_machine_whose_delete_answers_404_is_replaced_all_the_same(
         await fly.stop()
     assert "404" in listed.stdout, listed.stdout
     assert TOKEN not in log.read_text()
+
+
+def test_a_token_with_a_line_break_is_refused_at_start_without_showing_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """DEFECT (attack34 A6): FLY_API_TOKEN pasted with a line break inside. The scaler started
+    and failed every pass (aiohttp refuses a header with a control character: "Potential
+    header injection attack"), naming neither the variable nor the fix; now it exits 78 at
+    start, naming FLY_API_TOKEN, and shows none of the token."""
+    secret_half = "fm2_secondhalf0a9b8c7"
+    env = {**base_env(database_url, "unused"), "FLY_API_TOKEN": f"fm2_firsthalf0z\n{secret_half}",
+           "FLY_APP_NAME": "lw-atk", "LANE_WORKER_FLY_API_URL": "http://127.0.0.1:9"}  # fmt: skip
+    env.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "worker", "scaler", "--backend", "fly", "--health-port", "0"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=20, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        said = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout
+        raise AssertionError(f"the scaler ran on with the broken token: {said}") from None
+    assert done.returncode == 78, done.stdout + done.stderr
+    assert "FLY_API_TOKEN" in done.stderr, done.stderr
+    for part in ("firsthalf", "secondhalf"):
+        assert part not in done.stdout + done.stderr
