@@ -151,6 +151,14 @@ class FlyBackend:
                     "and the app's name).",
                     variable=name,
                 )
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+                # A header cannot carry it: every call would fail, pass after pass. The
+                # value itself is never shown.
+                raise LaneConfigError(
+                    f"{name} holds a control character (a line break where it was pasted?): "
+                    "set it to the value on one line.",
+                    variable=name,
+                )
         return cls(
             api_url=(env.get(API_URL_ENV) or "").strip() or DEFAULT_API_URL,
             token=token, app=app,
