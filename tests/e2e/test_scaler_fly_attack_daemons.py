@@ -90,3 +90,52 @@ def test_a_token_with_a_line_break_is_refused_at_start_without_showing_it(
     assert "FLY_API_TOKEN" in done.stderr, done.stderr
     for part in ("firsthalf", "secondhalf"):
         assert part not in done.stdout + done.stderr
+
+
+async def test_a_machine_listed_as_the_retired_release_s_is_not_stopped_with_it(
+    database_url: str, tmp_path: Path
+) -> None:
+    """DEFECT (attack34 A3), end to end: B's first machine is listed with A's metadata. B gets
+    a second (the made-surplus bound), is ready, A is retired and drained: A's machines are
+    stopped, but never B's machine the listing filed under A (its worker is B's). It used to
+    be stopped as "its lane is drained" while it served B."""
+    machine_env = {**base_env(database_url, "unused"), "LANE_WORKER_DRAIN_SECONDS": "3"}
+    fly = FakeFly(tmp_path / "machines", machine_env, TOKEN, "lw-atk3")
+    await fly.start()
+    log = tmp_path / "scaler.log"
+    scaler = start_fly_scaler(database_url, fly.env(), log)
+    assert fly.machines is not None
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "atk-a"}) as c:
+            await c.releases.deploy("atk-a", image=APP, machines=1)
+
+            async def ready_of(release: str) -> int:
+                views, _ = await c.releases.list()
+                return next((v.ready_workers for v in views if v.release_id == release), 0)
+
+            async def a_ready() -> bool:
+                return await ready_of("atk-a") == 1
+
+            await eventually(a_ready, timeout_s=60, what="A's machine ready")
+            [a1] = [m.machine_id for m in await fly.machines.list()]
+            fly.mislabel_next["atk-b"] = "atk-a"
+            await c.releases.deploy("atk-b", image=APP, machines=1)
+            rolled = await c.releases.wait_rolled_out("atk-b", timeout_s=90)
+            assert rolled.done, rolled.reason
+            [b1] = list(fly.listed_release)
+
+            async def a_removed() -> bool:
+                return a1 not in {m.machine_id for m in await fly.machines.list()}
+
+            await eventually(a_removed, timeout_s=90, what="A's own machine removed")
+            still = {m.machine_id: m.running for m in await fly.machines.list()}
+            listed = await lane_worker(database_url, "releases")
+    finally:
+        scaler.send_signal(signal.SIGTERM)
+        scaler.wait(timeout=30)
+        for m in await fly.machines.list():
+            await fly.machines.destroy(m)
+        await fly.stop()
+    assert not [p for _, p, _ in fly.calls if b1 in p and not p.endswith("/machines")], fly.calls
+    assert still.get(b1) is True, still
+    assert "another release's worker runs on them" in listed.stdout, listed.stdout

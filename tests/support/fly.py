@@ -79,6 +79,9 @@ class FakeFly(LocalServer):
         self.garbage_after_create: list[str] = []
         # Machine id -> the release its listing names (metadata of another release).
         self.listed_release: dict[str, str] = {}
+        # Release -> another: the next machine created for the first is listed as the
+        # second's (once per entry).
+        self.mislabel_next: dict[str, str] = {}
 
     @property
     def api_url(self) -> str:
@@ -187,6 +190,8 @@ class FakeFly(LocalServer):
             self.records[machine_id] = shown
         shown["name"] = name or machine_id
         self.metadata[machine_id] = dict(config["metadata"])
+        if release in self.mislabel_next:
+            self.listed_release[machine_id] = self.mislabel_next.pop(release)
         if self.listing_lag:
             self._lagging[machine_id] = self.listing_lag
         if name:
