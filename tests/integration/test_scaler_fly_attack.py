@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from urllib.parse import quote
 
 import pytest
 
@@ -282,3 +283,28 @@ async def test_creates_stay_bounded_across_scalers_becoming_active_again(
                 await reconciler.once()
                 clock.now += 2
     assert fly.creates() <= 1 + MADE_SURPLUS, fly.calls
+
+
+@pytest.mark.parametrize("odd_id", ["../../lw-other/machines/victim", "m1?force=true", "m1#x"])
+async def test_a_machine_id_is_one_path_segment_of_this_app(
+    database_url: str, clock: Clock, odd_id: str
+) -> None:
+    """DEFECT (attack34 A8): a listed machine's id went into the stop and DELETE paths as it
+    was, so an id with `../` (normalised away by the HTTP client) sent the DELETE to another
+    app's machine, and one with `?` forced it. Every call stays under this app's machines."""
+    async with fly_api(database_url, "atk-path") as (fly, backend, client):
+        await client.releases.deploy("atk-path", image="img:1", machines=1)
+        fly.records[odd_id] = {
+            "id": odd_id, "state": "stopped", "region": "ams", "events": [],
+            "created_at": datetime.now(UTC).isoformat(),
+            "config": {"image": "img:1", "metadata": {
+                RELEASE_METADATA: "atk-path", STORE_METADATA: backend.store_id}},
+        }  # fmt: skip
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+    raw = [p for m, p, _ in fly.calls if m != "GET"]
+    assert any(m == "DELETE" for m, _, _ in fly.calls), fly.calls
+    for path in raw:
+        assert path.startswith("/v1/apps/lw-atk/machines"), fly.calls
+        assert "force=true" not in path, fly.calls  # a stopped machine: never forced
+    assert f"/v1/apps/lw-atk/machines/{quote(odd_id, safe='')}?force=false" in raw, fly.calls

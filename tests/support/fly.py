@@ -101,7 +101,7 @@ class FakeFly(LocalServer):
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         status, answer = await self._answer(request)
-        self.calls.append((request.method, request.path_qs, status))
+        self.calls.append((request.method, request.raw_path, status))  # as sent
         if isinstance(answer, web.Response):
             self.answers.append(answer.text or "")
             return answer
