@@ -345,13 +345,13 @@ class FlyBackend:
         return None
 
     async def stop(self, machine: Machine) -> None:
-        await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
+        await self._call("POST", f"/machines/{_segment(machine.machine_id)}/stop", {})
 
     async def destroy(self, machine: Machine) -> None:
         # Forced for any machine that is not stopped (a dead one, or one stuck stopping:
         # the API refuses to remove an active machine without it).
         force = "false" if machine.state == STOPPED else "true"
-        await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
+        await self._call("DELETE", f"/machines/{_segment(machine.machine_id)}?force={force}")
 
     def where_logs(self, machine_id: str) -> str:
         return f"fly logs --app {self.app} --machine {machine_id}"
@@ -366,6 +366,12 @@ def _machine(
         state=_STATES.get(str(m.get("state")), STARTING),
         age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
     )  # fmt: skip
+
+
+def _segment(machine_id: str) -> str:
+    """A machine id as one path segment: an id with `/`, `..`, `?` or `#` in it (as a
+    listing may hold) must not reach another app's machine, or force a removal."""
+    return quote(machine_id, safe="")
 
 
 def _object(value: Any) -> Mapping[str, Any]:
