@@ -308,3 +308,30 @@ async def test_a_machine_id_is_one_path_segment_of_this_app(
         route, _, query = path.partition("?")
         assert unquote(route) == f"/v1/apps/lw-atk/machines/{odd_id}", fly.calls
         assert query == "force=false", fly.calls
+
+
+async def test_a_booting_machine_made_for_one_release_and_listed_as_another_s_is_left_alone(
+    database_url: str, clock: Clock
+) -> None:
+    """DEFECT (attack34 A3, its booting window): the machine this scaler just made for the
+    current release, listed with the superseded release's metadata before its worker's first
+    heartbeat, was trimmed by the superseded release as its surplus (not live: first to
+    go). The scaler knows which release it made that machine for. (Seen as a flaky
+    end-to-end run of the A3 test under load.)"""
+    async with fly_api(database_url, "atk-boot-old") as (fly, backend, client):
+        await client.releases.deploy("atk-boot-old", image="img:1", machines=1)
+        reconciler = Reconciler(client.db, client.store, backend, actor="test")
+        await reconciler.once()
+        [old] = fly.records
+        fly.states[old] = "started"
+        await worker_on(client, "atk-boot-old", old, live=True)
+        fly.mislabel_next["atk-boot-cur"] = "atk-boot-old"
+        await client.releases.deploy("atk-boot-cur", image="img:1", machines=1)
+        await reconciler.once()  # creates it; listed as the old release's from now on
+        [cur] = list(fly.listed_release)
+        fly.states[cur] = "starting"  # booting: no heartbeat yet
+        fly.calls.clear()
+        for _ in range(3):
+            await reconciler.once()
+            clock.now += 2
+    assert not [p for _, p, _ in fly.calls if cur in p], fly.calls
