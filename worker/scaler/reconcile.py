@@ -264,10 +264,12 @@ class Reconciler:
             failed: list[str] = []  # actions on machines the release does not count
             misfiled: list[str] = []
             for m in mine:
-                if m.machine_id in others_live:
-                    # Listed as this release's, yet another release's worker beats on it:
-                    # never counted nor acted on here (stopping it would cut that
-                    # release's live machine, perhaps its last, mid-step).
+                made_for = self._made.get(m.machine_id, (release_id, ""))[0]
+                if m.machine_id in others_live or made_for != release_id:
+                    # Listed as this release's, yet another release's worker beats on it,
+                    # or this scaler made it for another release (still booting): never
+                    # counted nor acted on here (stopping it would cut that release's
+                    # machine, perhaps its last, mid-step).
                     misfiled.append(m.machine_id)
                     continue
                 made = self._made.get(m.machine_id)
@@ -331,7 +333,8 @@ class Reconciler:
             if misfiled:
                 seen.error = _also(seen.error, (
                     f"the backend lists machine(s) {', '.join(sorted(misfiled))} as this "
-                    "release's, yet another release's worker runs on them: left alone"
+                    "release's, yet another release's worker runs on them (or this scaler "
+                    "made them for another release): left alone"
                 ))  # fmt: skip
                 log.error("scaler.release_misreported", release_id=release_id,
                           machines=sorted(misfiled))  # fmt: skip
