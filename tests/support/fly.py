@@ -71,6 +71,17 @@ class FakeFly(LocalServer):
         self.unique_names = True  # False: a name already taken makes another machine
         self.listing_lag = 0  # a new machine is left out of this many listings after its create
         self._lagging: dict[str, int] = {}
+        # Machines a DELETE or stop answers with this status for (an API whose listing
+        # still shows a machine its own endpoints no longer find: 404).
+        self.refuse_acts: dict[str, int] = {}
+        # The next creates make their machine and answer 200 with this body (text):
+        # garbage JSON, or JSON without an id.
+        self.garbage_after_create: list[str] = []
+        # Machine id -> the release its listing names (metadata of another release).
+        self.listed_release: dict[str, str] = {}
+        # Release -> another: the next machine created for the first is listed as the
+        # second's (once per entry).
+        self.mislabel_next: dict[str, str] = {}
 
     @property
     def api_url(self) -> str:
@@ -90,7 +101,7 @@ class FakeFly(LocalServer):
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         status, answer = await self._answer(request)
-        self.calls.append((request.method, request.path_qs, status))
+        self.calls.append((request.method, request.raw_path, status))  # as sent
         if isinstance(answer, web.Response):
             self.answers.append(answer.text or "")
             return answer
@@ -136,6 +147,12 @@ class FakeFly(LocalServer):
         if self.without_metadata:
             listed = [{**m, "config": {k: v for k, v in m["config"].items() if k != "metadata"}}
                       for m in listed]  # fmt: skip
+        if self.listed_release:
+            listed = [{**m, "config": {**m["config"], "metadata": {
+                **(m["config"].get("metadata") or {}),
+                RELEASE_METADATA: self.listed_release[m["id"]]}}}
+                if m["id"] in self.listed_release and "metadata" in m["config"] else m
+                for m in listed]  # fmt: skip
         if self.duplicate_listing:
             listed = [m for m in listed for _ in range(2)]
         if self._lagging:
@@ -173,10 +190,15 @@ class FakeFly(LocalServer):
             self.records[machine_id] = shown
         shown["name"] = name or machine_id
         self.metadata[machine_id] = dict(config["metadata"])
+        if release in self.mislabel_next:
+            self.listed_release[machine_id] = self.mislabel_next.pop(release)
         if self.listing_lag:
             self._lagging[machine_id] = self.listing_lag
         if name:
             self.names[name] = machine_id
+        if self.garbage_after_create:
+            text = self.garbage_after_create.pop(0)
+            return 200, web.Response(status=200, text=text, content_type="application/json")
         if self.fail_after_create > 0:
             self.fail_after_create -= 1
             return 500, {"error": "internal error (the machine was created)"}
@@ -185,6 +207,9 @@ class FakeFly(LocalServer):
     async def _act(
         self, method: str, machine_id: str, rest: list[str], query: Mapping[str, str]
     ) -> tuple[int, Any]:
+        if machine_id in self.refuse_acts:
+            status = self.refuse_acts[machine_id]
+            return status, {"error": f"machine {machine_id}: HTTP {status}"}
         if machine_id in self.records:
             record = self.records[machine_id]
             if method == "POST" and rest == ["stop"]:

@@ -46,8 +46,9 @@ NOW = 5000.0
 DEADLINE_S = 75.0
 R = "rel"
 
-RUN, DOUBT, STOPPING, DOWN = (Condition.RUNNING, Condition.DOUBTED, Condition.STOPPING,
-                              Condition.DOWN)  # fmt: skip
+RUN, DOUBT, STOPPING, DOWN, MISFILED = (Condition.RUNNING, Condition.DOUBTED,
+                                        Condition.STOPPING, Condition.DOWN,
+                                        Condition.MISFILED)  # fmt: skip
 
 
 def up(machine_id: str, *, live: bool = True, image: str = "img", **kw: object) -> MachineFacts:
@@ -184,6 +185,25 @@ CASES = [
         ["backoff img:old x1 2 s", "destroy m1", "create img"],
     ),
     ("backing off from an earlier death", release(not_before=NOW + 30), ["wait 30 s"]),
+    # A dead machine the backend will not remove is listed pass after pass (attack34 A1).
+    (
+        "a crash already noted is not a new death: its wait is not doubled",
+        release(
+            MachineFacts("m1", "img", DOWN, exit_code=137, death_noted=True),
+            deaths={"img": 1},
+            not_before=NOW + 1,
+        ),
+        ["destroy m1", "wait 1 s"],
+    ),
+    (
+        "a crash already noted, its wait over: replaced though its removal is refused",
+        release(
+            MachineFacts("m1", "img", DOWN, exit_code=137, death_noted=True),
+            deaths={"img": 1},
+            not_before=NOW - 1,
+        ),
+        ["destroy m1", "create img"],
+    ),
     (
         "a ready machine ends the backoff",
         release(up("m1"), desired=2, not_before=NOW + 30),
@@ -288,6 +308,35 @@ CASES = [
         release(up("m1", misreported=True)),
         ["say scaler.image_misreported", "recovered img"],
     ),
+    # Misfiled: listed as this release's, another release's (attack34 A3).
+    (
+        "misfiled: neither counted nor acted on, and said",
+        release(MachineFacts("x1", "img", MISFILED, listed_running=True)),
+        ["say scaler.release_misreported", "create img"],
+    ),
+    (
+        "a superseded release at its count does not trim a misfiled machine",
+        release(
+            up("a1"),
+            MachineFacts("x1", "img", MISFILED, listed_running=True, age_s=5.0),
+            role=Role.SUPERSEDED,
+        ),
+        ["say scaler.release_misreported", "recovered img"],
+    ),
+    (
+        "a drained release does not stop a misfiled machine",
+        release(
+            up("a1", ready=False),
+            MachineFacts("x1", "img", MISFILED, listed_running=True),
+            role=Role.DRAINED,
+        ),
+        ["say scaler.release_misreported", "stop a1"],
+    ),
+    (
+        "a misfiled machine listed failed is not removed",
+        release(MachineFacts("x1", "img", MISFILED, exit_code=137), desired=0),
+        ["say scaler.release_misreported"],
+    ),
     # What the scaler created and the listing does not show.
     (
         "created, not listed yet: counted",
@@ -368,6 +417,10 @@ def test_machines_of_a_release_not_in_the_registry_are_left_alone_and_shown() ->
             release(MachineFacts("m1", "img", DOUBT, live=True, ready=True)),
             Tally(R, target=1, running=1, ready=1),
         ),
+        (
+            release(up("m1"), MachineFacts("x1", "img", MISFILED, listed_running=True)),
+            Tally(R, target=1, running=1, ready=1),
+        ),
     ],
 )
 def test_what_the_pass_counts(state: ReleaseState, expected: Tally) -> None:
@@ -381,6 +434,7 @@ def test_a_death_says_why_and_where_to_look() -> None:
     assert backoff.current
     why = "machine m1 exited 78 (its worker refused the configuration; see fly logs -i m1)"
     assert backoff.why == why
+    assert backoff.machine_id == "m1"  # noted once: the executor remembers it
 
 
 def test_the_plan_is_pure() -> None:
@@ -394,10 +448,11 @@ def test_the_plan_is_pure() -> None:
 # The adapter: the listing as the plan reads it.
 
 
-def deployment(desired: int = 1, live: tuple[str, ...] = ("m1",)) -> Deployment:
+def deployment(desired: int = 1, live: tuple[str, ...] = ("m1",), release_id: str = R,
+               role: str = "current") -> Deployment:  # fmt: skip
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    return Deployment(R, f"q-{R}", "img", desired, "current", at, "t", None, None, "claiming",
-                      len(live), len(live), list(live), list(live), {})  # fmt: skip
+    return Deployment(release_id, f"q-{release_id}", "img", desired, role, at, "t", None, None,
+                      "claiming", len(live), len(live), list(live), list(live), {})  # fmt: skip
 
 
 def listed(machine_id: str, state: str = STARTED, image: str = "img") -> Machine:
@@ -438,3 +493,38 @@ def test_the_dead_clock_starts_when_the_scaler_first_sees_no_live_worker() -> No
     d = deployment(live=())
     assert observed(watch, [listed("m1")], d) == []
     assert watch.not_live_since == {"m1": NOW}
+
+
+def test_a_crash_is_noted_once_per_machine_while_it_is_listed() -> None:
+    watch = Watch()
+    crashed = Machine("m1", R, "img", FAILED, age_s=1000.0, exit_code=137)
+    assert observed(watch, [crashed], deployment(live=())) == [
+        "backoff img x1 2 s",
+        "destroy m1",
+        "wait 2 s",
+    ]
+    watch.died[R, "img"], watch.not_before[R, "img"] = 1, NOW - 1  # as the executor kept it
+    watch.death_noted.add("m1")
+    assert observed(watch, [crashed], deployment(live=())) == ["destroy m1", "create img"]
+    observed(watch, [], deployment(live=()))
+    assert watch.death_noted == set()  # forgotten once unlisted
+
+
+def test_a_machine_another_release_s_worker_beats_on_is_misfiled() -> None:
+    """Listed as R's, while the worker on it is another release's: R neither counts nor
+    watches it (attack34 A3); a machine both releases' workers beat on stays R's."""
+    watch = Watch()
+    other = deployment(release_id="other", role="previous", live=("m1", "m2"))
+    mine = deployment(live=("m2",))
+    state, acted_on = observe(watch, [mine, other], {}, [listed("m1"), listed("m2")], now=NOW,
+                              stop_deadline_s=DEADLINE_S, where_logs=str)  # fmt: skip
+    [r, _] = state.releases
+    assert [(m.machine_id, m.condition) for m in r.machines] == [("m1", MISFILED), ("m2", RUN)]
+    assert "m1" not in acted_on
+
+
+def test_a_machine_this_scaler_made_for_another_release_is_misfiled_before_it_beats() -> None:
+    watch = Watch(made={"m1": ("other", "img")})
+    d = deployment(live=())
+    assert observed(watch, [listed("m1")], d) == ["say scaler.release_misreported", "create img"]
+    assert watch.not_live_since == {}  # not watched as R's

@@ -104,6 +104,10 @@ class Unanswered(BackendError):
     """No answer the API meant (5xx, 429, a timeout) after every try."""
 
 
+class Unreadable(BackendError):
+    """A 2xx whose body is not what the call answers (not JSON, or no machine in it)."""
+
+
 class RateLimited(Unanswered):
     """A 429 whose ``Retry-After`` is above ``MAX_RETRY_WAIT_S``: not waited out here."""
 
@@ -145,6 +149,14 @@ class FlyBackend:
                 raise LaneConfigError(
                     f"{name} is not set: the fly backend needs it (`fly tokens create deploy`, "
                     "and the app's name).",
+                    variable=name,
+                )
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+                # A header cannot carry it: every call would fail, pass after pass. The
+                # value itself is never shown.
+                raise LaneConfigError(
+                    f"{name} holds a control character (a line break where it was pasted?): "
+                    "set it to the value on one line.",
                     variable=name,
                 )
         return cls(
@@ -190,7 +202,13 @@ class FlyBackend:
                             f"({said or 'no body'})",
                             response.status,
                         )
-                    return await response.json(content_type=None) if text else None
+                    try:
+                        return await response.json(content_type=None) if text else None
+                    except ValueError:
+                        raise Unreadable(
+                            f"Fly Machines API {method} {path}: HTTP {response.status} with a "
+                            "body that is not JSON"
+                        ) from None
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 raise _Retryable(type(exc).__name__) from exc
 
@@ -241,8 +259,8 @@ class FlyBackend:
     async def list(self) -> list[Machine]:
         machines: list[Machine] = []
         for m in await self._listing():
-            config = m.get("config") or {}
-            metadata = config.get("metadata") or {}
+            config = _object(m.get("config"))
+            metadata = _object(config.get("metadata"))
             release = metadata.get(RELEASE_METADATA)
             if not release or m.get("id") is None or m.get("state") in _GONE:
                 continue  # not the scaler's (or on its way out): never touched
@@ -285,14 +303,17 @@ class FlyBackend:
                 if exc.status not in (409, 422):  # not "that name is taken": a refusal
                     raise
                 last = str(exc)
+            except Unreadable as exc:
+                last = str(exc)  # a 2xx: it made the machine and the answer is lost
             else:
-                if not isinstance(made, dict) or "id" not in made:
-                    raise BackendError(
-                        "Fly Machines API POST /machines answered without a machine id"
-                    )
-                return Machine(machine_id=str(made["id"]), release_id=release_id, image=image,
-                               state=_STATES.get(str(made.get("state")), STARTING),
-                               age_s=0.0)  # fmt: skip
+                if isinstance(made, dict) and made.get("id") not in (None, ""):
+                    return Machine(machine_id=str(made["id"]), release_id=release_id,
+                                   image=image, state=_STATES.get(str(made.get("state")),
+                                                                  STARTING),
+                                   age_s=0.0)  # fmt: skip
+                # A 2xx without a machine id made its machine: an answer that is lost
+                # (forgetting it would let every pass create again).
+                last = "Fly Machines API POST /machines answered without a machine id"
             found = await self._find_made(key)
             if found is not None:
                 return found
@@ -314,8 +335,8 @@ class FlyBackend:
     async def _made_by(self, key: str) -> Machine | None:
         """The machine a create with ``key`` made, if the listing shows it."""
         for m in await self._listing():
-            config = m.get("config") or {}
-            metadata = config.get("metadata") or {}
+            config = _object(m.get("config"))
+            metadata = _object(config.get("metadata"))
             if m.get("name") == f"lane-worker-{key}" or metadata.get(CREATE_METADATA) == key:
                 if m.get("id") is None or m.get("state") in _GONE:
                     continue
@@ -324,13 +345,13 @@ class FlyBackend:
         return None
 
     async def stop(self, machine: Machine) -> None:
-        await self._call("POST", f"/machines/{machine.machine_id}/stop", {})
+        await self._call("POST", f"/machines/{_segment(machine.machine_id)}/stop", {})
 
     async def destroy(self, machine: Machine) -> None:
         # Forced for any machine that is not stopped (a dead one, or one stuck stopping:
         # the API refuses to remove an active machine without it).
         force = "false" if machine.state == STOPPED else "true"
-        await self._call("DELETE", f"/machines/{machine.machine_id}?force={force}")
+        await self._call("DELETE", f"/machines/{_segment(machine.machine_id)}?force={force}")
 
     def where_logs(self, machine_id: str) -> str:
         return f"fly logs --app {self.app} --machine {machine_id}"
@@ -347,6 +368,18 @@ def _machine(
     )  # fmt: skip
 
 
+def _segment(machine_id: str) -> str:
+    """A machine id as one path segment: an id with `/`, `..`, `?` or `#` in it (as a
+    listing may hold) must not reach another app's machine, or force a removal."""
+    return quote(machine_id, safe="")
+
+
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: a machine of another tool in
+    the app's listing may have any shape, and must not make every pass fail."""
+    return value if isinstance(value, dict) else {}
+
+
 def _age_s(created_at: Any) -> float:
     try:
         return max(0.0, time.time() - datetime.fromisoformat(str(created_at)).timestamp())
@@ -356,9 +389,10 @@ def _age_s(created_at: Any) -> float:
 
 def _exit_code(machine: Mapping[str, Any]) -> int | None:
     """The exit code of the machine's last exit event, if it has one."""
-    for event in machine.get("events") or []:
+    events = machine.get("events")
+    for event in events if isinstance(events, list) else []:
         if isinstance(event, dict) and event.get("type") == "exit":
-            code = ((event.get("request") or {}).get("exit_event") or {}).get("exit_code")
+            code = _object(_object(event.get("request")).get("exit_event")).get("exit_code")
             if isinstance(code, int):
                 return code
     return None

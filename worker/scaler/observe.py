@@ -19,13 +19,19 @@ forgotten when a scaler becomes active:
   running again has its stopping clock start over;
 - the machines this scaler created (until listed) and made (while listed).
 
-The deaths of a release's image (its backoff) are kept across activations.
-A machine is its id: one the backend lists twice is one machine.
+The deaths of a release's image (its backoff), and which listed machines' crashes
+were counted, are kept across activations. A machine is its id: one the backend
+lists twice is one machine.
+
+The listing's word on whose a machine is gives way to what is known better: a
+machine listed as one release's while another release's worker beats on it (and
+this one's does not), or that this scaler made for another release (booting, no
+heartbeat yet), is ``Condition.MISFILED`` for the release the listing names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -76,6 +82,9 @@ class Watch:
     died: dict[tuple[str, str], int] = field(default_factory=dict)
     not_before: dict[tuple[str, str], float] = field(default_factory=dict)
     why_died: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Machines whose crash was counted (while listed): a dead machine the backend will
+    # not remove is one death, not one per listing.
+    death_noted: set[str] = field(default_factory=set)
 
     def reset(self) -> None:
         """Forget what was watched: called when this scaler becomes the active one."""
@@ -93,6 +102,7 @@ class Watch:
                        self.off_listings):  # fmt: skip
             for gone in set(memory) - listed:
                 del memory[gone]
+        self.death_noted &= listed
         for found in listed & set(self.created):
             del self.created[found]
         for gone in set(self.made) - listed - set(self.created):
@@ -100,7 +110,7 @@ class Watch:
 
 
 def observe(
-    watch: Watch, deployments: Iterable[Deployment], views: Mapping[str, LaneView],
+    watch: Watch, deployments: Sequence[Deployment], views: Mapping[str, LaneView],
     listing: list[Machine], *, now: float, stop_deadline_s: float,
     where_logs: Callable[[str], str],
 ) -> tuple[PassState, dict[str, Machine]]:  # fmt: skip
@@ -120,11 +130,19 @@ def observe(
     by_release: dict[str, list[Machine]] = {}
     for m in machines:
         by_release.setdefault(m.release_id, []).append(m)
+    # Machine id: the releases whose worker beats on it (the heartbeat says what runs
+    # there, whatever the listing's metadata says).
+    live_of: dict[str, set[str]] = {}
+    for d in deployments:
+        for machine_id in d.live_machines:
+            live_of.setdefault(machine_id, set()).add(d.release_id)
     acted_on: dict[str, Machine] = {}
     releases = []
     for d in deployments:
         mine = by_release.pop(d.release_id, [])
-        release = _release(watch, d, views.get(d.queue), mine, now, where_logs, acted_on)
+        elsewhere = {i for i, of in live_of.items() if d.release_id not in of}
+        release = _release(watch, d, views.get(d.queue), mine, elsewhere, now, where_logs,
+                           acted_on)  # fmt: skip
         releases.append(replace(release, made_running=made_running.get((d.release_id, d.image), 0)))
     strays = tuple(Stray(release_id, sum(m.running for m in found))
                    for release_id, found in by_release.items())  # fmt: skip
@@ -134,9 +152,12 @@ def observe(
 
 
 def _release(
-    watch: Watch, d: Deployment, view: LaneView | None, mine: list[Machine], now: float,
-    where_logs: Callable[[str], str], acted_on: dict[str, Machine],
+    watch: Watch, d: Deployment, view: LaneView | None, mine: list[Machine],
+    elsewhere: set[str], now: float, where_logs: Callable[[str], str],
+    acted_on: dict[str, Machine],
 ) -> ReleaseState:  # fmt: skip
+    """``d`` as the plan reads it; ``elsewhere``: machines another release's worker beats
+    on (and ``d``'s does not)."""
     # A retired lane the report no longer shows (pruned) holds nothing either.
     if d.role == "retired":
         drained = view is None or view.status == "drained"
@@ -146,6 +167,13 @@ def _release(
     live, ready = set(d.live_machines), set(d.ready_machines)
     facts = []
     for m in mine:
+        made_for = watch.made.get(m.machine_id, (d.release_id, ""))[0]
+        if m.machine_id in elsewhere or made_for != d.release_id:
+            # Not this release's, whatever the listing says: neither watched nor acted
+            # on here (stopping it could cut another release's last machine mid-step).
+            facts.append(MachineFacts(m.machine_id, m.image, Condition.MISFILED,
+                                      age_s=m.age_s, listed_running=m.running))  # fmt: skip
+            continue
         misreported = watch.made.get(m.machine_id) == (d.release_id, d.image) and m.image != d.image
         if misreported:
             # It runs the image this scaler created it with, whatever the listing says
@@ -174,7 +202,8 @@ def _machine(
     facts = MachineFacts(
         machine_id=mid, image=m.image, condition=Condition.RUNNING, age_s=m.age_s,
         live=mid in live, ready=mid in ready, stop_known=stop_known,
-        listed_running=m.running, exit_code=m.exit_code, misreported=misreported,
+        listed_running=m.running, exit_code=m.exit_code, death_noted=mid in watch.death_noted,
+        misreported=misreported,
     )  # fmt: skip
     if _doubted(watch, m, facts.live and not stop_known):
         return replace(facts, condition=Condition.DOUBTED)

@@ -34,8 +34,17 @@ here does I/O or reads a clock: the time is part of the state. The rules:
   (wherever the listing puts them) reach its count plus ``MADE_SURPLUS``;
 - a machine whose worker exited with an error (one nobody stopped) backs its
   release's image off: 2, 4, ... ``MAX_RESTART_BACKOFF_S`` s between machines,
-  until one of that image is ready;
-- a doubted machine (see ``Condition``) counts as running and is never acted on.
+  until one of that image is ready; a crash is counted once per machine (a dead
+  machine the backend will not remove is listed pass after pass);
+- a doubted machine (see ``Condition``) counts as running and is never acted on;
+- a misfiled machine (listed as the release's, yet another release's worker beats
+  on it, or the scaler made it for another release) is neither counted nor acted
+  on by the release the listing names, and said: it may be the other release's
+  last machine, mid-step;
+- a ``Destroy`` is always of a machine the release no longer counts (stopped,
+  failed, stuck stopping, dead): ``reconcile.py`` says its refusal and goes on
+  to the release's creates (a dead machine the backend will not remove must not
+  leave the release without one).
 """
 
 from __future__ import annotations
@@ -79,6 +88,9 @@ class Condition(Enum):
     DOUBTED = "doubted"
     STOPPING = "stopping"  # its stop was sent (by anyone) and it drains
     DOWN = "down"  # stopped or failed
+    # Listed as this release's, yet another release's worker beats on it (and this
+    # one's does not), or this scaler made it for another release (still booting).
+    MISFILED = "misfiled"
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,7 @@ class MachineFacts:
     stop_known: bool = False  # its stop was sent (this scaler's word or the backend's)
     listed_running: bool = False  # the backend lists it starting or started
     exit_code: int | None = None  # how its worker exited, when the backend knows
+    death_noted: bool = False  # its crash was counted at an earlier listing
     misreported: bool = False
     logs: str = ""  # where its worker's output is read
 
@@ -179,9 +192,11 @@ class Destroy:
 
 @dataclass(frozen=True)
 class Backoff:
-    """A machine of the release's ``image`` died: none before ``until`` (``why`` says it)."""
+    """A machine of the release's ``image`` died: none before ``until`` (``why`` says it).
+    Its crash is noted (``machine_id``): the machine listed again is not a new death."""
 
     release_id: str
+    machine_id: str
     image: str
     died: int  # in a row
     until: float
@@ -261,6 +276,8 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
     not_before = r.not_before
     deadline_s = state.stop_deadline_s
     for m in r.machines:
+        if m.condition is Condition.MISFILED:
+            continue  # neither counted nor acted on here: said below
         if m.condition is Condition.DOUBTED:
             alive.append(m)
         elif m.condition is Condition.STOPPING:
@@ -275,13 +292,15 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
                                    stop_first=m.listed_running))  # fmt: skip
         elif m.condition is Condition.DOWN:
             # A machine the scaler (or one before it) stopped did not die.
-            if not m.stop_known and m.exit_code not in (None, 0):
+            # Once per machine: counted again each listing, the wait before its
+            # replacement would double every pass and never end.
+            if not m.stop_known and m.exit_code not in (None, 0) and not m.death_noted:
                 deaths[m.image] = deaths.get(m.image, 0) + 1
                 until = state.now + min(MAX_RESTART_BACKOFF_S, 2.0 ** deaths[m.image])
                 if m.image == r.image:
                     not_before = until
-                out.append(Backoff(r.release_id, m.image, deaths[m.image], until,
-                                   _death(m), current=m.image == r.image))  # fmt: skip
+                out.append(Backoff(r.release_id, m.machine_id, m.image, deaths[m.image],
+                                   until, _death(m), current=m.image == r.image))  # fmt: skip
             out.append(Destroy(r.release_id, m.machine_id, "it is not running"))
         elif r.role is not Role.DRAINED and _dead(m):
             out.append(Destroy(r.release_id, m.machine_id,
@@ -300,6 +319,12 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
             f"{r.image} on another image (listed without its lane_worker_image metadata?): "
             "counted as on the image they were created with",
             (("machines", misreported), ("image", r.image))))  # fmt: skip
+    misfiled = sorted(m.machine_id for m in r.machines if m.condition is Condition.MISFILED)
+    if misfiled:
+        out.append(Say(r.release_id, "scaler.release_misreported",
+            f"the backend lists machine(s) {', '.join(misfiled)} as this release's, yet "
+            "another release's worker runs on them (or this scaler made them for another "
+            "release): left alone", (("machines", misfiled),)))  # fmt: skip
     ready = sum(1 for m in fresh if m.ready)
     if ready:
         out.append(Recovered(r.release_id, r.image))

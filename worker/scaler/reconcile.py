@@ -13,6 +13,11 @@ deciding does not stays here:
 - a backend error stops that release's actions for the pass (its word carries
   the error; the next pass tries again), and a release whose actions stopped
   before they were counted is not ready, so nothing is retired on its word;
+  except a refused ``Destroy`` (of a machine the release no longer counts): it
+  is said in the release's word beside what else the pass says, and the
+  release's actions go on (a dead machine the backend will not remove, a 404
+  pass after pass, must not keep its replacement from being created), unless
+  the backend rate limits;
 - a backend that refuses to list is asked again after 2, 4, ... 60 s, and one
   that is rate limited for longer than its client waits is left alone until
   then (``MAX_RETRY_AFTER_S`` at most), each pass saying so.
@@ -155,6 +160,12 @@ class Reconciler:
             try:
                 await self._do(action, said, machines)
             except BackendError as exc:
+                if isinstance(action, Destroy) and not _retry_after_s(exc):
+                    said.error = _also(said.error, str(exc))
+                    log.error("scaler.action_failed", release_id=release_id,
+                              machine=action.machine_id, error=str(exc),
+                              action="replace" if action.replaced else "destroy")  # fmt: skip
+                    continue
                 failed.add(release_id)
                 said.error = str(exc)
                 log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
@@ -178,7 +189,7 @@ class Reconciler:
                 seen.unlisted = action.unlisted
             case Say():
                 if action.error is not None:
-                    seen.error = action.error
+                    seen.error = _also(seen.error, action.error)
                 if action.event is not None:
                     say = log.error if action.error is not None else log.warning
                     say(action.event, release_id=action.release_id, **dict(action.fields))
@@ -189,6 +200,7 @@ class Reconciler:
                 key = (action.release_id, action.image)
                 watch.died[key], watch.not_before[key] = action.died, action.until
                 watch.why_died[key] = action.why
+                watch.death_noted.add(action.machine_id)
                 if action.current:  # an older image's death is not this deploy's
                     seen.boot_refused = action.why
             case Recovered():
@@ -251,6 +263,11 @@ class Reconciler:
         )
         if retired:
             log.info("scaler.retired", current=current.release_id, retired=retired, ready=ready)
+
+
+def _also(said: str | None, more: str | None) -> str | None:
+    """Two things a pass says of a release, in one error."""
+    return f"{said}; {more}" if said and more else said or more
 
 
 def _retry_after_s(exc: BaseException) -> float:

@@ -54,6 +54,13 @@ async def waiter(ctx: TaskContext, params: Any) -> dict[str, Any]:
     }
 
 
+@app.play("short-waiter")
+async def short_waiter(ctx: TaskContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Wait for event ``go`` at most ``timeout`` seconds; return whether it timed out."""
+    reply = await ctx.wait_for_event("gate", "go", timeout=float(params["timeout"]))
+    return {"timed_out": reply["timed_out"], "release": ctx.release_id}
+
+
 @app.play("late-waiter")
 async def late_waiter(ctx: TaskContext, params: dict[str, Any]) -> None:
     """A step of ``linger`` seconds, then a wait for an event that never comes."""
