@@ -33,6 +33,7 @@ CONTRACTS: tuple[str, ...] = (
     "claim_v1",
     "claim_v2",
     "notify_v1",
+    "spawn_v1",
     "writes_v1",
 )
 

@@ -16,13 +16,12 @@
 -- first's run (created false) as a second submit_run would, and is refused
 -- (23505) when it asks for something else.
 --
--- Set-based where it pays: each release's lane is worked out once a call, and
--- the store's rows are written by one statement for the whole call, with their
--- task ids (no second write of each row). The engine task of each run is still
--- one absurd.spawn_task call per run (through spawn_run_task, which keeps the
--- task name, retry policy and NOTIFY in one place): the engine has no bulk
--- spawn, and writing its tables directly would bind the store to the engine's
--- table layout. That call is most of a bulk submit's time (bench/submit.py).
+-- Set-based where it pays: each release's lane is worked out once a call, the
+-- engine tasks are spawned as one set per queue (engine contract spawn_v1, held
+-- to absurd.spawn_task by tests/integration/test_spawn_sets.py: one spawn_task
+-- call per run was most of a bulk submit's time, bench/submit.py), and the
+-- store's rows are written by one statement for the whole call, with their
+-- task ids (no second write of each row).
 
 -- The checks of a submit's arguments but its release, in submit_run's order:
 -- refuse (22023) what submit_run refuses; return the values it writes (input
@@ -190,6 +189,18 @@ $$;
 -- Submit every item of p_items (a JSON array of submit objects, above) in this
 -- one transaction; return a JSON array of submit_run's results, one per item in
 -- order. An empty array submits nothing and returns [].
+-- The retry strategy of every play-run task: spawn_run_task's (0008), written
+-- out there too, always a delay > 0 (every retry is a sleeping run, which the
+-- continuation fence defers and never adopts).
+create or replace function {schema}.play_run_retry_strategy()
+  returns jsonb
+  language sql
+  immutable
+as $$
+  select jsonb_build_object('kind', 'exponential', 'base_seconds', 1, 'factor', 2,
+                            'max_seconds', 300)
+$$;
+
 create or replace function {schema}.submit_runs(p_items jsonb)
   returns jsonb
   language plpgsql
@@ -221,6 +232,11 @@ declare
   v_run uuid[];
   v_release text[];
   v_new boolean[];  -- the item makes its run
+  v_task uuid[];  -- each new run's engine task
+  v_spawn_queue text;
+  v_task_set uuid[];  -- the tasks spawned on one queue, in item order
+  v_spawned_at bigint[];  -- their items' positions (index + 1)
+  v_i integer;
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception 'submit_runs takes a JSON array of submits, not a JSON %.',
@@ -324,13 +340,39 @@ begin
        from (select distinct u.queue from unnest(v_queue, v_new) u(queue, new)
               where u.new order by u.queue) d;
     begin
-      -- Each new run's engine task first (spawn_run_task's update finds no row
-      -- yet), then every run row with its task id in one statement, in key
-      -- order, so two calls that share keys wait for each other instead of
-      -- deadlocking. A key committed meanwhile inserts no row: then this try is
-      -- undone (its tasks, rows and NOTIFYs) and the keys are answered again.
+      -- The new runs' engine tasks first, a set per queue (engine contract
+      -- spawn_v1: what spawn_run_task spawns, one statement for all of them),
+      -- with its NOTIFYs; then every run row with its task id in one
+      -- statement, in key order, so two calls that share keys wait for each
+      -- other instead of deadlocking. A key committed meanwhile inserts no row:
+      -- then this try is undone (its tasks, rows and NOTIFYs) and the keys are
+      -- answered again.
+      v_task := array_fill(null::uuid, array[v_count]);
+      for v_spawn_queue in
+        select distinct u.queue from unnest(v_queue, v_new) u(queue, new) where u.new
+      loop
+        select array_agg(t.task_id order by t.at) into v_task_set
+          from lane_worker.spawn_tasks_v1(
+                 v_spawn_queue, 'play-run',
+                 array(select jsonb_build_object('runId', v_run[u.n]::text)
+                         from unnest(v_queue, v_new) with ordinality u(queue, new, n)
+                        where u.new and u.queue = v_spawn_queue order by u.n),
+                 array(select v_max[u.n]
+                         from unnest(v_queue, v_new) with ordinality u(queue, new, n)
+                        where u.new and u.queue = v_spawn_queue order by u.n),
+                 {schema}.play_run_retry_strategy()) t;
+        select array_agg(u.n order by u.n) into v_spawned_at
+          from unnest(v_queue, v_new) with ordinality u(queue, new, n)
+         where u.new and u.queue = v_spawn_queue;
+        for v_i in 1 .. cardinality(v_spawned_at) loop
+          v_task[v_spawned_at[v_i]] := v_task_set[v_i];
+        end loop;
+        -- Each run's NOTIFY as spawn_run_task sends it (its payload the run id).
+        perform pg_notify('lane_worker_' || v_spawn_queue, v_run[i]::text)
+           from unnest(v_spawned_at) i;
+      end loop;
       with spawned as materialized (
-        select u.n, {schema}.spawn_run_task(v_run[u.n], v_queue[u.n], v_max[u.n]) as task
+        select u.n, v_task[u.n] as task
           from unnest(v_new) with ordinality u(new, n)
          where u.new
       ), inserted as (
