@@ -11,7 +11,7 @@ from worker.db.store.rows import Deployment, DeploymentEvent, ScalerCreate, Scal
 
 
 class RegistryQueries(Queries):
-    """``deployments``, ``deployment_events`` and ``scaler_state``."""
+    """``deployments``, ``deployment_events``, ``scaler_state`` and ``scaler_creates``."""
 
     FILE = "registry.sql"
 
