@@ -5,20 +5,23 @@ A 401 whose body echoes the token: `releases`, `releases --json`, `releases depl
 listing that names the only machine twice, in overlapping pages, after creates that
 answered 500 once the machine was made: the release of one gets one machine,
 whose worker serves, and it is never stopped. Machines listed without their
-metadata: one create, said in `releases`, `lanes --json` and a metric.
+metadata: one create, said in `releases`, `lanes --json` and a metric; and no more
+when the scaler is killed and started again mid-rollout.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import aiohttp
 
 from support.cli import lane_worker
 from support.daemon import base_env
-from support.db import sql
+from support.db import fetch, sql
 from support.fly import FakeFly
 from support.runtime import SCHEMA, eventually, open_client
 from support.scaler import events, machine_events, passes_seen, start_fly_scaler
@@ -139,3 +142,43 @@ async def test_machines_listed_without_metadata_are_said_loudly_and_not_created_
     assert "does not list" in listed.stdout
     assert "does not list" in lanes.stdout, lanes.stdout
     assert 'lane_worker_scaler_machines_unlisted{release="fly-meta"} 1.0' in metrics
+
+
+async def test_a_scaler_killed_mid_rollout_and_started_again_creates_no_more(
+    database_url: str, tmp_path: Path
+) -> None:
+    """DEFECT (attack34 A7, its processes): the API lists the scaler's machines without their
+    metadata; the scaler is killed (SIGKILL) once it created them, and a new process is
+    started, twice. Each new one counted nothing of what the one before created and
+    created again; the store remembers the creates now: the release of two gets two."""
+    fly = FakeFly(None, {}, TOKEN, "lw-again")
+    fly.without_metadata = True
+    await fly.start()
+    log = tmp_path / "scaler.log"
+    scalers: list[subprocess.Popen[bytes]] = []
+    try:
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "fly-again"}) as c:
+            await c.releases.deploy("fly-again", image="img:1", machines=2)
+        for _ in range(3):
+            scaler = start_fly_scaler(database_url, fly.env(), log)
+            scalers.append(scaler)
+            holder = f"{socket.gethostname()}:{scaler.pid}"
+
+            async def active(holder: str = holder) -> bool:
+                said = await sql(database_url, f"select holder from {SCHEMA}.scaler_state")
+                return bool(said == holder)
+
+            await eventually(active, timeout_s=30, what="the new scaler's first pass")
+            await passes_seen(database_url, 3)
+            scaler.kill()
+            scaler.wait(timeout=30)
+        rows = await fetch(database_url, f"select machine_id, listed from {SCHEMA}.scaler_creates")
+    finally:
+        for scaler in scalers:
+            if scaler.poll() is None:
+                scaler.send_signal(signal.SIGTERM)
+                scaler.wait(timeout=30)
+        await fly.stop()
+    assert fly.creates() == 2, fly.calls
+    assert sorted(r["machine_id"] for r in rows) == sorted(fly.metadata), rows
+    assert not any(r["listed"] for r in rows), rows

@@ -72,6 +72,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "scaler_state",
         "store_identity",
         "created_queues",
+        "scaler_creates",
     }
 
 

@@ -260,20 +260,14 @@ async def test_a_machine_id_reused_for_a_new_machine_is_a_new_machine(
     assert (seen["atk-reuse-b"].running, seen["atk-reuse-b"].stopping) == (1, 0), seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attack34 A7: the create bounds (unlisted, made-surplus) live in the active "
-    "scaler's memory and reset() forgets them on purpose whenever it becomes active again "
-    "(a lost lock, a restart, a standby taking over): each time, one more machine. A durable "
-    "bound (the registry's machine_created events, within a window) is a design choice",
-)
 async def test_creates_stay_bounded_across_scalers_becoming_active_again(
     database_url: str, clock: Clock
 ) -> None:
-    """DEFECT (attack34 A7, not fixed): machines listed without their metadata and a scaler
-    that becomes active again now and then (its lock's connection dropped by a database
-    blip, a restart, a standby taking over): each time it forgets what it created, and
-    creates again. Six activations, six machines for a release of one."""
+    """DEFECT (attack34 A7): machines listed without their metadata and a scaler that
+    becomes active again now and then (its lock's connection dropped by a database blip, a
+    restart, a standby taking over): each time it forgot what it created, and created
+    again. Six activations, six machines for a release of one. The store remembers the
+    creates now (migration 0026)."""
     async with fly_api(database_url, "atk-again") as (fly, backend, client):
         await client.releases.deploy("atk-again", image="img:1", machines=1)
         fly.without_metadata = True

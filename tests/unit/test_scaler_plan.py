@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from worker.db.store.rows import Deployment
+from worker.db.store.rows import Deployment, ScalerCreate
 from worker.scaler.backend import FAILED, STARTED, STOPPED, Machine
-from worker.scaler.observe import Watch, observe
+from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
 from worker.scaler.plan import (
     DEAD_AFTER_S,
     MADE_SURPLUS,
@@ -528,3 +528,36 @@ def test_a_machine_this_scaler_made_for_another_release_is_misfiled_before_it_be
     d = deployment(live=())
     assert observed(watch, [listed("m1")], d) == ["say scaler.release_misreported", "create img"]
     assert watch.not_live_since == {}  # not watched as R's
+
+
+def test_the_store_s_creates_are_remembered_as_this_scaler_s() -> None:
+    """What a scaler becoming active loads (``scaler_creates``): an unlisted create counts
+    and, past UNLISTED_AFTER_S, holds the release's creates; a listed one counts as made;
+    one never answered (no machine id) counts, and is forgotten before it would hold them."""
+    watch = Watch()
+    watch.remember([
+        ScalerCreate("k1", R, "img", "m1", listed=False, age_s=UNLISTED_AFTER_S + 1),
+        ScalerCreate("k2", R, "img", "m2", listed=True, age_s=5.0),
+        ScalerCreate("k3", R, "img", None, listed=False, age_s=1.0),
+    ], NOW)  # fmt: skip
+    assert watch.made == {"m1": (R, "img"), "m2": (R, "img")}
+    d = deployment(desired=3, live=())
+    assert observed(watch, [], d) == ["say scaler.machines_unlisted"]
+    assert watch.take_seen() == (set(), {"m2"})  # m2 is no longer listed: the store is told
+    state, _ = observe(watch, [d], {}, [], now=NOW + UNLISTED_AFTER_S, stop_deadline_s=DEADLINE_S,
+                       where_logs=str)  # fmt: skip
+    assert [u.machine_id for u in state.releases[0].unlisted] == ["m1"]  # k3 forgotten
+
+
+def test_a_create_never_listed_is_forgotten_after_the_create_memory() -> None:
+    watch = Watch(created={"m1": (R, "img", NOW - CREATE_MEMORY_S - 1)}, made={"m1": (R, "img")})
+    assert observed(watch, [], deployment(desired=1, live=())) == ["create img"]
+    assert (watch.created, watch.made, watch.take_seen()) == ({}, {}, (set(), {"m1"}))
+
+
+def test_a_created_machine_listed_is_told_to_the_store_once() -> None:
+    watch = Watch(created={"m1": (R, "img", NOW - 1)}, made={"m1": (R, "img")})
+    observed(watch, [listed("m1")])
+    assert watch.take_seen() == ({"m1"}, set())
+    observed(watch, [listed("m1")])
+    assert watch.take_seen() == (set(), set())

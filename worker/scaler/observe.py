@@ -17,10 +17,15 @@ forgotten when a scaler becomes active:
   beats and that nobody was known to stop: the first is doubted (the machine is
   counted running and never acted on), the second believed; a machine listed
   running again has its stopping clock start over;
-- the machines this scaler created (until listed) and made (while listed).
+- the machines this scaler created (until listed) and made (while listed): these
+  are kept in the store too (``scaler_creates``, migration 0026) and loaded again
+  when a scaler becomes active (``Watch.remember``), so the create bounds hold
+  across activations; an unlisted one is forgotten after ``CREATE_MEMORY_S``
+  (one the scaler was cut off creating, without a machine id, after
+  ``UNLISTED_AFTER_S``).
 
 The deaths of a release's image (its backoff), and which listed machines' crashes
-were counted, are kept across activations. A machine is its id: one the backend
+were counted, are kept across activations of one process. A machine is its id: one the backend
 lists twice is one machine.
 
 The listing's word on whose a machine is gives way to what is known better: a
@@ -36,10 +41,11 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from worker.db.store.rows import Deployment
+from worker.db.store.rows import Deployment, ScalerCreate
 from worker.ops.report import LaneView
 from worker.scaler.backend import STOPPING, Machine, one_per_id
 from worker.scaler.plan import (
+    UNLISTED_AFTER_S,
     Condition,
     MachineFacts,
     PassState,
@@ -55,6 +61,15 @@ STOP_RESEND_S = 300.0
 # Listings in a row that say a machine whose worker beats is off, from which on they
 # are believed (the first is doubted).
 BELIEVED_FROM = 2
+# How long a machine this scaler created and the backend never listed is remembered
+# (it keeps its release from creating, said loudly, meanwhile): a machine removed
+# behind the scaler's back before it was ever listed must not block its release for
+# good, and a listing that never shows the scaler's machines costs at most one round
+# of creates per this long, however often a scaler becomes active.
+CREATE_MEMORY_S = 3600.0
+# The id a create gets in ``Watch.created`` while its machine id is unknown (a scaler
+# was cut off before the backend answered): counted, never listed.
+UNANSWERED = "unanswered create "
 
 log = structlog.get_logger("lane_worker.scaler")
 
@@ -64,7 +79,8 @@ _ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED}
 @dataclass
 class Watch:
     """What the scaler remembers between passes (in memory: a restarted scaler starts
-    over, which is safe, only slower). Machine ids, and (release, image) keys."""
+    over, which is safe, only slower; except ``created`` and ``made``, which the store
+    keeps too). Machine ids, and (release, image) keys."""
 
     not_live_since: dict[str, float] = field(default_factory=dict)
     stop_sent: dict[str, float] = field(default_factory=dict)
@@ -85,6 +101,10 @@ class Watch:
     # Machines whose crash was counted (while listed): a dead machine the backend will
     # not remove is one death, not one per listing.
     death_noted: set[str] = field(default_factory=set)
+    # What the store is yet to be told of ``created`` and ``made``: machines the
+    # backend now lists, and those it no longer does (``take_seen``).
+    found: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
 
     def reset(self) -> None:
         """Forget what was watched: called when this scaler becomes the active one."""
@@ -92,21 +112,49 @@ class Watch:
         self.stop_sent.clear()
         self.stopping_seen.clear()
         self.off_listings.clear()
-        # Another scaler may have listed and removed them meanwhile: not this one's word.
+        # Another scaler may have listed and removed them meanwhile: the store's word
+        # replaces this one's (``remember``).
         self.created.clear()
         self.made.clear()
+        self.found.clear()
+        self.gone.clear()
 
-    def forget_unlisted(self, listed: set[str]) -> None:
-        """Forget what is watched of machines the listing no longer has."""
+    def remember(self, creates: Sequence[ScalerCreate], now: float) -> None:
+        """Take the store's word on what was created (the rows a scaler keeps there)."""
+        for c in creates:
+            if c.listed and c.machine_id:
+                self.made[c.machine_id] = (c.release_id, c.image)
+            elif c.machine_id:
+                self.created[c.machine_id] = (c.release_id, c.image, now - c.age_s)
+                self.made[c.machine_id] = (c.release_id, c.image)
+            else:
+                self.created[UNANSWERED + c.create_key] = (c.release_id, c.image, now - c.age_s)
+
+    def take_seen(self) -> tuple[set[str], set[str]]:
+        """The machines found listed and gone since last taken (for the store)."""
+        found, gone = self.found - self.gone, set(self.gone)
+        self.found.clear()
+        self.gone.clear()
+        return found, gone
+
+    def forget_unlisted(self, listed: set[str], now: float) -> None:
+        """Forget what is watched of machines the listing no longer has, and creates
+        unlisted for too long (``CREATE_MEMORY_S``; unanswered, ``UNLISTED_AFTER_S``:
+        the plan never holds those against the release)."""
         for memory in (self.not_live_since, self.stop_sent, self.stopping_seen,
                        self.off_listings):  # fmt: skip
             for gone in set(memory) - listed:
                 del memory[gone]
         self.death_noted &= listed
-        for found in listed & set(self.created):
-            del self.created[found]
+        for mid, (_, _, at) in list(self.created.items()):
+            if mid in listed:
+                del self.created[mid]
+                self.found.add(mid)
+            elif now - at > (UNLISTED_AFTER_S if mid.startswith(UNANSWERED) else CREATE_MEMORY_S):
+                del self.created[mid]
         for gone in set(self.made) - listed - set(self.created):
             del self.made[gone]
+            self.gone.add(gone)
 
 
 def observe(
@@ -119,7 +167,7 @@ def observe(
     ``views`` is the drain report by queue; ``now`` the scaler's monotonic clock.
     """
     machines = one_per_id(listing)
-    watch.forget_unlisted({m.machine_id for m in machines})
+    watch.forget_unlisted({m.machine_id for m in machines}, now)
     # What this scaler made that runs, per release and image, wherever the listing
     # puts it (another release's metadata, another image): bounds its creates.
     made_running: dict[tuple[str, str], int] = {}

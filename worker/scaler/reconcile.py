@@ -20,11 +20,17 @@ deciding does not stays here:
   the backend rate limits;
 - a backend that refuses to list is asked again after 2, 4, ... 60 s, and one
   that is rate limited for longer than its client waits is left alone until
-  then (``MAX_RETRY_AFTER_S`` at most), each pass saying so.
+  then (``MAX_RETRY_AFTER_S`` at most), each pass saying so;
+- the creates are remembered in the store (``scaler_creates``): each is written
+  before it is sent (removed if the backend refuses it), what the listing shows
+  of them is written after each listing, and the first pass of a scaler that
+  became active (``reset``, or a new one) loads them, so the create bounds hold
+  across activations.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -37,9 +43,10 @@ from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.report import read_report
 from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
-from worker.scaler.observe import Watch, observe
+from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
 from worker.scaler.plan import (
     DEAD_AFTER_S,
+    UNLISTED_AFTER_S,
     Action,
     Backoff,
     Create,
@@ -98,6 +105,8 @@ class Reconciler:
         # lock, so a scaler that lost it mid-pass stops acting at once.
         self.guard: Callable[[], Awaitable[object]] = _unguarded
         self.watch = Watch()
+        # The store's word on this scaler's creates is loaded at the next pass.
+        self._recall = True
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
         self._backend_failures = 0
@@ -107,9 +116,15 @@ class Reconciler:
     def reset(self) -> None:
         """Forget what was watched: called when this scaler becomes the active one."""
         self.watch.reset()
+        self._recall = True
 
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
+        if self._recall:
+            creates = await self.db.run(lambda c: self.store.registry.creates_remembered(
+                c, unlisted_s=CREATE_MEMORY_S, unknown_s=UNLISTED_AFTER_S))  # fmt: skip
+            self.watch.remember(creates, time.monotonic())
+            self._recall = False
         deployments = await self.db.run(self.store.registry.deployments)
         views = {v.queue: v for v in await self.db.run(lambda c: read_report(c, self.store))}
         if time.monotonic() < self._backend_retry_at:
@@ -129,7 +144,16 @@ class Reconciler:
             self.watch, deployments, views, listing, now=time.monotonic(),
             stop_deadline_s=self.backend.stop_deadline_s, where_logs=self.backend.where_logs,
         )  # fmt: skip
+        await self._note_seen()
         return await self._perform(plan(state), deployments, machines)
+
+    async def _note_seen(self) -> None:
+        """Tell the store which created machines the listing now shows, or no longer does."""
+        found, gone = self.watch.take_seen()
+        if found or gone:
+            await self.guard()
+            await self.db.run(lambda c: self.store.registry.creates_seen(
+                c, listed=sorted(found), gone=sorted(gone)))  # fmt: skip
 
     def _backend_down(self, deployments: list[Deployment]) -> dict[str, ReleaseSeen]:
         return {d.release_id: ReleaseSeen(desired=d.desired, image=d.image,
@@ -222,9 +246,21 @@ class Reconciler:
     async def _create(self, seen: ReleaseSeen, action: Create) -> None:
         release_id, image, reason = action.release_id, action.image, action.reason
         await self.guard()
-        made = await self.backend.create(release_id, image)
+        # Remembered before it is sent: a scaler cut off mid-create still counts it.
+        key = secrets.token_hex(8)
+        registry = self.store.registry
+        await self.db.run(lambda c: registry.create_sent(c, key=key, release_id=release_id,
+                                                         image=image))  # fmt: skip
+        try:
+            made = await self.backend.create(release_id, image)
+        except BackendError:
+            # Refused: nothing was made (one whose answer was lost is found by the
+            # backend's create itself, or counted by nobody, as before).
+            await self.db.run(lambda c: registry.create_refused(c, key=key))
+            raise
         self.watch.created[made.machine_id] = (release_id, image, time.monotonic())
         self.watch.made[made.machine_id] = (release_id, image)
+        await self.db.run(lambda c: registry.create_made(c, key=key, machine_id=made.machine_id))
         seen.actions.append(f"created {made.machine_id}")
         detail = {"machine": made.machine_id, "image": image, "reason": reason}
         await self._record(release_id, "machine_created", detail)

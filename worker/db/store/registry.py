@@ -1,4 +1,4 @@
-"""Store queries of the release registry and the scaler (migrations 0012, 0013)."""
+"""Store queries of the release registry and the scaler (migrations 0012, 0013, 0026)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 from worker.db.pool import Connection
 from worker.db.store.api import refusals
 from worker.db.store.base import Queries
-from worker.db.store.rows import Deployment, DeploymentEvent, ScalerState
+from worker.db.store.rows import Deployment, DeploymentEvent, ScalerCreate, ScalerState
 
 
 class RegistryQueries(Queries):
-    """``deployments``, ``deployment_events`` and ``scaler_state``."""
+    """``deployments``, ``deployment_events``, ``scaler_state`` and ``scaler_creates``."""
 
     FILE = "registry.sql"
 
@@ -63,3 +63,24 @@ class RegistryQueries(Queries):
 
     async def scaler_state(self, conn: Connection) -> ScalerState | None:
         return await self._row(conn, ScalerState, "scaler_state")
+
+    async def create_sent(self, conn: Connection, *, key: str, release_id: str, image: str) -> None:
+        """Remember a create before it is sent (a scaler cut off mid-create still counts it)."""
+        await self._run(conn, "create_sent", key, release_id, image)
+
+    async def create_made(self, conn: Connection, *, key: str, machine_id: str) -> None:
+        await self._run(conn, "create_made", key, machine_id)
+
+    async def create_refused(self, conn: Connection, *, key: str) -> None:
+        await self._run(conn, "create_refused", key)
+
+    async def creates_seen(self, conn: Connection, *, listed: list[str], gone: list[str]) -> None:
+        """The created machines the backend now lists, and those it no longer lists."""
+        await self._run(conn, "creates_seen", listed, gone)
+
+    async def creates_remembered(
+        self, conn: Connection, *, unlisted_s: float, unknown_s: float
+    ) -> list[ScalerCreate]:
+        """The creates to remember, once those older than ``unlisted_s`` (not listed) or
+        ``unknown_s`` (no machine id), or of a release no longer deployed, are forgotten."""
+        return await self._rows(conn, ScalerCreate, "creates_remembered", unlisted_s, unknown_s)

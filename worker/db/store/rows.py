@@ -356,3 +356,15 @@ class ScalerState:
     beat_at: datetime
     age_s: float
     releases: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ScalerCreate:
+    """A create the scaler sent (``scaler_creates``, migration 0026), as remembered."""
+
+    create_key: str
+    release_id: str
+    image: str
+    machine_id: str | None  # None: the scaler was cut off before the backend answered
+    listed: bool
+    age_s: float  # since it was sent, on the database's clock

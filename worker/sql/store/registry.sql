@@ -71,3 +71,40 @@ select {schema}.store_id();
 -- name: retire_superseded_by
 -- retire_superseded, only while $2 (deployed at $3) is still the current release.
 select {schema}.retire_superseded_by($1, $2, $3);
+
+-- name: create_sent
+-- A create the scaler is about to send (migration 0026): counted from now on.
+insert into {schema}.scaler_creates (create_key, release_id, image) values ($1, $2, $3);
+
+-- name: create_made
+-- The machine the create $1 made.
+update {schema}.scaler_creates set machine_id = $2 where create_key = $1;
+
+-- name: create_refused
+-- The backend refused the create $1: it made nothing.
+delete from {schema}.scaler_creates where create_key = $1;
+
+-- name: creates_seen
+-- The machines $1 the backend now lists; the machines $2 it no longer lists.
+with gone as (
+  delete from {schema}.scaler_creates where machine_id = any($2::text[]) returning 1
+)
+update {schema}.scaler_creates set listed = true
+ where machine_id = any($1::text[]) and not listed and not (machine_id = any($2::text[]));
+
+-- name: creates_remembered
+-- What a scaler becoming active remembers of the creates: the rows past their age
+-- ($1 s unlisted, $2 s without a machine id) or of a release the registry no
+-- longer has are forgotten first. age_s on the database's clock.
+with forgotten as (
+  delete from {schema}.scaler_creates c
+   where (not c.listed and c.sent_at < now() - make_interval(secs => $1))
+      or (c.machine_id is null and c.sent_at < now() - make_interval(secs => $2))
+      or not exists (select 1 from {schema}.deployments d where d.release_id = c.release_id)
+  returning c.create_key
+)
+select c.create_key, c.release_id, c.image, c.machine_id, c.listed,
+       extract(epoch from now() - c.sent_at)::float8 as age_s
+  from {schema}.scaler_creates c
+ where c.create_key not in (select create_key from forgotten)
+ order by c.sent_at, c.create_key;
