@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import msgspec
 import structlog
 
 from worker.config.dburl import mask_secrets
@@ -16,6 +19,32 @@ _OWN_NAMES = frozenset(
     {"event", "level", "log_level", "timestamp", "logger", "queue", "release_id", "worker_id",
      "run_id", "task_id", "schema", "loop", "from_release_id", "to_queue", "adopter_release_id"}
 )  # fmt: skip
+
+
+# The values most lines hold; a line with anything else is written by json.dumps.
+_FLAT = frozenset({str, int, bool, type(None)})
+_encode = msgspec.json.Encoder().encode
+
+
+def render_json(event: Mapping[str, Any], **kw: Any) -> str:
+    """Return a JSON log line: msgspec for flat lines, ``json.dumps(event, **kw)`` for the rest.
+
+    msgspec writes a line in a fraction of json's time (two lines per run). It is
+    used only where it writes the same JSON value json would: flat values (a
+    nested dict, a UUID or a date keep json's text, and structlog's fallback for
+    what json cannot write), finite floats, ASCII only (json escapes the rest, so a
+    line stays ASCII whatever stdout's encoding). The text differs in spacing and
+    an exponent's spelling only (1e-07 is 1e-7).
+    """
+    for value in event.values():
+        kind = type(value)
+        if kind not in _FLAT and not (kind is float and math.isfinite(value)):
+            return json.dumps(event, **kw)
+    try:
+        text = _encode(event)
+    except (TypeError, ValueError, OverflowError):  # a lone surrogate, a 5,000-digit int
+        return json.dumps(event, **kw)
+    return text.decode("ascii") if text.isascii() else json.dumps(event, **kw)
 
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
@@ -84,7 +113,7 @@ def configure(
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=False)
         if use_console
-        else structlog.processors.JSONRenderer()
+        else structlog.processors.JSONRenderer(serializer=render_json)
     )
     structlog.configure(
         processors=[
