@@ -61,8 +61,47 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+def _plainly_json(value: Any) -> bool:
+    """Tell whether ``json_problem`` has nothing to say: its walk, without the paths.
+
+    Checked on every step result and output, so it walks cheaply; anything it is
+    not sure of (a subclass, a long int) goes to the full walk.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item or not (item.isascii() or is_utf8(item)):
+                return False
+        elif kind is dict:
+            for key, v in item.items():
+                if type(key) is not str or "\x00" in key or not (key.isascii() or is_utf8(key)):
+                    return False
+                stack.append((v, depth + 1))
+        elif kind is list or kind is tuple:
+            stack.extend((v, depth + 1) for v in item)
+        elif kind is int:
+            if item.bit_length() > _BIG_INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
 def json_problem(value: Any) -> str | None:
     """Return why ``value`` is not storable JSON (naming the type and where it sits), or None."""
+    if _plainly_json(value):
+        return None
+    return _problem_at(value)
+
+
+def _problem_at(value: Any) -> str | None:
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
     while stack:
         item, where, depth = stack.pop()

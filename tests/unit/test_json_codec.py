@@ -20,8 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.processors import JSONRenderer
 
+from worker import jsonvalue
 from worker.daemon.logs import render_json
 from worker.jsonvalue import (
+    MAX_DEPTH,
     MAX_INTEGER_DIGITS,
     Unreadable,
     decode_json,
@@ -179,3 +181,37 @@ def test_a_log_line_with_a_non_json_value_is_json_dumps_own() -> None:
     assert JSONRenderer(serializer=render_json)(None, "info", dict(event)) == JSONRenderer()(
         None, "info", dict(event)
     )
+
+
+any_scalars = st.one_of(
+    scalars,
+    st.sampled_from([math.nan, math.inf, -math.inf, True, b"x", 1.5]),
+    st.builds(pow, st.just(10), st.just(MAX_INTEGER_DIGITS)),  # one digit too many
+    st.text(max_size=6),  # NUL and lone surrogates too
+    st.builds(uuid.uuid4),
+)
+any_values = st.recursive(
+    any_scalars,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), children, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(any_values)
+def test_the_quick_check_passes_only_what_the_full_walk_passes(value: Any) -> None:
+    """json_problem's quick walk (no paths) never lets through what the full walk names."""
+    assert json_problem(value) == jsonvalue._problem_at(value)
+
+
+def test_the_quick_check_refuses_past_the_depth_limit() -> None:
+    """As deep as MAX_DEPTH passes, one level more is named by the full walk."""
+    ok: list[Any] = []
+    for _ in range(MAX_DEPTH):
+        ok = [ok]
+    assert json_problem(ok) is None
+    assert json_problem([ok]) is not None
