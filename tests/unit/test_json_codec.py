@@ -12,6 +12,7 @@ import decimal
 import json
 import math
 import uuid
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from structlog.processors import JSONRenderer
 
 from worker import jsonvalue
-from worker.daemon.logs import render_json
+from worker.daemon.logs import _stamp, iso_utc, render_json
 from worker.jsonvalue import (
     MAX_DEPTH,
     MAX_INTEGER_DIGITS,
@@ -215,3 +216,23 @@ def test_the_quick_check_refuses_past_the_depth_limit() -> None:
         ok = [ok]
     assert json_problem(ok) is None
     assert json_problem([ok]) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=4_102_444_800 * 10**9))  # to 2100
+def test_a_log_lines_time_is_written_as_structlogs_timestamper_writes_it(now_ns: int) -> None:
+    """ISO 8601 in UTC with a Z, microseconds floored, none written when they are 0."""
+    when = datetime.fromtimestamp(now_ns // 10**9, tz=UTC).replace(
+        microsecond=now_ns % 10**9 // 1000
+    )
+    assert iso_utc(now_ns) == when.isoformat().replace("+00:00", "Z")
+
+
+def test_a_log_line_is_stamped_with_the_time_it_was_written() -> None:
+    """The daemon's stamp reads the clock (a cached second must not stick)."""
+    line: dict[str, Any] = {}
+    before = datetime.now(tz=UTC).replace(microsecond=0)
+    stamped = datetime.fromisoformat(_stamp(None, "info", line)["timestamp"])
+    assert before <= stamped <= datetime.now(tz=UTC)
+    assert iso_utc(0) == "1970-01-01T00:00:00Z"
+    assert iso_utc(1_500_000) == "1970-01-01T00:00:00.001500Z"  # the same second, cached

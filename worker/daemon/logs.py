@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -45,6 +46,33 @@ def render_json(event: Mapping[str, Any], **kw: Any) -> str:
     except (TypeError, ValueError, OverflowError):  # a lone surrogate, a 5,000-digit int
         return json.dumps(event, **kw)
     return text.decode("ascii") if text.isascii() else json.dumps(event, **kw)
+
+
+# The last whole second stamped and its ISO text: a line needs only its microseconds.
+# One tuple, swapped whole: a step's thread may log at the same time.
+_second: tuple[int, str] = (-1, "")
+
+
+def iso_utc(now_ns: int) -> str:
+    """Return Unix time ``now_ns`` as structlog's TimeStamper(fmt="iso", utc=True) writes it.
+
+    ``2026-12-07T05:50:43.676900Z`` (microseconds floored, none written when they
+    are 0, as ``datetime.now().isoformat()``), at a fraction of its cost (two lines
+    per run).
+    """
+    global _second
+    whole, fraction = divmod(now_ns, 1_000_000_000)
+    second, text = _second
+    if whole != second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    micros = fraction // 1000
+    return f"{text}.{micros:06d}Z" if micros else f"{text}Z"
+
+
+def _stamp(_logger: Any, _method: str, event: Any) -> Any:
+    event["timestamp"] = iso_utc(time.time_ns())
+    return event
 
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
@@ -119,7 +147,7 @@ def configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _stamp,
             structlog.processors.format_exc_info,
             scrub_secrets,
             renderer,
