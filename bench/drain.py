@@ -12,6 +12,7 @@ worker's ready line to the last engine completion. Cases, per backlog size:
 - ``lane-worker``: the real daemon (`python -m worker run`), concurrency 16,
   JSON logs to a file; the backlog submitted with LaneClient.submit.
 - ``lane-worker-nolog``: the same with its two per-run info lines dropped.
+- ``lane-worker-asyncio``: the same on asyncio's own event loop instead of uvloop.
 - ``lane-worker-2p``: ``LANE_WORKER_PROCESSES=2``, each process with half the
   concurrency (8), so 16 runs in flight in all, as in the other cases.
 
@@ -64,6 +65,7 @@ CASES = (
     "lane-worker",
     "lane-worker-nolog",
     "lane-worker-2p",
+    "lane-worker-asyncio",
 )
 STORE = "runtime_scheduler"
 SUBMITTERS = 8
@@ -84,8 +86,12 @@ class Result:
     done: int = -1  # runs completed; less than the backlog when the drain timed out
 
     @property
+    def runs(self) -> int:
+        return self.backlog if self.done < 0 else self.done
+
+    @property
     def rate(self) -> float:
-        return (self.backlog if self.done < 0 else self.done) / self.seconds
+        return self.runs / self.seconds
 
     @property
     def timed_out(self) -> bool:
@@ -259,15 +265,23 @@ async def case_sdk(bench: Session, n: int, mode: str, tag: str = "") -> Result:
 
 
 async def case_lane(
-    bench: Session, n: int, *, drop_run_logs: bool, tag: str = "", processes: int = 1
+    bench: Session,
+    n: int,
+    *,
+    drop_run_logs: bool,
+    tag: str = "",
+    processes: int = 1,
+    event_loop: str = "uvloop",
 ) -> Result:
     case = "lane-worker-nolog" if drop_run_logs else "lane-worker"
     case += f"-{processes}p" if processes > 1 else ""
+    case += "-asyncio" if event_loop == "asyncio" else ""
     release = f"bench-{n}" + case.removeprefix("lane-worker") + tag.replace("_", "-")
     queue = queue_name_for_release(release)
     await submit_backlog(bench.url, release, n)
     before = await settle_stats(bench)
     env = daemon_env(bench.url, release, LANE_WORKER_POLL_INTERVAL="1")
+    env["LANE_WORKER_EVENT_LOOP"] = event_loop
     if drop_run_logs:
         env["LANE_WORKER_BENCH_DROP_RUN_LOGS"] = "1"
     if processes > 1:
@@ -295,6 +309,7 @@ async def run_case(bench: Session, case: str, n: int, tag: str = "") -> Result |
         result = await case_lane(
             bench, n, drop_run_logs=case == "lane-worker-nolog", tag=tag,
             processes=2 if case == "lane-worker-2p" else 1,
+            event_loop="asyncio" if case == "lane-worker-asyncio" else "uvloop",
         )  # fmt: skip
     print(f"  {result.seconds:.2f} s, {result.rate:.0f} runs/s", flush=True)
     if bench.args.statements:
@@ -312,13 +327,14 @@ def report(results: list[Result]) -> None:
         rows.append([
             r.case, str(r.backlog), f"{'>' if r.timed_out else ''}{r.seconds:.2f}",
             f"{'~' if r.timed_out else ''}{r.rate:.0f}", ratio,
-            f"{r.worker_cpu_s:.1f}", f"{r.pg_cpu_s:.1f}", f"{r.xacts_per_run:.1f}",
+            f"{r.worker_cpu_s:.1f}", f"{r.worker_cpu_s * 1000 / max(r.runs, 1):.3f}",
+            f"{r.pg_cpu_s:.1f}", f"{r.xacts_per_run:.1f}",
             "-" if r.log_bytes_per_run is None else f"{r.log_bytes_per_run:.0f}",
         ])  # fmt: skip
     print()
     print_table(
         ["implementation", "backlog", "seconds", "runs/s", "x raw", "worker CPU s",
-         "PG CPU s", "xacts/run", "log B/run"],
+         "CPU ms/run", "PG CPU s", "xacts/run", "log B/run"],
         rows,
     )  # fmt: skip
     sizes = sorted({r.backlog for r in results})

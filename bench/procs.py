@@ -104,7 +104,9 @@ def timestamp_s(record: dict[str, Any]) -> float:
 class Child:
     """One child process (daemon or SDK worker) whose stdout is a file of JSON lines."""
 
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path, cwd: Path = REPO
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self.err_path = log_dir / f"{name}.err"
@@ -113,7 +115,7 @@ class Child:
             # Its own session: a terminal's Ctrl-C reaches only the benchmark, which stops it.
             self.proc = subprocess.Popen(  # noqa: S603 (fixed argv built here)
                 list(argv),
-                cwd=REPO,
+                cwd=cwd,  # `python -m worker` runs the tree it starts in (pair.py)
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

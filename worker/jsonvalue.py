@@ -13,6 +13,8 @@ import math
 import sys
 from typing import Any
 
+import msgspec
+
 from worker.errors import FatalRunError, NotJsonError
 
 # The limits of what may be stored, shared with the store's SQL API: its
@@ -59,8 +61,47 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+def _plainly_json(value: Any) -> bool:
+    """Tell whether ``json_problem`` has nothing to say: its walk, without the paths.
+
+    Checked on every step result and output, so it walks cheaply; anything it is
+    not sure of (a subclass, a long int) goes to the full walk.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item or not (item.isascii() or is_utf8(item)):
+                return False
+        elif kind is dict:
+            for key, v in item.items():
+                if type(key) is not str or "\x00" in key or not (key.isascii() or is_utf8(key)):
+                    return False
+                stack.append((v, depth + 1))
+        elif kind is list or kind is tuple:
+            stack.extend((v, depth + 1) for v in item)
+        elif kind is int:
+            if item.bit_length() > _BIG_INT_BITS:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
 def json_problem(value: Any) -> str | None:
     """Return why ``value`` is not storable JSON (naming the type and where it sits), or None."""
+    if _plainly_json(value):
+        return None
+    return _problem_at(value)
+
+
+def _problem_at(value: Any) -> str | None:
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
     while stack:
         item, where, depth = stack.pop()
@@ -146,12 +187,39 @@ def _why_unreadable(exc: BaseException) -> str:
     return f"not valid JSON ({text[:200]})"
 
 
+# msgspec's codec (one C call) costs a fraction of json's on the daemon's hot path;
+# each is used only where it gives what json gives (tests/unit/test_json_codec.py).
+_fast_decode = msgspec.json.Decoder().decode
+_fast_encode = msgspec.json.Encoder().encode
+
+
 def decode_json(text: str) -> Any:
     """Decode stored JSON text; return ``Unreadable`` for what Python cannot read."""
+    try:
+        return _fast_decode(text)
+    except (msgspec.MsgspecError, RecursionError, ValueError):
+        # What msgspec does not read (nesting past the recursion limit, an integer
+        # past Python's digit limit, json's NaN) json decides, as it always did.
+        pass
     try:
         return json.loads(text)
     except (RecursionError, ValueError) as exc:
         return Unreadable(_why_unreadable(exc), len(text))
+
+
+def encode_checked(value: Any) -> str:
+    """Return the JSON text of ``value``, which ``json_problem`` has accepted.
+
+    Only for such values: msgspec writes a non-finite float as null, and sets,
+    bytes or dates that json refuses, where json.dumps writes NaN (which the
+    server refuses) or raises. For accepted values the text differs from
+    ``json.dumps``'s only in spacing, non-ASCII characters written as they are, and
+    an exponent's spelling (1e16 for 1e+16): the same JSON value, digit for digit.
+    """
+    try:
+        return _fast_encode(value).decode()
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return json.dumps(value)  # what msgspec refuses (an int subclass of its own, say)
 
 
 def unreadable_in(what: str, value: Any) -> str | None:

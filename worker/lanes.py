@@ -8,6 +8,7 @@ the results the reference implementation produces.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -138,6 +139,9 @@ def launch_release_id(env: Env | None = None) -> str:
     return (values.get(RELEASE_ID_ENV) or "").strip() or DEV_RELEASE_ID
 
 
+# Asked twice per run (the lane guard compares a run's raw release with the worker's
+# sanitized one); a worker meets a handful of releases.
+@functools.lru_cache(maxsize=1024)
 def queue_name_for_release(release_id: str) -> str:
     """Return the one queue a release's runs ride for their whole life."""
     trimmed = (release_id or "").strip()

@@ -170,3 +170,22 @@ class Metrics:
 
 def _version() -> str:
     return VERSION
+
+
+class Counted:
+    """A labelled counter's children, each looked up once.
+
+    ``labels()`` validates and locks on every call, several times per run; a
+    counter's children are never removed, so the first one found stays right.
+    """
+
+    def __init__(self, counter: Counter) -> None:
+        self._counter = counter
+        self._children: dict[tuple[str, ...], Counter] = {}
+
+    def inc(self, *values: str) -> None:
+        """Add one to the child labelled ``values``."""
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._counter.labels(*values)
+        child.inc()

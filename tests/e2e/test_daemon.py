@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -136,6 +137,7 @@ async def test_ready_daemon_serves_health_readiness_and_metrics(empty_database_u
         assert ready["health_port"] > 0
         assert ready["level"] == "info"
         assert ready["timestamp"]
+        assert ready["event_loop"] == "uvloop"  # the default, where it can be imported
 
         status, _, _ = await http_get(daemon.health_port, "/healthz")
         assert status == 200
@@ -203,6 +205,50 @@ async def test_submit_wakes_an_idle_worker_at_once(database_url: str) -> None:
         status = await client.status(run.run_id)
         assert status.status == "completed"
         assert status.output == {"input": {"n": 1}, "release": WORKER_RELEASE}
+        # Counted once each, under the labels the alerts name.
+        _, _, body = await http_get(daemon.health_port, "/metrics")
+        for series in (
+            'lane_worker_claims_total{disposition="own",loop="own"} 1.0',
+            'lane_worker_attempts_total{outcome="completed"} 1.0',
+            'lane_worker_runs_total{status="completed"} 1.0',
+        ):
+            assert series in body, (series, body[-3000:])
+        daemon.terminate()
+        assert await daemon.wait_exit(timeout_s=60) == 0
+
+
+@pytest.mark.parametrize("how", ["asked for", "uvloop missing"])
+async def test_the_daemon_runs_on_asyncios_loop_when_asked_or_without_uvloop(
+    database_url: str, tmp_path: Path, how: str
+) -> None:
+    """LANE_WORKER_EVENT_LOOP=asyncio, or uvloop not importable: asyncio's loop runs the runs.
+
+    Without uvloop (a platform with no wheel of it) the daemon says so once and runs.
+    """
+    env: dict[str, str] = {}
+    if how == "asked for":
+        env["LANE_WORKER_EVENT_LOOP"] = "asyncio"
+    else:
+        (tmp_path / "uvloop.py").write_text('raise ImportError("no uvloop here")\n')
+        env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{base_env(database_url, RELEASE)['PYTHONPATH']}"
+    async with Daemons(database_url) as pool, open_client(database_url, ENV) as client:
+        daemon = pool.start(RELEASE, **env)
+        ready = await daemon.ready()
+        assert ready["event_loop"] == "asyncio"
+        fallback = daemon.events("event_loop.fallback")
+        if how == "asked for":
+            assert fallback == []
+        else:
+            (said,) = fallback
+            assert (said["level"], said["wanted"], said["using"]) == (
+                "warning",
+                "uvloop",
+                "asyncio",
+            )
+            assert "no uvloop here" in said["error"]
+        run = await client.submit("plain", {"n": 2})
+        await daemon.wait_for("run.completed", run_id=run.run_id, timeout_s=60)
+        assert (await client.status(run.run_id)).status == "completed"
         daemon.terminate()
         assert await daemon.wait_exit(timeout_s=60) == 0
 

@@ -194,6 +194,7 @@ LONG = 5000
         (settings.POLL_INTERVAL_ENV, "9" * LONG),
         (settings.DRAIN_SECONDS_ENV, "x" * LONG),
         (settings.LOG_FORMAT_ENV, "x" * LONG),
+        (settings.EVENT_LOOP_ENV, "x" * LONG),
         (settings.PGBOUNCER_ENV, "x" * LONG),
         ("VERCEL", "x" * LONG),
         ("DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", "x" * LONG),

@@ -280,3 +280,22 @@ def test_the_store_schema_is_the_scheduler_schema_unless_lane_worker_store_schem
         (error,) = diagnose({**base, "LANE_WORKER_STORE_SCHEMA": bad}).errors
         assert error.variable == "LANE_WORKER_STORE_SCHEMA"
         assert str(error).startswith(f"LANE_WORKER_STORE_SCHEMA={bad!r} is ")
+
+
+@pytest.mark.parametrize(
+    ("value", "loop"), [(None, "uvloop"), ("", "uvloop"), ("AsyncIO", "asyncio")]
+)
+def test_the_event_loop_defaults_to_uvloop(value: str | None, loop: str) -> None:
+    """LANE_WORKER_EVENT_LOOP: uvloop unless asyncio is asked for (any case); blank is unset."""
+    env = {"WORKFLOW_RUNTIME_POSTGRES": DB}
+    if value is not None:
+        env["LANE_WORKER_EVENT_LOOP"] = value
+    assert Settings.from_env(env).tuning.event_loop == loop
+
+
+def test_an_unknown_event_loop_is_refused_naming_the_variable() -> None:
+    """A value that names no loop is refused (78), not guessed."""
+    with pytest.raises(LaneConfigError) as caught:
+        Settings.from_env({"WORKFLOW_RUNTIME_POSTGRES": DB, "LANE_WORKER_EVENT_LOOP": "tokio"})
+    assert caught.value.variable == "LANE_WORKER_EVENT_LOOP"
+    assert "'tokio' is not valid: set it to uvloop or asyncio" in str(caught.value)

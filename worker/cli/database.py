@@ -45,6 +45,7 @@ def _render(diagnosis: settings.Diagnosis) -> str:
         ("health port", f"{t.health_port} on {t.health_host}"),
         ("max attempts", str(t.max_attempts)),
         ("log format", t.log_format),
+        ("event loop", t.event_loop),
     ]
     lines = columns(rows)
     verdict = (

@@ -24,6 +24,7 @@ from worker.config.env import DATABASE_URL_ENV as DATABASE_URL_ENV
 from worker.config.env import DEFER_ALERT_AFTER_ENV as DEFER_ALERT_AFTER_ENV
 from worker.config.env import DEFER_FAIL_AFTER_ENV as DEFER_FAIL_AFTER_ENV
 from worker.config.env import DRAIN_SECONDS_ENV as DRAIN_SECONDS_ENV
+from worker.config.env import EVENT_LOOP_ENV as EVENT_LOOP_ENV
 from worker.config.env import (
     FLY_MACHINE_ID_ENV,
     MACHINE_ID_ENV,
@@ -124,6 +125,7 @@ class Diagnosis:
             "healthHost": self.tuning.health_host,
             "maxAttempts": self.tuning.max_attempts,
             "logFormat": self.tuning.log_format,
+            "eventLoop": self.tuning.event_loop,
             "pgbouncer": self.tuning.pgbouncer,
             "deferAlertAfterSeconds": self.tuning.defer_alert_after_s,
             "deferFailAfterSeconds": self.tuning.defer_fail_after_s,

@@ -15,6 +15,7 @@ from worker.config.env import (
     DEFER_ALERT_AFTER_ENV,
     DEFER_FAIL_AFTER_ENV,
     DRAIN_SECONDS_ENV,
+    EVENT_LOOP_ENV,
     HEALTH_HOST_ENV,
     HEALTH_PORT_ENV,
     HOST,
@@ -39,6 +40,7 @@ from worker.config.env import (
 from worker.errors import shown
 
 LogFormat = Literal["json", "console", "auto"]
+EventLoop = Literal["uvloop", "asyncio"]
 MAX_PROCESSES = 64
 
 
@@ -59,6 +61,9 @@ class Tuning:
     health_host: str = "0.0.0.0"  # noqa: S104 (a container's health port: all interfaces)
     max_attempts: int = 5
     log_format: LogFormat = "auto"
+    # uvloop costs the daemon less CPU per run than asyncio's own loop (bench/README.md);
+    # where it cannot be imported the daemon falls back to asyncio with a warning.
+    event_loop: EventLoop = "uvloop"
     pgbouncer: bool = False
     defer_alert_after_s: float = 3600.0
     defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
@@ -107,7 +112,8 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
     """Read every tuning variable; a refused one is recorded in ``problems`` and defaulted.
 
     The refusals are recorded in a fixed order (the boot guard says the first):
-    log format, health host, PgBouncer, then the numbers as ``_NUMBERS`` lists them.
+    log format, event loop, health host, PgBouncer, then the numbers as ``_NUMBERS``
+    lists them.
     """
     defaults = Tuning()
     log_format = (blank_as_unset(env, LOG_FORMAT_ENV) or defaults.log_format).lower()
@@ -118,6 +124,14 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
             "json, console or auto (default auto: console on a terminal, json otherwise).",
         )
         log_format = defaults.log_format
+    event_loop = (blank_as_unset(env, EVENT_LOOP_ENV) or defaults.event_loop).lower()
+    if event_loop not in ("uvloop", "asyncio"):
+        problems.refuse(
+            EVENT_LOOP_ENV,
+            f"{EVENT_LOOP_ENV}={shown(env.get(EVENT_LOOP_ENV) or '')} is not valid: set it to "
+            "uvloop or asyncio (default uvloop; asyncio where uvloop cannot be imported).",
+        )
+        event_loop = defaults.event_loop
     health_host = blank_as_unset(env, HEALTH_HOST_ENV) or defaults.health_host
     if not HOST.fullmatch(health_host):
         problems.refuse(
@@ -145,8 +159,8 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
         )
         ledger_path = defaults.ledger_path
     values.update(
-        log_format=log_format, health_host=health_host, pgbouncer=pgbouncer,
-        ledger_path=ledger_path,
+        log_format=log_format, event_loop=event_loop, health_host=health_host,
+        pgbouncer=pgbouncer, ledger_path=ledger_path,
     )  # fmt: skip
     assert set(values) == {f.name for f in fields(Tuning)}
     return Tuning(**values)  # type: ignore[arg-type]  # each value checked above

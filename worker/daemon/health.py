@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import anyio
@@ -355,9 +356,12 @@ class HealthServer:
                 f"({exc.strerror or exc}); set LANE_WORKER_HEALTH_PORT to a free port (0 picks "
                 "one), or LANE_WORKER_HEALTH_HOST to an address of this machine."
             ) from exc
-        server = site._server  # aiohttp exposes the bound port only through the server
-        assert isinstance(server, asyncio.Server)
-        self.port = int(server.sockets[0].getsockname()[1])
+        # aiohttp exposes the bound port only through the server: asyncio's Server, or
+        # uvloop's, which is no subclass of it but has the same `sockets`.
+        server = site._server
+        assert server is not None
+        sockets: Sequence[socket.socket] = server.sockets  # type: ignore[attr-defined]
+        self.port = int(sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:

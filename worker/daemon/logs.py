@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import msgspec
 import structlog
 
 from worker.config.dburl import mask_secrets
@@ -16,6 +20,59 @@ _OWN_NAMES = frozenset(
     {"event", "level", "log_level", "timestamp", "logger", "queue", "release_id", "worker_id",
      "run_id", "task_id", "schema", "loop", "from_release_id", "to_queue", "adopter_release_id"}
 )  # fmt: skip
+
+
+# The values most lines hold; a line with anything else is written by json.dumps.
+_FLAT = frozenset({str, int, bool, type(None)})
+_encode = msgspec.json.Encoder().encode
+
+
+def render_json(event: Mapping[str, Any], **kw: Any) -> str:
+    """Return a JSON log line: msgspec for flat lines, ``json.dumps(event, **kw)`` for the rest.
+
+    msgspec writes a line in a fraction of json's time (two lines per run). It is
+    used only where it writes the same JSON value json would: flat values (a
+    nested dict, a UUID or a date keep json's text, and structlog's fallback for
+    what json cannot write), finite floats, ASCII only (json escapes the rest, so a
+    line stays ASCII whatever stdout's encoding). The text differs in spacing and
+    an exponent's spelling only (1e-07 is 1e-7).
+    """
+    for value in event.values():
+        kind = type(value)
+        if kind not in _FLAT and not (kind is float and math.isfinite(value)):
+            return json.dumps(event, **kw)
+    try:
+        text = _encode(event)
+    except (TypeError, ValueError, OverflowError):  # a lone surrogate, a 5,000-digit int
+        return json.dumps(event, **kw)
+    return text.decode("ascii") if text.isascii() else json.dumps(event, **kw)
+
+
+# The last whole second stamped and its ISO text: a line needs only its microseconds.
+# One tuple, swapped whole: a step's thread may log at the same time.
+_second: tuple[int, str] = (-1, "")
+
+
+def iso_utc(now_ns: int) -> str:
+    """Return Unix time ``now_ns`` as structlog's TimeStamper(fmt="iso", utc=True) writes it.
+
+    ``2026-12-07T05:50:43.676900Z`` (microseconds floored, none written when they
+    are 0, as ``datetime.now().isoformat()``), at a fraction of its cost (two lines
+    per run).
+    """
+    global _second
+    whole, fraction = divmod(now_ns, 1_000_000_000)
+    second, text = _second
+    if whole != second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    micros = fraction // 1000
+    return f"{text}.{micros:06d}Z" if micros else f"{text}Z"
+
+
+def _stamp(_logger: Any, _method: str, event: Any) -> Any:
+    event["timestamp"] = iso_utc(time.time_ns())
+    return event
 
 
 def _scrub(value: Any, secrets: Sequence[str]) -> Any:
@@ -84,13 +141,13 @@ def configure(
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=False)
         if use_console
-        else structlog.processors.JSONRenderer()
+        else structlog.processors.JSONRenderer(serializer=render_json)
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _stamp,
             structlog.processors.format_exc_info,
             scrub_secrets,
             renderer,

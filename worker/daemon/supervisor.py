@@ -243,6 +243,7 @@ class Supervisor:
                         health_port=self.health_port,
                         listen=not s.tuning.pgbouncer,
                         lane=self.lane_state,
+                        event_loop=boot.running_loop(),
                     )
                     if self.lane_state == LaneState.DRAINING:
                         self.log.warning(

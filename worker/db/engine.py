@@ -165,8 +165,7 @@ def _prefixed(cls: type[R], r: asyncpg.Record, prefix: str, key: str) -> R | Non
     # ``key`` column means no such row.
     if r[prefix + key] is None:
         return None
-    n = len(prefix)
-    return row_of(cls, {k[n:]: v for k, v in r.items() if k[:n] == prefix})
+    return row_of(cls, r, prefix)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ left over at shutdown) is given back by ``worker/run/handback.py``.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -36,6 +35,7 @@ from worker.db.store.attempts import CheckpointWrite, CompletionWrite
 from worker.db.store.rows import Begun
 from worker.db.tasks import notify
 from worker.errors import LeaseLostError
+from worker.jsonvalue import encode_checked
 from worker.metrics import Metrics
 from worker.run import facts
 from worker.run.deferral import Streak, count_deferral, report_streak
@@ -226,7 +226,8 @@ class Attempt:
             )
 
         def batched() -> CheckpointWrite:
-            state = None if result is None else json.dumps(result)
+            # Checked by json_problem when the step returned (context._step_at).
+            state = None if result is None else encode_checked(result)
             return CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
 
         await self._owner.group_commit.write(batched, alone)
@@ -291,9 +292,11 @@ class Attempt:
                 )  # fmt: skip
 
         def batched() -> CompletionWrite:
-            encoded = None if output is None else json.dumps(output)
+            # The output was checked by json_problem (execute); the fact holds it and our own
+            # strings and numbers.
+            encoded = None if output is None else encode_checked(output)
             return CompletionWrite(
-                h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, json.dumps(fact)
+                h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
             )
 
         try:

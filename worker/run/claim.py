@@ -24,7 +24,7 @@ from worker import lanes
 from worker.config.dburl import url_secrets
 from worker.db import engine
 from worker.errors import LaneMismatchError
-from worker.metrics import Metrics
+from worker.metrics import Counted, Metrics
 from worker.run.claim_health import ClaimHealth
 from worker.run.execute import Runtime
 from worker.states import Disposition, Outcome
@@ -145,6 +145,9 @@ class Poller:
         self.listen_poll_interval_s = max(shared.listen_poll_interval_s, shared.poll_interval_s)
         self.listening = shared.listening
         self.metrics = shared.metrics
+        self._claims = Counted(shared.metrics.claims)
+        self._attempts = Counted(shared.metrics.attempts)
+        self._runs = Counted(shared.metrics.runs)
         self.runs = shared.runs
         self.on_guard_failure = shared.on_guard_failure
         self.quiet = shared.quiet
@@ -363,10 +366,10 @@ class Poller:
                 self.wakeup.set()
         if handled.foreign:
             return  # another system's task, put back for its owner: none of lane-worker's
-        self.metrics.claims.labels(self.kind, handled.disposition).inc()
-        self.metrics.attempts.labels(handled.outcome).inc()
+        self._claims.inc(self.kind, handled.disposition)
+        self._attempts.inc(handled.outcome)
         if handled.outcome in TERMINAL_OUTCOMES:
-            self.metrics.runs.labels(handled.outcome).inc()
+            self._runs.inc(handled.outcome)
 
     def _refused(self) -> None:
         if self.kind == "continuation":

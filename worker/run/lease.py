@@ -60,13 +60,20 @@ class _Keeper:
         self.db, self.metrics, self.attempt, self.ctx = db, metrics, attempt, ctx
         self.lost: LeaseLostError | None = None
         self.cancelled_host = False
+        self.task: asyncio.Task[None] | None = None
+
+    def first_pause_s(self) -> float:
+        """Return how long after the play starts the first extension is due."""
+        return max(1.0, self.attempt.handle.lease_s / 3)
+
+    def start(self) -> None:
+        """Start extending: ``with_lease`` calls this once the first extension is due."""
+        self.task = asyncio.get_running_loop().create_task(self.keep())
 
     async def keep(self) -> None:
         h, bound = self.attempt.handle, self.attempt.log
-        pause_s = max(1.0, h.lease_s / 3)
         blocked = 0  # extensions in a row that found the row locked
         while True:
-            await asyncio.sleep(pause_s)
             pause_s = max(1.0, h.lease_s / 3)
             try:
                 await self.db.run(
@@ -102,6 +109,7 @@ class _Keeper:
                 blocked += 1
             except Exception as exc:  # the database is away: keep trying while the lease lasts
                 bound.warning("lease.extend_failed", error=repr(exc))
+            await asyncio.sleep(pause_s)
 
     def take_back_cancel(self) -> bool:
         """Undo the keeper's cancel of the host, if it made one; say whether it did."""
@@ -123,7 +131,9 @@ async def with_lease(
     that step beside it. A drain does not wait (the process exits).
     """
     keeper = _Keeper(db, metrics, attempt, ctx)
-    keeping = asyncio.create_task(keeper.keep())
+    # The keeper's task starts when the first extension is due: most runs end
+    # before, and a timer costs a fraction of a task started and cancelled per run.
+    due = asyncio.get_running_loop().call_later(keeper.first_pause_s(), keeper.start)
     # The play runs in a task of its own: what it does to its task's cancel
     # count (Python 3.11's TaskGroup leaves one behind when a child fails
     # while the group exits) must not make this run look like a drain. A
@@ -146,9 +156,11 @@ async def with_lease(
             raise keeper.lost from None
         raise
     finally:
-        keeping.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await keeping
+        due.cancel()
+        if keeper.task is not None:
+            keeper.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper.task
         # The keeper cancelled the host just as the work returned: take that
         # cancel back, or the run would later look like a drain.
         keeper.take_back_cancel()

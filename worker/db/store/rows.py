@@ -19,10 +19,20 @@ import asyncpg
 R = TypeVar("R")
 
 
-def row_of(cls: type[R], record: asyncpg.Record | Mapping[str, Any]) -> R:
-    """Return ``cls`` built from the columns of ``record`` it names."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    return cls(**{name: record[name] for name in names})
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+def field_names(cls: type[Any]) -> tuple[str, ...]:
+    """Return the field names of dataclass ``cls`` (read once per class: rows are built per run)."""
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def row_of(cls: type[R], record: asyncpg.Record | Mapping[str, Any], prefix: str = "") -> R:
+    """Return ``cls`` built from the columns of ``record`` it names, each after ``prefix``."""
+    return cls(**{name: record[prefix + name] for name in field_names(cls)})
 
 
 @dataclass(frozen=True)
