@@ -159,8 +159,8 @@ async def _a_lane_write_waits_for_a_lock(url: str) -> bool:
     try:
         return bool(
             await conn.fetchval(
-                "select exists (select 1 from pg_stat_activity where wait_event_type = 'Lock'"
-                " and query like '%releases%')"
+                "select exists (select 1 from pg_stat_activity where datname = current_database()"
+                " and wait_event_type = 'Lock' and query like '%releases%')"
             )
         )
     finally:

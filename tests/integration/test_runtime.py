@@ -279,10 +279,12 @@ async def test_timeout_counts_from_when_the_wait_was_armed(database_url: str) ->
         await work_until(rt, "completed", timeout_s=60)
         elapsed_s = time.monotonic() - armed_at
         status = await client.status(submitted.run_id)
-    # The engine was asked for what was left of the 5 s (whole seconds, rounded up;
-    # less on a slow machine), not for 5 s again from the re-park.
+    # The engine was asked for what was left of the 5 s (whole seconds, rounded up),
+    # not for 5 s again from the re-park. About 2 s; up to 3 when the first claim's
+    # clock ran ahead (it reads the database's time after the claim was sent: a
+    # loaded server that starts the statement late moves the armed time later).
     assert armed["engine_s"] == 5
-    assert rearmed["engine_s"] <= 2
+    assert rearmed["engine_s"] <= 3
     assert status.output["timed_out"] is True
     assert elapsed_s >= 4.5  # not early
 

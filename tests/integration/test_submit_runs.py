@@ -196,16 +196,23 @@ async def test_a_key_repeated_in_one_call_for_another_request_is_refused(
     assert await counts(conn) == before
 
 
-async def waits_for_a_lock(
-    other: asyncpg.Connection[asyncpg.Record], call: asyncio.Future[Any]
-) -> bool:
-    """Tell whether a submit_runs call of another session waits for a lock (or ended)."""
+async def waits_for_a_lock(url: str, call: asyncio.Future[Any]) -> bool:
+    """Tell whether a submit_runs call of another session waits for a lock (or ended).
+
+    Asked on a fresh connection: a session inside a transaction keeps its first
+    view of pg_stat_activity until that transaction ends, so the session holding
+    the key would never see the call start to wait.
+    """
     if call.done():
         return True
-    waiting = await other.fetchval(
-        "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-        " and query like '%submit_runs%' and pid <> pg_backend_pid()"
-    )
+    watcher = await connect(url)
+    try:
+        waiting = await watcher.fetchval(
+            "select count(*) from pg_stat_activity where datname = current_database()"
+            " and wait_event_type = 'Lock' and query like '%submit_runs%'"
+        )
+    finally:
+        await watcher.close()
     return bool(waiting)
 
 
@@ -220,7 +227,7 @@ async def test_a_key_committed_meanwhile_by_another_call_is_answered_with_its_ru
         await tx.start()
         theirs = await call(other, "submit_runs", [item])
         mine = asyncio.ensure_future(call(conn, "submit_runs", [GOOD[0], item, item]))
-        await eventually(lambda: waits_for_a_lock(other, mine), what="the call to wait")
+        await eventually(lambda: waits_for_a_lock(database_url, mine), what="the call to wait")
         assert not mine.done()
         await tx.commit()
         made = await asyncio.wait_for(mine, 30)
@@ -241,7 +248,7 @@ async def test_a_key_committed_meanwhile_for_another_request_refuses_the_call(
         async with other.transaction():
             await call(other, "submit_runs", [{**item, "play": "bill"}])
             mine = asyncio.ensure_future(call(conn, "submit_runs", [GOOD[0], item]))
-            await eventually(lambda: waits_for_a_lock(other, mine), what="the call to wait")
+            await eventually(lambda: waits_for_a_lock(database_url, mine), what="the call to wait")
         with pytest.raises(asyncpg.UniqueViolationError) as caught:
             await asyncio.wait_for(mine, 30)
     finally:

@@ -217,8 +217,10 @@ async def claim(
     """
     if (with_lanes or mode is not None) and store_schema is None:
         raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
-    sent_s = time.monotonic()
     rows: list[asyncpg.Record] | None = None
+    # Taken before the statement that answers (the runs' clock reads the
+    # database's time after it): a fallback statement takes it again.
+    sent_s = time.monotonic()
     if mode is None and with_lanes and begin is not None and queue == own_queue:
         # The own loop's usual claim: one static statement for this queue, whose
         # plan the server keeps (sql/engine/own_claim.sql).
@@ -230,6 +232,7 @@ async def claim(
         )  # fmt: skip
         if any(r["retired"] for r in rows):
             rows = None  # a retired lane's worker: claim_next serves it as 'drain'
+            sent_s = time.monotonic()
     if rows is None and (with_lanes or mode is not None):
         rows = await conn.fetch(
             engine_query("claim_next"),
