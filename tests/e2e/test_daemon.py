@@ -15,7 +15,7 @@ import pytest
 from support.daemon import Daemons, base_env, one_sentence, queue_of
 from support.runtime import eventually, open_client
 from worker import lanes
-from worker.client import RunStatus
+from worker.client import RunReport
 
 RELEASE = "rel-a"  # as deployed (the launch stamp); the worker calls itself by its sanitized id
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
@@ -253,7 +253,7 @@ async def test_the_daemon_runs_on_asyncios_loop_when_asked_or_without_uvloop(
         assert await daemon.wait_exit(timeout_s=60) == 0
 
 
-def engine_attempts(status: RunStatus) -> list[int]:
+def engine_attempts(status: RunReport) -> list[int]:
     """Return the engine attempt number of every attempt row."""
     return [a.attempt for a in status.attempts]
 

@@ -14,7 +14,7 @@ from support import typescript as ts
 from support.db import execute, fetch, sql
 from support.runtime import SCHEMA, env_of, open_client, open_runtime, register_worker
 from worker import App, TaskContext
-from worker.client import LaneClient, RunStatus
+from worker.client import LaneClient, RunReport
 from worker.daemon.maintenance import maintain
 from worker.metrics import Metrics
 
@@ -57,7 +57,7 @@ def errors_of(metrics: Metrics, queue: str) -> float | None:
     )
 
 
-def settled_once(status: RunStatus) -> None:
+def settled_once(status: RunReport) -> None:
     """Assert the reconciler settled an engine-cancelled run with exactly one terminal fact."""
     assert status.status == "cancelled"
     assert status.facts == ("run.cancelled",)

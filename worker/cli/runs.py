@@ -27,7 +27,7 @@ from worker.cli.params import (
     json_option,
 )
 from worker.cli.root import cli
-from worker.client import SUBMIT_VARIABLES, LaneClient, RunStatus
+from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport
 from worker.config import settings
 from worker.errors import printable
 from worker.jsonvalue import unreadable_in
@@ -83,7 +83,7 @@ def submit(ctx: click.Context, play: str | None, from_file: str | None, input_: 
     if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
         raise click.UsageError("--timeout only applies together with --wait.")
 
-    async def action(client: LaneClient) -> tuple[dict[str, Any], RunStatus | None]:
+    async def action(client: LaneClient) -> tuple[dict[str, Any], RunReport | None]:
         run = await client.submit(
             play, input_, idempotency_key=idempotency_key, queue_suffix=queue_suffix,
             runtime_api=runtime_api,
@@ -172,7 +172,7 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
 def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
     """Cancel a run (a finished run is left as it is)."""
 
-    async def action(client: LaneClient) -> tuple[bool, RunStatus]:
+    async def action(client: LaneClient) -> tuple[bool, RunReport]:
         cancelled = await client.cancel(run_id, reason=reason)
         return cancelled, await client.status(run_id)
 

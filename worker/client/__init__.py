@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -26,7 +27,7 @@ from worker.client.bulk import SubmitRequest as SubmitRequest  # public API
 from worker.client.bulk import submit_items
 from worker.client.results import AttemptView as AttemptView
 from worker.client.results import RunnerReport as RunnerReport
-from worker.client.results import RunStatus as RunStatus
+from worker.client.results import RunReport as RunReport  # public API
 from worker.client.results import SignalResult as SignalResult
 from worker.client.results import StepView as StepView
 from worker.client.results import SubmittedRun as SubmittedRun  # public API
@@ -73,6 +74,23 @@ CONNECT_VARIABLES = (
 )
 # What a submit on the process's own lane reads besides them.
 SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, settings.MAX_ATTEMPTS_ENV)
+
+if TYPE_CHECKING:
+    # Deprecated: ``RunReport``'s old name, kept so code written against it still imports
+    # and type-checks (``worker.states.RunStatus`` is the status enum).
+    RunStatus = RunReport
+
+
+def __getattr__(name: str) -> Any:
+    """Answer ``RunStatus`` (deprecated) with ``RunReport`` and a ``DeprecationWarning``."""
+    if name == "RunStatus":
+        warnings.warn(
+            "worker.client.RunStatus is deprecated: use worker.client.RunReport (the same class)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return RunReport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LaneClient:
@@ -372,15 +390,15 @@ class LaneClient:
             said["woke"], said["reason"],
         )  # fmt: skip
 
-    async def status(self, run_id: str) -> RunStatus:
+    async def status(self, run_id: str) -> RunReport:
         """Return a run's status, attempts, steps and result (the store's ``run_status``)."""
         await self.check_schemas()
         run_uuid = parse_run_id(run_id)
-        return RunStatus.from_json(
+        return RunReport.from_json(
             await self.db.run(lambda c: self.store.api.status(c, run_id=run_uuid))
         )
 
-    async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunStatus:  # noqa: ASYNC109 (design API)
+    async def wait(self, run_id: str, timeout: float, *, poll_s: float = 0.2) -> RunReport:  # noqa: ASYNC109 (design API)
         """Wait until the run finishes or ``timeout`` seconds pass; return its last status."""
         deadline = asyncio.get_running_loop().time() + timeout
         while True:

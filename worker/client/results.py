@@ -1,4 +1,4 @@
-"""What the client returns: a submitted run, a run's status, a signal's delivery."""
+"""What the client returns: a submitted run, a run's report, a signal's delivery."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ class StepView:
 
 
 @dataclass(frozen=True)
-class RunStatus:
-    """What ``status`` reports about a run."""
+class RunReport:
+    """What ``status`` reports about a run (``status``: a ``worker.states.RunStatus`` value)."""
 
     run_id: str
     play: str
@@ -61,7 +61,7 @@ class RunStatus:
     ledger: tuple[dict[str, Any], ...] = ()
 
     @classmethod
-    def from_json(cls, said: dict[str, Any]) -> RunStatus:
+    def from_json(cls, said: dict[str, Any]) -> RunReport:
         """Read what the store's ``run_status`` returns (the ``status --json`` shape)."""
         return cls(
             run_id=said["runId"],

@@ -19,7 +19,7 @@ import asyncpg
 
 from worker.db.pool import Connection
 from worker.db.sql import engine_query, query
-from worker.db.store.rows import Begun, LaneState, row_of
+from worker.db.store.rows import Begun, ClaimedRunState, row_of
 from worker.errors import LeaseLostError, RunCancelledError, RunNotRunningError
 
 R = TypeVar("R")
@@ -144,7 +144,7 @@ class ClaimedRun:
     event_payload: Any
     # The store's facts read with the claim (``claim_with_lanes``); None when the
     # claim did not read them or the task has no store row.
-    lane: LaneState | None = None
+    lane: ClaimedRunState | None = None
     # The attempt the claim began as 'own' (``BeginOwn``), and the monotonic time
     # its statement was sent (the attempt's clock starts from it); None: not begun.
     begun: Begun | None = None
@@ -254,7 +254,7 @@ async def claim(
             max_attempts=r["max_attempts"],
             wake_event=r["wake_event"],
             event_payload=r["event_payload"],
-            lane=_prefixed(LaneState, r, "lane_", "run_id") if with_lanes else None,
+            lane=_prefixed(ClaimedRunState, r, "lane_", "run_id") if with_lanes else None,
             begun=_prefixed(Begun, r, "begun_", "attempt_id") if with_lanes else None,
             sent_s=sent_s,
         )

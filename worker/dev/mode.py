@@ -12,7 +12,7 @@ import click
 
 from worker import demo
 from worker.app import App
-from worker.client import LaneClient, RunStatus, lanes_table
+from worker.client import LaneClient, RunReport, lanes_table
 from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV, blank_as_unset
 from worker.config.settings import Settings
 from worker.daemon import boot
@@ -135,7 +135,7 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str], embedded:
     return 0
 
 
-def _progress_line(play: str, status: RunStatus) -> str:
+def _progress_line(play: str, status: RunReport) -> str:
     detail = ""
     if status.status == "completed":
         detail = f" -> {status.output}"

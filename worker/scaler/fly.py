@@ -104,7 +104,7 @@ class Unanswered(BackendError):
     """No answer the API meant (5xx, 429, a timeout) after every try."""
 
 
-class Unreadable(BackendError):
+class UnreadableReply(BackendError):
     """A 2xx whose body is not what the call answers (not JSON, or no machine in it)."""
 
 
@@ -205,7 +205,7 @@ class FlyBackend:
                     try:
                         return await response.json(content_type=None) if text else None
                     except ValueError:
-                        raise Unreadable(
+                        raise UnreadableReply(
                             f"Fly Machines API {method} {path}: HTTP {response.status} with a "
                             "body that is not JSON"
                         ) from None
@@ -303,7 +303,7 @@ class FlyBackend:
                 if exc.status not in (409, 422):  # not "that name is taken": a refusal
                     raise
                 last = str(exc)
-            except Unreadable as exc:
+            except UnreadableReply as exc:
                 last = str(exc)  # a 2xx: it made the machine and the answer is lost
             else:
                 if isinstance(made, dict) and made.get("id") not in (None, ""):

@@ -8,7 +8,7 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-from worker.db.store.rows import Begun, DeferralCount, LaneState
+from worker.db.store.rows import Begun, ClaimedRunState, DeferralCount
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +40,9 @@ class AttemptQueries(Queries):
 
     FILE = "attempts.sql"
 
-    async def lane_state(self, conn: Connection, *, task_id: uuid.UUID) -> LaneState | None:
+    async def lane_state(self, conn: Connection, *, task_id: uuid.UUID) -> ClaimedRunState | None:
         """Return what a loop needs to decide on the claimed engine task, or None (no launch)."""
-        return await self._row(conn, LaneState, "lane_state", task_id)
+        return await self._row(conn, ClaimedRunState, "lane_state", task_id)
 
     async def begin(
         self,

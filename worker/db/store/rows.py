@@ -136,7 +136,7 @@ class DeferralCount:
 
 
 @dataclass(frozen=True)
-class LaneState:
+class ClaimedRunState:
     """What a loop needs to decide on a claimed run, and the play and input to run it."""
 
     run_id: uuid.UUID
