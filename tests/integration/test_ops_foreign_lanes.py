@@ -34,7 +34,7 @@ from worker.db import schema
 from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
 from worker.errors import UnknownLaneError
-from worker.ops.report import lanes_table
+from worker.ops.lanes_text import lanes_table
 
 A, B = "rel-fa", "rel-fb"
 QA, QB = queue_of(A), queue_of(B)

@@ -14,7 +14,7 @@ from support.db import fetch
 from support.runtime import SCHEMA, env_of, open_client, queue_of
 from worker.client import LaneClient
 from worker.errors import InvalidRequestError
-from worker.ops.report import lanes_table
+from worker.ops.lanes_text import lanes_table
 
 
 async def test_deploy_then_retire_superseded_moves_the_roles_and_the_lanes(

@@ -17,7 +17,7 @@ from support.report import remedies
 from support.runtime import SCHEMA, connect, open_client
 from worker.daemon import page
 from worker.db.store import Store
-from worker.ops.report import lane_detail, lanes_table
+from worker.ops.lanes_text import lane_detail, lanes_table
 from worker.version import VERSION
 
 A = "rel-a"

@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 from worker.daemon import health
 from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
-from worker.ops.report import LaneView
+from worker.ops.lane_view import LaneView
 
 BOUND_S = 0.5  # the request-headers bound in these tests (5 s in the daemon)
 # How much later than the bound a disconnect may be seen: room for a busy machine. The

@@ -8,7 +8,7 @@ from html import escape
 
 from worker.daemon import page, run_page
 from worker.db.store.rows import OpenRun
-from worker.ops.report import Blocker, LaneView
+from worker.ops.lane_view import Blocker, LaneView
 
 BASE = {"live_workers": 1, "queued": 0, "running": 0, "waiting": 0, "adoptable": 0}
 

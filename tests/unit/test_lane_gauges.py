@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from worker.daemon.health import lane_gauges
 from worker.metrics import Metrics
-from worker.ops.report import LaneView
+from worker.ops.lane_view import LaneView
 
 
 def view(release: str, status: str, live: int = 0, **counts: int) -> LaneView:

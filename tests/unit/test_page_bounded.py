@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from worker.daemon import page
 from worker.db.store.rows import OpenRun
-from worker.ops.report import Blocker, LaneView
+from worker.ops.lane_view import Blocker, LaneView
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 COUNTS = {"inFlight": 0, "fresh": 0, "retrying": 0, "handedBack": 0, "parkedSleep": 20,

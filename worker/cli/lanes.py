@@ -18,7 +18,7 @@ from worker.cli.params import (
 )
 from worker.cli.root import cli
 from worker.client import LaneClient, LaneView
-from worker.ops.report import lane_detail, lanes_table
+from worker.ops.lanes_text import lane_detail, lanes_table
 
 PROGRESS_EVERY_S = 10.0  # a progress line on stderr while `lanes wait` waits
 

@@ -13,8 +13,8 @@ from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
+from worker.ops.lanes_text import aligned
 from worker.ops.releases import RolloutState
-from worker.ops.report import aligned
 
 
 @cli.group("releases", invoke_without_command=True)

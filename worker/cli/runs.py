@@ -31,8 +31,8 @@ from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport
 from worker.config import settings
 from worker.errors import printable
 from worker.jsonvalue import unreadable_in
+from worker.ops.lanes_text import aligned
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
-from worker.ops.report import aligned
 
 
 @cli.command()

@@ -51,6 +51,9 @@ from worker.limits import (
     checked_play,
     checked_runtime_api,
 )
+from worker.ops.lane_view import BUCKETS
+from worker.ops.lane_view import LaneView as LaneView  # re-exported: part of the client's API
+from worker.ops.lanes_text import lanes_table as lanes_table
 from worker.ops.releases import Releases
 from worker.ops.remedies import (
     MoveReport,
@@ -59,9 +62,7 @@ from worker.ops.remedies import (
     RunSummary,
     parse_run_id,
 )
-from worker.ops.report import BUCKETS, read_report
-from worker.ops.report import LaneView as LaneView  # re-exported: part of the client's API
-from worker.ops.report import lanes_table as lanes_table
+from worker.ops.report import read_report
 
 # The variables every client call depends on; a refusal among them stops connect().
 CONNECT_VARIABLES = (

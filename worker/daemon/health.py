@@ -25,7 +25,8 @@ from worker.errors import (
     HealthPortError,
 )
 from worker.metrics import Metrics
-from worker.ops.report import LaneView, lanes_table
+from worker.ops.lane_view import LaneView
+from worker.ops.lanes_text import lanes_table
 from worker.states import LaneState
 
 LANES_TIMEOUT_S = 5.0

@@ -16,8 +16,10 @@ from typing import Any
 
 from worker.daemon.report_cache import PAGE_OPEN_RUNS
 from worker.db.store.rows import OpenRun
+from worker.ops.lane_view import BUCKETS, LaneView
+from worker.ops.lanes_text import shown_blockers
 from worker.ops.remedies import MAX_LIST, OPEN
-from worker.ops.report import BUCKETS, LaneView, collapsed, shown_blockers
+from worker.ops.report import collapsed
 from worker.ops.workers import (
     NOT_CLAIMING,
     UNKNOWN,

@@ -26,7 +26,8 @@ import anyio
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import Store
 from worker.errors import ReportClosedError, SharedReadCancelledError
-from worker.ops.report import LaneView, read_report
+from worker.ops.lane_view import LaneView
+from worker.ops.report import read_report
 from worker.ops.run_view import RunView, read_run
 
 T = TypeVar("T")

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from worker.db.store.rows import Deployment, ScalerCreate
-from worker.ops.report import LaneView
+from worker.ops.lane_view import LaneView
 from worker.scaler.backend import STOPPING, Machine, one_per_id
 from worker.scaler.plan import (
     UNLISTED_AFTER_S,
