@@ -1,28 +1,39 @@
 """A thin client of the Absurd engine's stored functions and this project's claim functions.
 
 Every function takes the connection to run on, so callers decide what commits
-together. The SQL is in ``worker/sql/engine/queries.sql``; the engine schema's
-install is ``worker/db/engine_schema.py``.
+together. Here: queues, the runs a worker holds, and the calls on a held run that
+its lease fences; the claims are ``engine_claims.py`` (re-exported here). The SQL
+is in ``worker/sql/engine/queries.sql``; the engine schema's install is
+``worker/db/engine_schema.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import asyncpg
 
+# The claims (engine_claims.py), re-exported: callers say engine.claim, engine.ClaimedRun.
+from worker.db.engine_claims import CLAIM_ADOPT as CLAIM_ADOPT
+from worker.db.engine_claims import CLAIM_DRAIN as CLAIM_DRAIN
+from worker.db.engine_claims import CLAIM_MINE as CLAIM_MINE
+from worker.db.engine_claims import CLAIM_OWN as CLAIM_OWN
+from worker.db.engine_claims import BeginOwn as BeginOwn
+from worker.db.engine_claims import ClaimBatch as ClaimBatch
+from worker.db.engine_claims import ClaimedRun as ClaimedRun
+from worker.db.engine_claims import DueCheck as DueCheck
+from worker.db.engine_claims import claim as claim
+from worker.db.engine_claims import next_due_in_s as next_due_in_s
+from worker.db.engine_claims import next_due_many as next_due_many
 from worker.db.pool import Connection
-from worker.db.sql import engine_query, query
-from worker.db.store.rows import Begun, ClaimedRunState, row_of
+from worker.db.sql import engine_query
 from worker.errors import LeaseLostError, RunCancelledError, RunNotRunningError
 
-R = TypeVar("R")
 # lane-worker's retention: the policy it sets on a queue it creates, and what the
 # store's clean_own (migration 0023) keeps to for its own tasks on any queue.
 QUEUE_CLEANUP_TTL = "6 hours"
@@ -124,200 +135,6 @@ async def task_state(conn: Connection, queue: str, task_id: uuid.UUID) -> str | 
     """Return the engine task's state, or None when the task is gone (cleaned up)."""
     state: str | None = await conn.fetchval(engine_query("task_state"), queue, task_id)
     return state
-
-
-# -- claims ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaimedRun:
-    """One engine run handed to this worker, with its lease."""
-
-    queue: str
-    run_id: uuid.UUID
-    task_id: uuid.UUID
-    attempt: int
-    task_name: str
-    params: Any
-    max_attempts: int | None
-    wake_event: str | None
-    event_payload: Any
-    # The store's facts read with the claim (``claim_with_lanes``); None when the
-    # claim did not read them or the task has no store row.
-    lane: ClaimedRunState | None = None
-    # The attempt the claim began as 'own' (``BeginOwn``), and the monotonic time
-    # its statement was sent (the attempt's clock starts from it); None: not begun.
-    begun: Begun | None = None
-    sent_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class BeginOwn:
-    """Who a claim begins certain own attempts for: the claimer's release, worker id, step keys."""
-
-    release_id: str
-    worker_id: str
-    step_keys: int
-
-
-def _prefixed(cls: type[R], r: asyncpg.Record, prefix: str, key: str) -> R | None:
-    # claim_with_lanes names each column of a store row <prefix><column>; a null
-    # ``key`` column means no such row.
-    if r[prefix + key] is None:
-        return None
-    return row_of(cls, r, prefix)
-
-
-@dataclass(frozen=True)
-class ClaimBatch:
-    """What a claim call returned: the runs, and how many expired leases it swept."""
-
-    runs: tuple[ClaimedRun, ...]
-    swept: int
-    # When the claim fell short of its quantity it also read the next due time
-    # (``due_known``): seconds until the next run this claim could hand out
-    # (negative: already due; None: none), as ``next_due_in_s`` would return.
-    due_known: bool = False
-    due_in_s: float | None = None
-
-
-# lane_worker.claim_lane_v1's modes (sql/engine/claim_v1.sql says what each hands out;
-# a worker whose lane is retired is served as CLAIM_DRAIN whatever it asks).
-CLAIM_OWN = "own"
-CLAIM_ADOPT = "adopt"
-CLAIM_MINE = "mine"
-CLAIM_DRAIN = "drain"
-
-
-async def claim(
-    conn: Connection,
-    queue: str,
-    worker_id: str,
-    *,
-    lease_s: int,
-    qty: int,
-    mode: str | None = None,
-    store_schema: str | None = None,
-    own_queue: str | None = None,
-    plays: list[str] | None = None,
-    with_lanes: bool = False,
-    begin: BeginOwn | None = None,
-) -> ClaimBatch:
-    """Claim up to ``qty`` runs from ``queue``.
-
-    Without ``mode``, the engine's own claim (a claiming release on its own
-    queue; without ``with_lanes`` it hands out every task, another system's
-    too). With a mode (``CLAIM_OWN``, ``CLAIM_ADOPT``, ``CLAIM_MINE``,
-    ``CLAIM_DRAIN``), ``lane_worker.claim_lane_v1``, which needs the run-state
-    store's schema, the claimer's own lane queue and its app's plays. With
-    ``with_lanes`` (and the store's schema), each run comes with its store facts
-    (``ClaimedRun.lane``), read in the same round trip; with ``begin`` too, the
-    attempts of the runs its own loop will certainly own are begun as well
-    (``ClaimedRun.begun``).
-    """
-    if (with_lanes or mode is not None) and store_schema is None:
-        raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
-    rows: list[asyncpg.Record] | None = None
-    # Taken before the statement that answers (the runs' clock reads the
-    # database's time after it): a fallback statement takes it again.
-    sent_s = time.monotonic()
-    if mode is None and with_lanes and begin is not None and queue == own_queue:
-        # The own loop's usual claim: one static statement for this queue, whose
-        # plan the server keeps (sql/engine/own_claim.sql).
-        assert store_schema is not None
-        rows = await conn.fetch(
-            query("engine", "own_claim.sql", "own_claim", schema=store_schema, queue=queue),
-            queue, worker_id, lease_s, qty, plays or [], begin.release_id, begin.worker_id,
-            begin.step_keys,
-        )  # fmt: skip
-        if any(r["retired"] for r in rows):
-            rows = None  # a retired lane's worker: claim_next serves it as 'drain'
-            sent_s = time.monotonic()
-    if rows is None and (with_lanes or mode is not None):
-        rows = await conn.fetch(
-            engine_query("claim_next"),
-            queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
-            with_lanes,
-            *((begin.release_id, begin.worker_id, begin.step_keys) if begin else (None,) * 3),
-        )  # fmt: skip
-    elif rows is None:
-        rows = await conn.fetch(engine_query("claim_task"), queue, worker_id, lease_s, qty)
-    due = next((r for r in rows if r["run_id"] is None and r.get("due_known")), None)
-    runs = tuple(
-        ClaimedRun(
-            queue=queue,
-            run_id=r["run_id"],
-            task_id=r["task_id"],
-            attempt=r["attempt"],
-            task_name=r["task_name"],
-            params=r["params"],
-            max_attempts=r["max_attempts"],
-            wake_event=r["wake_event"],
-            event_payload=r["event_payload"],
-            lane=_prefixed(ClaimedRunState, r, "lane_", "run_id") if with_lanes else None,
-            begun=_prefixed(Begun, r, "begun_", "attempt_id") if with_lanes else None,
-            sent_s=sent_s,
-        )
-        for r in rows
-        if r["run_id"] is not None
-    )
-    return ClaimBatch(
-        runs=runs,
-        swept=max((r["swept"] for r in rows), default=0),
-        due_known=due is not None,
-        due_in_s=due["due_in_s"] if due is not None else None,
-    )
-
-
-async def next_due_in_s(
-    conn: Connection,
-    queue: str,
-    *,
-    mode: str | None = None,
-    store_schema: str | None = None,
-    own_queue: str | None = None,
-    plays: list[str] | None = None,
-) -> float | None:
-    """Seconds until ``claim`` (with the same arguments) hands out a run of ``queue``, if any.
-
-    Negative: one is due already; measured on the database's clock, which the
-    engine wakes runs by. With the store's schema, only lane-worker's tasks count.
-    """
-    if mode is None and store_schema is None:
-        due: float | None = await conn.fetchval(engine_query("next_due"), queue)
-    else:
-        due = await conn.fetchval(
-            engine_query("next_due_in"), queue, store_schema, own_queue, mode, plays or []
-        )
-    return due
-
-
-@dataclass(frozen=True)
-class DueCheck:
-    """One queue of the claim loops' safety net: is it there, and when is a run claimable."""
-
-    queue: str
-    present: bool
-    due_in_s: float | None  # as ``next_due_in_s``: negative, due already; None, none
-
-
-async def next_due_many(
-    conn: Connection,
-    queues: list[str],
-    modes: list[str | None],
-    *,
-    store_schema: str,
-    own_queue: str,
-    plays: list[str],
-) -> list[DueCheck]:
-    """Return ``next_due_in_s`` of each of ``queues`` (claimed in ``modes``) in one statement.
-
-    Keep ``queues`` to a bounded batch: each queue's run table stays locked until commit.
-    """
-    rows = await conn.fetch(
-        engine_query("next_due_many"), queues, store_schema, own_queue, plays, modes
-    )
-    return [DueCheck(r["queue"], r["present"], r["due_in_s"]) for r in rows]
 
 
 @dataclass(frozen=True)
