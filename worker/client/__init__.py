@@ -53,10 +53,10 @@ from worker.ops.lane_view import LaneView as LaneView  # re-exported: part of th
 from worker.ops.lanes_text import lanes_table as lanes_table
 from worker.ops.prune import LanePruning
 from worker.ops.releases import Releases
-from worker.ops.remedies import MoveReport as MoveReport  # what the operator's calls return
 from worker.ops.remedies import Remedies, parse_run_id
-from worker.ops.remedies import RetriedRun as RetriedRun
-from worker.ops.remedies import RunSummary as RunSummary
+from worker.ops.remedy_results import MoveReport as MoveReport  # what the operator's calls return
+from worker.ops.remedy_results import RetriedRun as RetriedRun
+from worker.ops.remedy_results import RunSummary as RunSummary
 from worker.ops.report import read_report as read_report
 
 # The variables every client call depends on; a refusal among them stops connect().
@@ -279,11 +279,14 @@ class LaneClient(OperatorCalls):
 
         async def submit(conn: Connection) -> dict[str, Any]:
             return await self.store.api.submit(
-                conn, play=play, input=params, release_id=release_id,
+                conn,
+                play=play,
+                input=params,
+                release_id=release_id,
                 idempotency_key=idempotency_key,
                 runtime_api=api,
                 max_attempts=self._max_attempts,
-            )  # fmt: skip
+            )
 
         try:
             made = await self.db.run(submit)
@@ -353,9 +356,13 @@ class LaneClient(OperatorCalls):
             lambda c: self.store.api.signal(c, run_id=run_uuid, event_key=event_key, payload=data)
         )
         return SignalResult(
-            said["runId"], event_key, said["duplicate"], said["runEnded"],
-            delivered_to=said["deliveredTo"], kept_for_retry=said["keptForRetry"],
-        )  # fmt: skip
+            run_id=said["runId"],
+            event_key=event_key,
+            duplicate=said["duplicate"],
+            run_ended=said["runEnded"],
+            delivered_to=said["deliveredTo"],
+            kept_for_retry=said["keptForRetry"],
+        )
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> bool:
         """Cancel a run (the store's ``cancel_run``); return False when it had already ended."""
@@ -383,9 +390,13 @@ class LaneClient(OperatorCalls):
             )
         )
         return RunnerReport(
-            said["runId"], said["runnerAttempt"], said["recorded"], said["duplicate"],
-            said["woke"], said["reason"],
-        )  # fmt: skip
+            run_id=said["runId"],
+            runner_attempt=said["runnerAttempt"],
+            recorded=said["recorded"],
+            duplicate=said["duplicate"],
+            woke=said["woke"],
+            reason=said["reason"],
+        )
 
     async def status(self, run_id: str) -> RunReport:
         """Return a run's status, attempts, steps and result (the store's ``run_status``)."""

@@ -17,7 +17,8 @@ from worker.db.tasks import LANES_CHANNEL
 from worker.errors import InvalidRequestError, UnknownLaneError
 from worker.ops.lane_view import BUCKETS, LaneView
 from worker.ops.prune import LanePruning
-from worker.ops.remedies import MoveReport, Remedies, RetriedRun, RunSummary
+from worker.ops.remedies import Remedies
+from worker.ops.remedy_results import MoveReport, RetriedRun, RunSummary
 from worker.ops.report import read_report
 
 
@@ -114,9 +115,11 @@ class OperatorCalls:
         read back (else the retry is refused).
         """
         return await self.remedies.retry_run(
-            run_id, to_release=to_release, completed=completed,
+            run_id,
+            to_release=to_release,
+            completed=completed,
             drop_unreadable_signals=drop_unreadable_signals,
-        )  # fmt: skip
+        )
 
     async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
         """Move the never-started runs of a lane to a claiming one (``lanes move``)."""
@@ -167,10 +170,16 @@ class OperatorCalls:
             # it ever registered and none of its runs is open: nothing is left for
             # it to run (`lanes move` took them, or they ended).
             return LaneView(
-                release_id=release_id.strip(), queue=queue, status="drained", live_workers=0,
-                queued=0, running=0, waiting=0, adoptable=0,
+                release_id=release_id.strip(),
+                queue=queue,
+                status="drained",
+                live_workers=0,
+                queued=0,
+                running=0,
+                waiting=0,
+                adoptable=0,
                 counts={**dict.fromkeys(BUCKETS, 0), "deferred": 0},
-            )  # fmt: skip
+            )
         names = ", ".join(v.release_id for v in views[:_KNOWN_SHOWN]) or "none yet"
         raise UnknownLaneError(
             f"no lane has release {release_id.strip()!r} (queue {queue}); known lanes: {names}.",

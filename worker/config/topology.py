@@ -34,9 +34,11 @@ SuffixSource = Literal["DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_DEPLOY_
 def scheduler_schema(env: Mapping[str, str], problems: Problems) -> str:
     schema = blank_as_unset(env, lanes.SCHEDULER_SCHEMA_ENV) or lanes.PROD_DEFAULT_SCHEMA
     _check_schema_name(
-        lanes.SCHEDULER_SCHEMA_ENV, schema, f"the production default {lanes.PROD_DEFAULT_SCHEMA}",
+        lanes.SCHEDULER_SCHEMA_ENV,
+        schema,
+        f"the production default {lanes.PROD_DEFAULT_SCHEMA}",
         problems,
-    )  # fmt: skip
+    )
     return schema
 
 

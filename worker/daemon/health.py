@@ -276,9 +276,13 @@ def lane_gauges(metrics: Metrics, views: list[LaneView]) -> None:
     series: machines still up that are safe to stop are what a dashboard looks for.
     """
     gauges = (
-        metrics.lanes, metrics.lane_open_runs, metrics.lane_live_workers,
-        metrics.lane_status, metrics.lane_stranded, metrics.lane_draining_seconds,
-    )  # fmt: skip
+        metrics.lanes,
+        metrics.lane_open_runs,
+        metrics.lane_live_workers,
+        metrics.lane_status,
+        metrics.lane_stranded,
+        metrics.lane_draining_seconds,
+    )
     for gauge in gauges:
         gauge.clear()
     for status, count in Counter(v.status for v in views).items():

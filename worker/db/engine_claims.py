@@ -17,7 +17,7 @@ import asyncpg
 
 from worker.db.pool import Connection
 from worker.db.sql import engine_query, query
-from worker.db.store.rows import Begun, ClaimedRunState, row_of
+from worker.db.store.rows import Begun, ClaimedRunState, args_of, row_of
 
 R = TypeVar("R")
 
@@ -74,6 +74,38 @@ class ClaimBatch:
     due_in_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _OwnClaim:
+    """``own_claim.sql``'s parameters, in its order ($1 ... $8)."""
+
+    queue: str  # the claimer's own
+    worker_id: str
+    lease_s: int
+    qty: int
+    plays: list[str]
+    begin_release_id: str
+    begin_worker_id: str
+    step_keys: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimNext:
+    """``lane_worker.claim_next_v2``'s parameters, in its order ($1 ... $12, claim_v2.sql)."""
+
+    queue: str
+    worker_id: str
+    lease_s: int
+    qty: int
+    store_schema: str | None
+    own_queue: str | None
+    mode: str | None
+    plays: list[str]
+    with_lanes: bool
+    begin_release_id: str | None  # the begun attempts' release, worker and step keys
+    begin_worker_id: str | None
+    step_keys: int | None
+
+
 # lane_worker.claim_lane_v1's modes (sql/engine/claim_v1.sql says what each hands out;
 # a worker whose lane is retired is served as CLAIM_DRAIN whatever it asks).
 CLAIM_OWN = "own"
@@ -118,21 +150,37 @@ async def claim(
         # The own loop's usual claim: one static statement for this queue, whose
         # plan the server keeps (sql/engine/own_claim.sql).
         assert store_schema is not None
-        rows = await conn.fetch(
-            query("engine", "own_claim.sql", "own_claim", schema=store_schema, queue=queue),
-            queue, worker_id, lease_s, qty, plays or [], begin.release_id, begin.worker_id,
-            begin.step_keys,
-        )  # fmt: skip
+        own = _OwnClaim(
+            queue=queue,
+            worker_id=worker_id,
+            lease_s=lease_s,
+            qty=qty,
+            plays=plays or [],
+            begin_release_id=begin.release_id,
+            begin_worker_id=begin.worker_id,
+            step_keys=begin.step_keys,
+        )
+        sql = query("engine", "own_claim.sql", "own_claim", schema=store_schema, queue=queue)
+        rows = await conn.fetch(sql, *args_of(own))
         if any(r["retired"] for r in rows):
             rows = None  # a retired lane's worker: claim_next serves it as 'drain'
             sent_s = time.monotonic()
     if rows is None and (with_lanes or mode is not None):
-        rows = await conn.fetch(
-            engine_query("claim_next"),
-            queue, worker_id, lease_s, qty, store_schema, own_queue, mode, plays or [],
-            with_lanes,
-            *((begin.release_id, begin.worker_id, begin.step_keys) if begin else (None,) * 3),
-        )  # fmt: skip
+        params = _ClaimNext(
+            queue=queue,
+            worker_id=worker_id,
+            lease_s=lease_s,
+            qty=qty,
+            store_schema=store_schema,
+            own_queue=own_queue,
+            mode=mode,
+            plays=plays or [],
+            with_lanes=with_lanes,
+            begin_release_id=begin.release_id if begin else None,
+            begin_worker_id=begin.worker_id if begin else None,
+            step_keys=begin.step_keys if begin else None,
+        )
+        rows = await conn.fetch(engine_query("claim_next"), *args_of(params))
     elif rows is None:
         rows = await conn.fetch(engine_query("claim_task"), queue, worker_id, lease_s, qty)
     due = next((r for r in rows if r["run_id"] is None and r.get("due_known")), None)

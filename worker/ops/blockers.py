@@ -79,9 +79,16 @@ def _stamps_claim(release: str, count: int, stamps: dict[str, str]) -> str:
     )
 
 
-def _remedy(reason: str, release: str, live: int, plays: list[str], tally: Tally,
-            names: dict[str, str], served: frozenset[str] = frozenset(),
-            stuck: Sequence[dict[str, Any]] = ()) -> str:  # fmt: skip
+def _remedy(
+    reason: str,
+    release: str,
+    live: int,
+    plays: list[str],
+    tally: Tally,
+    names: dict[str, str],
+    served: frozenset[str] = frozenset(),
+    stuck: Sequence[dict[str, Any]] = (),
+) -> str:
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
         return f"the lane still claims new runs: run `lane-worker lanes retire {release}` first"

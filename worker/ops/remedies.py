@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from worker import checkpoint, lanes
 from worker.db import engine
@@ -29,6 +27,9 @@ from worker.errors import (
     UnknownLaneError,
 )
 from worker.jsonvalue import unreadable_in
+from worker.ops.remedy_results import MoveReport as MoveReport  # what the remedies return
+from worker.ops.remedy_results import RetriedRun as RetriedRun
+from worker.ops.remedy_results import RunSummary as RunSummary
 from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -43,60 +44,6 @@ STATUSES = ("queued", "running", "waiting", "retrying", "completed", "failed", "
 # A status filter beside the statuses: every run not finished (what the lanes page lists).
 OPEN = "open"
 STATUS_FILTERS = (*STATUSES, OPEN)
-
-
-@dataclass(frozen=True)
-class RetriedRun:
-    """The retry of a run: new (``created``), or the one an earlier ``runs retry`` made."""
-
-    run_id: str
-    release_id: str
-    queue: str
-    retry_of: str
-    created: bool = True
-    status: str = "queued"  # the retry's status when this was read
-    # Events of the old run left out of the retry: their payloads could not be read.
-    dropped_signals: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One run as ``lane-worker runs`` lists it."""
-
-    run_id: str
-    play: str
-    status: str
-    release_id: str
-    queue: str
-    adopted_release_id: str | None
-    attempts: int
-    created_at: datetime
-    retry_of: str | None
-
-    def as_json(self) -> dict[str, Any]:
-        """Return the run as ``runs --json`` prints it."""
-        return {
-            "runId": self.run_id,
-            "play": self.play,
-            "status": self.status,
-            "releaseId": self.release_id,
-            "queue": self.queue,
-            "adoptedReleaseId": self.adopted_release_id,
-            "attempts": self.attempts,
-            "createdAt": self.created_at.isoformat(),
-            "retryOf": self.retry_of,
-        }
-
-
-@dataclass(frozen=True)
-class MoveReport:
-    """What ``lanes move`` did: runs moved, runs refused with the reason."""
-
-    from_queue: str
-    to_queue: str
-    to_release_id: str
-    moved: tuple[str, ...]
-    refused: tuple[tuple[str, str], ...]
 
 
 async def spawn_run_task(
@@ -263,13 +210,24 @@ class Remedies:
                 )
             dropped = await self._unreadable_signals(conn, old, drop=drop_unreadable_signals)
             release_id, queue = await self._retry_target(conn, old, to_release)
-            launch = {**(old.launch or {}), "absurdReleaseId": release_id,
-                      "runId": str(new_id), "retryOf": str(old.run_id)}  # fmt: skip
+            launch = {
+                **(old.launch or {}),
+                "absurdReleaseId": release_id,
+                "runId": str(new_id),
+                "retryOf": str(old.run_id),
+            }
             await self.store.runs.insert(
-                conn, run_id=new_id, play=old.play, input=old.input, launch=launch,
-                release_id=release_id, queue=queue, idempotency_key=None,
-                max_attempts=old.max_attempts, retry_of=old.run_id,
-            )  # fmt: skip
+                conn,
+                run_id=new_id,
+                play=old.play,
+                input=old.input,
+                launch=launch,
+                release_id=release_id,
+                queue=queue,
+                idempotency_key=None,
+                max_attempts=old.max_attempts,
+                retry_of=old.run_id,
+            )
             await self.store.runs.mark_retried(conn, run_id=old.run_id, retry_id=new_id)
             # Its play waits for the same events again: an app that signalled the
             # old run must not have to signal again.
@@ -279,8 +237,13 @@ class Remedies:
             # And the app hears how the retried work ends, where it heard of the run.
             await self.store.runs.copy_runtime_api(conn, from_run=old.run_id, to_run=new_id)
             await spawn_run_task(conn, self.store, queue, new_id, old.max_attempts)
-            return RetriedRun(str(new_id), release_id, queue, str(old.run_id),
-                              dropped_signals=dropped)  # fmt: skip
+            return RetriedRun(
+                run_id=str(new_id),
+                release_id=release_id,
+                queue=queue,
+                retry_of=str(old.run_id),
+                dropped_signals=dropped,
+            )
 
         return await self.db.transaction(retry)
 
@@ -292,9 +255,11 @@ class Remedies:
         Copied, such a payload fails the retry on its first attempt, as it failed
         the run, and leaves the operator the same choice again on the retry.
         """
-        found = [(key, unreadable_in(f"the payload of its event {key!r}", payload))
-                 for key, payload in await self.store.runs.long_signal_payloads(
-                     conn, run_id=old.run_id)]  # fmt: skip
+        payloads = await self.store.runs.long_signal_payloads(conn, run_id=old.run_id)
+        found = [
+            (key, unreadable_in(f"the payload of its event {key!r}", payload))
+            for key, payload in payloads
+        ]
         bad = [(key, said) for key, said in found if said is not None]
         if bad and not drop:
             more = f" (and {len(bad) - 1} more event(s) like it)" if len(bad) > 1 else ""
@@ -315,8 +280,14 @@ class Remedies:
             newer = await self.store.runs.get(conn, again.retried_by)
             assert newer is not None  # runs are never deleted
             again = newer
-        return RetriedRun(str(again.run_id), again.release_id, again.queue,
-                          str(again.retry_of), created=False, status=again.status)  # fmt: skip
+        return RetriedRun(
+            run_id=str(again.run_id),
+            release_id=again.release_id,
+            queue=again.queue,
+            retry_of=str(again.retry_of),
+            created=False,
+            status=again.status,
+        )
 
     async def _attempt_in_flight(self, conn: Connection, run: RunRow) -> bool:
         """Tell whether an attempt of ``run`` may still be executing a step.
@@ -396,9 +367,8 @@ class Remedies:
         refused: list[tuple[str, str]] = []
         for run_id in ids:
             move = functools.partial(
-                self._move_one, run_id=run_id, from_queue=from_queue,
-                to_queue=to_queue, stamp=stamp,
-            )  # fmt: skip
+                self._move_one, run_id=run_id, from_queue=from_queue, to_queue=to_queue, stamp=stamp
+            )
             why = await self.db.transaction(move)
             if why is None:
                 moved.append(str(run_id))

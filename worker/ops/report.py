@@ -57,8 +57,12 @@ def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[s
                 parts.append(str(seen[key]))
         said = "; ".join(parts) or f"{seen.get('running', 0)} of {seen.get('target', 0)} running"
         said = mask_response(said, ())  # a credential an older scaler kept is not shown
-    return {"role": d.role, "machines_desired": d.desired,
-            "machines_live": len(d.live_machines), "scaler": said}  # fmt: skip
+    return {
+        "role": d.role,
+        "machines_desired": d.desired,
+        "machines_live": len(d.live_machines),
+        "scaler": said,
+    }
 
 
 def _age_s(now: datetime, then: datetime | None) -> float | None:
@@ -83,9 +87,16 @@ async def read_report(
         deployed = {d.queue: d for d in await store.registry.deployments(conn)}
         scaler = await store.registry.scaler_state(conn)
         views = _views(
-            now, lanes, runs, adopted, deliveries, cleanups, deployed, scaler,
+            now,
+            lanes=lanes,
+            runs=runs,
+            adopted=adopted,
+            deliveries=deliveries,
+            cleanups=cleanups,
+            deployed=deployed,
+            scaler=scaler,
             include_pruned=include_pruned,
-        )  # fmt: skip
+        )
         # Drained lanes are left out: their number grows with every deploy, and the read
         # runs inside one transaction; `lanes prune` names their busy queues.
         active = [v.queue for v in views if v.status != "drained"]
@@ -140,9 +151,14 @@ def _views(
     # registered yet: they claim as soon as one boots, and an operator must see a
     # deploy whose machines have not come up (or cannot).
     unregistered = sorted(set(tallies) - set(registered))
-    awaited = [d.queue for d in deployed.values() if d.role in ("current", "previous")
-               and d.queue not in registered and d.queue not in tallies
-               and (include_pruned or d.queue not in hidden)]  # fmt: skip
+    awaited = [
+        d.queue
+        for d in deployed.values()
+        if d.role in ("current", "previous")
+        and d.queue not in registered
+        and d.queue not in tallies
+        and (include_pruned or d.queue not in hidden)
+    ]
     for queue in [*registered, *unregistered, *awaited]:
         row = registered.get(queue)
         tally = tallies.get(queue, Tally())

@@ -8,12 +8,15 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
-from worker.db.store.rows import Begun, ClaimedRunState, DeferralCount
+from worker.db.store.rows import Begun, ClaimedRunState, DeferralCount, args_of, columns_of
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointWrite:
-    """A step's engine checkpoint, for ``write_sets``: the engine's set_task_checkpoint_state."""
+    """A step's engine checkpoint, for ``write_sets``: the engine's set_task_checkpoint_state.
+
+    Its fields are ``write_sets``' checkpoint arrays, in their order ($2 ... $7).
+    """
 
     queue: str
     task_id: uuid.UUID
@@ -25,7 +28,10 @@ class CheckpointWrite:
 
 @dataclass(frozen=True, slots=True)
 class CompletionWrite:
-    """A completing attempt, for ``write_sets``: what ``complete`` writes, as one of a set."""
+    """A completing attempt, for ``write_sets``: what ``complete`` writes, as one of a set.
+
+    Its fields are ``write_sets``' completion arrays, in their order ($8 ... $13).
+    """
 
     queue: str
     engine_run_id: uuid.UUID
@@ -33,6 +39,23 @@ class CompletionWrite:
     run_id: uuid.UUID
     attempt_id: int
     fact: str  # the terminal fact's JSON
+
+
+@dataclass(frozen=True, slots=True)
+class _BeginAttempt:
+    """``begin_attempt``'s parameters, in its order ($1 ... $11)."""
+
+    run_id: uuid.UUID
+    engine_run_id: uuid.UUID
+    attempt: int
+    worker_id: str
+    release_id: str
+    disposition: str
+    adopted_release_id: str | None
+    adopted_queue: str | None
+    step_keys: int
+    task_id: uuid.UUID
+    queue: str
 
 
 class AttemptQueries(Queries):
@@ -61,10 +84,20 @@ class AttemptQueries(Queries):
         queue: str,
     ) -> Begun:
         """Record a claim; own and adopt also move the run's fence to it (see begin_attempt)."""
-        begun = await self._row(
-            conn, Begun, "begin_attempt", run_id, engine_run_id, attempt, worker_id, release_id,
-            disposition, adopted_release_id, adopted_queue, step_keys, task_id, queue,
-        )  # fmt: skip
+        params = _BeginAttempt(
+            run_id=run_id,
+            engine_run_id=engine_run_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            release_id=release_id,
+            disposition=disposition,
+            adopted_release_id=adopted_release_id,
+            adopted_queue=adopted_queue,
+            step_keys=step_keys,
+            task_id=task_id,
+            queue=queue,
+        )
+        begun = await self._row(conn, Begun, "begin_attempt", *args_of(params))
         assert begun is not None  # the insert always returns its row
         return begun
 
@@ -115,14 +148,13 @@ class AttemptQueries(Queries):
         by its position in its list; a failed write is undone alone, the others
         commit. A write that waits over ``lock_wait_ms`` for a lock fails (55P03).
         """
-        cp, co = checkpoints, completions
         rows = await self._records(
-            conn, "write_sets", lock_wait_ms,
-            [w.queue for w in cp], [w.task_id for w in cp], [w.name for w in cp],
-            [w.state for w in cp], [w.engine_run_id for w in cp], [w.extend_s for w in cp],
-            [w.queue for w in co], [w.engine_run_id for w in co], [w.output for w in co],
-            [w.run_id for w in co], [w.attempt_id for w in co], [w.fact for w in co],
-        )  # fmt: skip
+            conn,
+            "write_sets",
+            lock_wait_ms,
+            *columns_of(CheckpointWrite, checkpoints),
+            *columns_of(CompletionWrite, completions),
+        )
         failed: tuple[dict[int, str], dict[int, str]] = ({}, {})
         for r in rows:
             failed[0 if r["kind"] == "checkpoint" else 1][r["write_at"]] = r["error_code"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -33,6 +33,23 @@ def field_names(cls: type[Any]) -> tuple[str, ...]:
 def row_of(cls: type[R], record: asyncpg.Record | Mapping[str, Any], prefix: str = "") -> R:
     """Return ``cls`` built from the columns of ``record`` it names, each after ``prefix``."""
     return cls(**{name: record[prefix + name] for name in field_names(cls)})
+
+
+def args_of(params: Any) -> tuple[Any, ...]:
+    """Return a statement's parameters dataclass as its values in field order ($1, $2, ...).
+
+    Such a dataclass is built by keyword, so no call site orders values by hand;
+    its fields are declared in the statement's order, once.
+    """
+    return tuple(getattr(params, name) for name in field_names(type(params)))
+
+
+def columns_of(cls: type[Any], items: Sequence[Any]) -> list[list[Any]]:
+    """Return ``items`` (of dataclass ``cls``) as one array per field, in field order.
+
+    What a set-based statement takes: its typed arrays, declared once as ``cls``'s fields.
+    """
+    return [[getattr(item, name) for item in items] for name in field_names(cls)]
 
 
 @dataclass(frozen=True)
