@@ -153,7 +153,7 @@ def _check_deploy_version(
 
 
 @dataclass(frozen=True)
-class Lane:
+class EnvLane:
     """The lane the environment names (release id and queue None when refused)."""
 
     release_id: str | None
@@ -162,7 +162,7 @@ class Lane:
     source: SuffixSource
 
 
-def lane_of(env: Mapping[str, str], schema: str, isolated: bool, problems: Problems) -> Lane:
+def lane_of(env: Mapping[str, str], schema: str, isolated: bool, problems: Problems) -> EnvLane:
     raw_suffix = blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV)
     suffix = lanes.queue_suffix_from_env(env)
     deploy_version = blank_as_unset(env, lanes.RELEASE_ID_ENV)
@@ -199,13 +199,13 @@ def lane_of(env: Mapping[str, str], schema: str, isolated: bool, problems: Probl
         if deploy_version is not None
         else "default"
     )
-    lane = Lane(release_id, queue, suffix, source)
+    lane = EnvLane(release_id, queue, suffix, source)
     problems.warnings += _lane_warnings(lane, schema, isolated, raw_suffix, deploy_version)
     return lane
 
 
 def _lane_warnings(
-    lane: Lane, schema: str, isolated: bool, raw_suffix: str | None, deploy_version: str | None
+    lane: EnvLane, schema: str, isolated: bool, raw_suffix: str | None, deploy_version: str | None
 ) -> list[str]:
     """What doctor warns about a lane that boots: suffixes the app may derive otherwise."""
     suffix, said = lane.suffix, []

@@ -1,6 +1,6 @@
 """What blocks a lane's stop, and the remedy of each: the drain report's verdicts.
 
-``Tally`` sums the report's run rows of one lane; ``blockers`` turns a tally and the
+``LaneTally`` sums the report's run rows of one lane; ``blockers`` turns a tally and the
 lane's live workers into ``Blocker`` values whose sentences say what to do (most of
 this module is those sentences).
 """
@@ -30,7 +30,7 @@ UNKNOWN_QUEUED_S = 60.0
 
 
 @dataclass
-class Tally:
+class LaneTally:
     """What the report's run rows say about one lane."""
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0))
@@ -84,7 +84,7 @@ def _remedy(
     release: str,
     live: int,
     plays: list[str],
-    tally: Tally,
+    tally: LaneTally,
     names: dict[str, str],
     served: frozenset[str] = frozenset(),
     stuck: Sequence[dict[str, Any]] = (),
@@ -155,7 +155,7 @@ def _remedy(
     )
 
 
-def lane_status(registered: str | None, tally: Tally) -> str:
+def lane_status(registered: str | None, tally: LaneTally) -> str:
     if registered is None:
         return "unregistered"
     if registered == "claiming":
@@ -167,7 +167,7 @@ def blockers(
     status: str,
     release: str,
     workers: Sequence[dict[str, Any]],
-    tally: Tally,
+    tally: LaneTally,
     names: dict[str, str],
     current: bool = False,
     now: datetime | None = None,
@@ -198,7 +198,7 @@ def blockers(
 
 
 def _unknown_blocker(
-    release: str, workers: Sequence[dict[str, Any]], tally: Tally, now: datetime | None
+    release: str, workers: Sequence[dict[str, Any]], tally: LaneTally, now: datetime | None
 ) -> Blocker | None:
     """Fresh runs waiting long on a lane none of whose live workers is known to claim.
 

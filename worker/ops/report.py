@@ -29,7 +29,7 @@ from worker.db.store.rows import (
     ScalerState,
 )
 from worker.masking import mask_response
-from worker.ops.blockers import Tally, blockers, lane_status
+from worker.ops.blockers import LaneTally, blockers, lane_status
 from worker.ops.lane_view import PARKED
 
 # LaneView is read_report's value: importers of the report may take it from here.
@@ -136,9 +136,9 @@ def _views(
     *,
     include_pruned: bool,
 ) -> list[LaneView]:
-    tallies: dict[str, Tally] = {}
+    tallies: dict[str, LaneTally] = {}
     for counted in runs:
-        tallies.setdefault(counted.lane, Tally()).add(counted)
+        tallies.setdefault(counted.lane, LaneTally()).add(counted)
     adopted_by: dict[str, dict[str, int]] = {}
     for pair in adopted:
         adopted_by.setdefault(pair.queue, {})[pair.adopted_queue] = pair.runs
@@ -161,7 +161,7 @@ def _views(
     ]
     for queue in [*registered, *unregistered, *awaited]:
         row = registered.get(queue)
-        tally = tallies.get(queue, Tally())
+        tally = tallies.get(queue, LaneTally())
         if row is not None and row.release_ids:
             release = row.release_ids[0]
         else:
