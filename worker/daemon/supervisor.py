@@ -5,41 +5,39 @@ the event loop; the health port, the database, the schemas and the lane's
 registration first thing in ``Supervisor.main``), then starts, in one task
 group: the own claim loop, the lane follower (``lane_follower.py``: the claim
 policy, and one ``:continuations`` loop per retired lane that still has open
-runs), the LISTEN connection, heartbeats and maintenance. The first SIGTERM /
-SIGINT (or a SIGHUP, which never does more) drains; a second exits at once. A
-side loop (heartbeat, maintenance, lane refresh, LISTEN) rides out a database
-outage with readiness false; any other error in one drains and exits 1. The
-ledger relay (``relay.py``) is a side loop too, but nothing it meets stops the
-worker.
+runs), the LISTEN connection, heartbeats and maintenance. A stop signal does
+what the stop rules say (``worker/config/stopping.py``, followed by
+``signals.py``): the first SIGTERM / SIGINT drains (``_drain``). A side loop
+(heartbeat, maintenance, lane refresh, LISTEN) rides out a database outage with
+readiness false; any other error in one drains and exits 1. The ledger relay
+(``relay.py``) is a side loop too, but nothing it meets stops the worker.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from worker.app import App
 from worker.config.settings import Settings
-from worker.config.stopping import POLLER_STOP_GRACE_S, STOP_MARK_TIMEOUT_S
+from worker.config.stopping import POLLER_STOP_GRACE_S, STOP_MARK_TIMEOUT_S, Role
 from worker.daemon import boot
 from worker.daemon.health import HealthServer
 from worker.daemon.lane_follower import LaneFollower
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry
 from worker.daemon.maintenance import Rotation, maintain
-from worker.daemon.processes import EXIT_NOW, PARENT_GONE
 from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import HealthReads
+from worker.daemon.signals import StopSignals
 from worker.db.pool import Database, is_transient
 from worker.db.store import Store
 from worker.errors import EXIT_FAILURE
@@ -54,8 +52,6 @@ from worker.version import VERSION
 
 log = structlog.get_logger("lane_worker.supervisor")
 
-# The first of these drains (Fly's kill_signal and the Dockerfile's STOPSIGNAL is SIGTERM).
-DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HEARTBEAT_S = 10.0
 # Between beats, how often the heartbeat looks whether a loop stopped or resumed claiming:
 # such a change is written at once (the lanes page reads it), not at the next beat.
@@ -84,7 +80,7 @@ def run_daemon(env: Mapping[str, str], app_spec: str) -> int:
 class Supervisor:
     """Owns the daemon's loops and side tasks for one release lane."""
 
-    def __init__(self, settings: Settings, app: App) -> None:
+    def __init__(self, settings: Settings, app: App, *, dev: bool = False) -> None:
         self.settings = settings
         self.app = app
         # The token: containers often share a hostname and run as pid 1, and two
@@ -97,8 +93,6 @@ class Supervisor:
         self.capacity = Capacity(settings.tuning.concurrency)
         self.store = Store(settings.store_schema)
         self.guard_error: str | None = None
-        # The handlers the stop's last part replaced (``_signals``), until it ends.
-        self._before_late: dict[int, Any] = {}
         # Side loops whose last pass failed on a database outage: loop -> error type.
         self.side_loop_outages: dict[str, str] = {}
         self.exit_code = 0
@@ -111,6 +105,9 @@ class Supervisor:
         self.log = log.bind(
             release_id=settings.release_id, queue=settings.queue, worker_id=self.worker_id
         )
+        # The stop rules this process follows (worker/config/stopping.py).
+        role = Role.SUPERVISED if settings.supervised else Role.DEV if dev else Role.WORKER
+        self.signals = StopSignals(role, self.stop_requested, self.log)
         self.loops = LoopRegistry(
             own_queue=settings.queue,
             capacity=self.capacity,
@@ -178,7 +175,7 @@ class Supervisor:
             async with anyio.create_task_group() as side:
                 # Started (the handler installed) before worker.ready is logged: an
                 # orchestrator may send SIGTERM the moment it reads that line.
-                await side.start(self._signals)
+                await side.start(self.signals.receive)
                 if not s.tuning.pgbouncer:
                     listener = Listener(
                         s.database_url, self.wakeups, self.loops.queues, self.loops.poke_all
@@ -233,7 +230,7 @@ class Supervisor:
                     claims=self.metrics.claims_total(),
                     outcomes=self.metrics.attempts_by_outcome(),
                 )
-                self._restore_signals()
+                self.signals.restore()
 
     async def _give_back_leftovers(self, runtime: Runtime) -> None:
         """Hand back claims that committed while their loop was being cancelled."""
@@ -284,52 +281,8 @@ class Supervisor:
         if self.capacity.in_use:
             self.log.info("worker.handing_back", in_flight=self.capacity.in_use)
         # Each unfinished run unwinds its play and hands itself back (shielded).
+        self.signals.handing_back()
         runs.cancel_scope.cancel()
-
-    async def _signals(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        # One of a LANE_WORKER_PROCESSES supervisor's processes drains on its first
-        # stop signal and ignores the rest: the supervisor and systemd's
-        # control-group kill (or pkill) may both send one. Its supervisor asks for
-        # the exit without a drain with EXIT_NOW, which a lone daemon takes too.
-        supervised = self.settings.supervised
-        try:
-            with anyio.open_signal_receiver(*DRAIN_SIGNALS, PARENT_GONE, EXIT_NOW) as received:
-                task_status.started()
-                async for signum in received:
-                    name = signal.Signals(signum).name
-                    if signum == EXIT_NOW:
-                        self._exit_now(name)
-                    if self.stop_requested.is_set():
-                        # SIGHUP drains as a first SIGTERM does but never ends a drain
-                        # under way: a terminal that hangs up, or the supervisor's death.
-                        if signum == PARENT_GONE or supervised:
-                            self.log.info("worker.signal", signal=name, already_stopping=True)
-                            continue
-                        self._exit_now(name)
-                    self.log.info("worker.signal", signal=name)
-                    self.stop_requested.set()
-        finally:
-            # The stop's last part (hand-backs, the stop mark) runs after this
-            # receiver is gone: the same rules hold there, not the signals' default
-            # actions (a death without the hand-backs, or click's "Aborted!").
-            again = signal.SIG_IGN if supervised else self._exit_now_handler
-            late = {PARENT_GONE: signal.SIG_IGN, signal.SIGTERM: again, signal.SIGINT: again,
-                    EXIT_NOW: self._exit_now_handler}  # fmt: skip
-            self._before_late = {signum: signal.signal(signum, h) for signum, h in late.items()}
-
-    def _restore_signals(self) -> None:
-        """Once the stop is over, the handlers from before it (``dev`` then stops Postgres)."""
-        for signum, handler in self._before_late.items():
-            signal.signal(signum, handler)
-        self._before_late = {}
-
-    def _exit_now(self, signal_name: str) -> NoReturn:
-        """The exit without a drain (a second stop, or the supervisor's EXIT_NOW)."""
-        self.log.warning("worker.exit_now", signal=signal_name)
-        os._exit(EXIT_FAILURE)
-
-    def _exit_now_handler(self, signum: int, _frame: FrameType | None) -> None:
-        self._exit_now(signal.Signals(signum).name)
 
     def _guard_failed(self, message: str) -> None:
         self.guard_error = message
