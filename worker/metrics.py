@@ -167,6 +167,20 @@ class Metrics:
             registry=self.registry,
         )
 
+    def claims_total(self) -> int:
+        """Every claim counted so far, whatever its labels (``worker.stopped`` says it)."""
+        samples = [s for metric in self.claims.collect() for s in metric.samples]
+        return int(sum(s.value for s in samples if s.name.endswith("_total")))
+
+    def attempts_by_outcome(self) -> dict[str, int]:
+        """The attempts counted so far, by outcome (``worker.stopped`` says them)."""
+        return {
+            sample.labels.get("outcome", "?"): int(sample.value)
+            for metric in self.attempts.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+
 
 def _version() -> str:
     return VERSION

@@ -27,6 +27,7 @@ import pytest
 
 from support.claim_rule import CASES, Case, World, build_world
 from support.pgfixture import DatabaseFactory
+from support.runtime import set_policy
 from worker.db import engine
 from worker.run import decide
 from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
@@ -47,17 +48,17 @@ class SeatSpec:
 
 
 def _claiming(rt: Runtime, w: World) -> None:
-    rt.claiming_queues = frozenset(w.queue[r] for r in ("again", "me", "oc"))
+    set_policy(rt, claiming_queues=frozenset(w.queue[r] for r in ("again", "me", "oc")))
 
 
 def _foreign_adoptees(rt: Runtime, w: World) -> None:
     _claiming(rt, w)
-    rt.foreign_adoptees = True  # another lane adopted runs here: the own loop skips them
+    set_policy(rt, foreign_adoptees=True)  # another lane adopted runs here: the own loop skips them
 
 
 def _draining(rt: Runtime, w: World) -> None:
     _claiming(rt, w)
-    rt.draining = True
+    set_policy(rt, draining=True)
 
 
 SEATS = (
@@ -265,7 +266,7 @@ async def claim_every_seat(world: World) -> list[Row]:
     conn = world.conn
     for spec in SEATS:
         rt = world.runtimes[spec.release]
-        rt.draining, rt.foreign_adoptees = False, False
+        set_policy(rt, draining=False, foreign_adoptees=False)
         spec.set_up(rt, world)
         queue = world.queue[spec.queue]
         assert rt.claim_mode(queue) == spec.mode, spec.name

@@ -34,6 +34,7 @@ from support.runtime import (
     open_runtime,
     queue_of,
     register_worker,
+    set_policy,
     work_once,
 )
 from worker import lanes
@@ -299,7 +300,7 @@ async def test_a_run_the_lane_adopted_is_refused_too(database_url: str, plays: R
         run = await client.submit("nap-then-wait")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
 
         async def b_adopted() -> bool:
             return "parked" in await work_once(rt_b, QA)
@@ -730,7 +731,7 @@ async def test_runs_lists_newest_first_filtered_by_status_lane_and_play(
         failed = await client.submit("plain")
         assert await client.fail_run(failed.run_id, "by hand")
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
 
         async def b_adopted() -> bool:
             return "completed" in await work_once(rt_b, QA)
@@ -813,7 +814,8 @@ async def test_each_step_names_the_release_and_attempt_that_committed_it(
         plays.gate("journey").set()
         assert await work_once(rt_a2) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = rt_a2.draining = True
+        set_policy(rt_a, draining=True)
+        set_policy(rt_a2, draining=True)
 
         async def b_adopted() -> bool:
             return "completed" in await work_once(rt_b, QA)
@@ -870,7 +872,7 @@ async def test_a_run_adopted_after_a_sleep_shows_its_steps_on_a_and_on_b(
         assert (unclaimed.steps, unclaimed.as_json()["steps"]) == ((), [])
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
 
         async def b_adopted() -> bool:
             return "completed" in await work_once(rt_b, QA)
@@ -1062,7 +1064,7 @@ async def test_a_lane_holding_an_open_adopted_run_is_not_pruned(
         run = await client.submit("waiter")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         lane_a = await client.lane(A)
         assert lane_a.status == "drained"  # nothing left that only A may run
         await machines_stopped(database_url, rt_a)
@@ -1245,7 +1247,7 @@ async def test_a_rollback_strands_an_adopted_parked_run_and_the_blocker_says_why
         run = await client.submit("nap-then-wait")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         await make_sleepers_due(database_url, QA)
         assert await work_once(rt_b, QA) == ["parked"]  # adopted, now waiting for "go"
         assert (await run_row(database_url, run.run_id))["adopted_queue"] == QB
@@ -1277,13 +1279,13 @@ async def test_after_a_rollback_the_adopter_s_draining_workers_resume_its_runs(
         run = await client.submit("nap-then-wait")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         await make_sleepers_due(database_url, QA)
         assert await work_once(rt_b, QA) == ["parked"]  # adopted, parked again
         await client.activate_release(A)  # the rollback
         await client.retire_release(B)
-        rt_a.draining = False
-        rt_b.draining = True
+        set_policy(rt_a, draining=False)
+        set_policy(rt_b, draining=True)
         [blocker] = (await client.lane(B)).blocked_by
         assert "keep rel-b's machines running" in blocker.remedy, blocker.remedy
         assert "lanes activate rel-b" not in blocker.remedy

@@ -37,6 +37,7 @@ from support.runtime import (
     open_runtime,
     queue_of,
     register_worker,
+    set_policy,
     work_once,
 )
 
@@ -136,7 +137,7 @@ async def test_the_report_counts_every_bucket_and_follows_a_lane_from_claiming_t
 
             # -- A retired: draining, its own live worker runs the blockers -------------------
             await client.retire_release(A)
-            rt_a.draining = True
+            set_policy(rt_a, draining=True)
             lane_a = (await lanes_json(client))[QA]
             assert lane_a["status"] == "draining"
             assert lane_a["safeToStop"] is False

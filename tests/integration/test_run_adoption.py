@@ -21,6 +21,7 @@ from support.runtime import (
     open_runtime,
     queue_of,
     register_worker,
+    set_policy,
     sleepers_due,
     work_once,
     work_until,
@@ -62,7 +63,7 @@ async def test_a_parked_run_whose_play_the_newer_release_lacks_stays_with_its_ow
         run = await client.submit("only-in-a")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A, force=True)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         conn = await connect(database_url)
         try:
@@ -131,7 +132,7 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         await client.retire_release(A, force=True)
         await work_until(rt_b, "parked", queue=QA)  # B adopted it at nap-one
         await client.activate_release(A, force=True)  # a rollback: A claims again
-        rt_b.claiming_queues = frozenset({QA})  # as B's registry refresh sees it
+        set_policy(rt_b, claiming_queues=frozenset({QA}))  # as B's registry refresh sees it
         conn = await connect(database_url)
         try:
             await eventually(lambda: sleepers_due(conn, QA), what="nap-two due")
@@ -140,7 +141,7 @@ async def test_a_lane_activated_again_leaves_its_adopted_runs_to_their_adopter(
         # A's own loop (the engine's claim) is handed it once, gives it to B, and
         # skips it from then on.
         assert await work_once(rt_a) == ["deferred"]
-        assert rt_a.foreign_adoptees
+        assert rt_a.policy.value.foreign_adoptees
         assert await work_once(rt_a) == []
 
         async def b_finished() -> bool:
@@ -212,8 +213,8 @@ async def test_a_rollback_keeps_the_retired_adopter_draining_for_its_adoptee(
         await client.activate_release(A, force=True)
         await client.retire_release(B, force=True)
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
-        rt_b.draining = True
-        rt_a.foreign_adoptees = True
+        set_policy(rt_b, draining=True)
+        set_policy(rt_a, foreign_adoptees=True)
         assert await work_once(rt_a) == []  # A never takes back B's adoptee
 
         async def b_finished() -> bool:
@@ -248,7 +249,7 @@ async def test_an_older_release_never_adopts_a_newer_release_s_parked_run(
             await conn.close()
         assert await work_once(rt_a, queue_of(B)) == []
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
-        rt_b.draining = True
+        set_policy(rt_b, draining=True)
         assert await work_once(rt_b) == ["completed"]
         status = await client.status(run.run_id)
     assert lanes[queue_of(B)] == "draining"  # nothing newer can adopt it

@@ -41,6 +41,7 @@ from support.runtime import (
     open_runtime,
     queue_of,
     register_worker,
+    set_policy,
     sleepers_due,
     work_once,
 )
@@ -161,7 +162,7 @@ async def test_a_deferred_run_is_counted_reported_and_alerted_once(
         assert {a.attempt for a in status.attempts} == {1}  # no attempt spent
 
         # A's own (draining) worker takes it over: the streak is over.
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         await engine_runs_due(database_url, QA, run.run_id, in_s=-1)
         assert await work_once(rt_a) == ["parked"]
         row = await run_row(database_url, run.run_id)
@@ -263,7 +264,7 @@ async def test_a_run_deferred_past_the_fail_age_fails_for_good_with_one_terminal
         assert task_state == "cancelled"
         assert [r["state"] for r in engine_states] == ["cancelled"]  # not rescheduled
         # Nobody runs it afterwards, and A's lane has nothing left: drained.
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         assert await work_once(rt_a) == []
         lane_a = (await lanes_json(client))[QA]
         assert counts(lane_a) == expected()
@@ -338,7 +339,7 @@ async def test_a_machine_without_the_play_leaves_the_run_to_one_that_has_it(
         runs = [await client.submit("plain", {"n": n}) for n in range(3)]
         outcomes = await work_once(narrow)
         assert outcomes == ["deferred"] * len(runs), outcomes
-        assert narrow.lane_plays_differ
+        assert narrow.policy.value.lane_plays_differ
         assert await work_once(narrow) == []  # it claims past them now
         done: list[str] = []
 

@@ -15,6 +15,7 @@ from support.runtime import (
     open_runtime,
     queue_of,
     register_worker,
+    set_policy,
     work_once,
 )
 from worker import App, TaskContext
@@ -74,7 +75,7 @@ async def test_a_draining_lane_finishes_its_own_work_and_leaves_parked_runs_to_b
         assert sorted(await work_once(rt_a)) == ["parked", "retrying"]
         fresh = await client.submit("plain")
         await client.retire_release(A, force=True)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
         lanes = {lane.queue: lane.status for lane in await client.lanes()}
         assert lanes[QA] == "draining"
 
@@ -129,7 +130,7 @@ async def test_a_draining_lane_never_takes_a_run_adopted_by_another(
         run = await client.submit("nap-then-flaky")
         assert await work_once(rt_a) == ["parked"]
         await client.retire_release(A, force=True)
-        rt_a.draining = True
+        set_policy(rt_a, draining=True)
 
         async def adopted_and_failed() -> bool:
             return "retrying" in await work_once(rt_b, QA)

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import asyncpg
@@ -66,6 +67,11 @@ async def open_runtime(
         yield Runtime(db, Store(SCHEMA), app, seat, defer=defer, metrics=metrics)
     finally:
         await db.close()
+
+
+def set_policy(rt: Runtime, **changes: Any) -> None:
+    """Publish ``rt``'s claim policy with ``changes``, as the daemon's lane follower would."""
+    rt.policy.publish(replace(rt.policy.value, **changes))
 
 
 async def connect(url: str) -> asyncpg.Connection[asyncpg.Record]:

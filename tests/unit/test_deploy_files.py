@@ -42,8 +42,7 @@ from support.deployfiles import (
 from worker import lanes
 from worker.app import load_app
 from worker.config import settings
-from worker.config.stopping import longest_stop_s
-from worker.daemon import supervisor
+from worker.config.stopping import Phase, Role, StopAction, longest_stop_s, stop_action
 from worker.daemon.health import HealthServer
 from worker.metrics import Metrics
 
@@ -161,7 +160,10 @@ def test_stop_signal_is_sigterm_in_fly_and_dockerfile(fly: dict[str, Any], image
 
 def test_the_stop_signal_is_one_the_daemon_drains_on(fly: dict[str, Any]) -> None:
     """The signal fly sends is one the daemon's signal receiver drains on (e2e tests send it)."""
-    assert signal.Signals[fly["kill_signal"]] in supervisor.DRAIN_SIGNALS
+    assert (
+        stop_action(Role.WORKER, Phase.SERVING, signal.Signals[fly["kill_signal"]])
+        is StopAction.DRAIN
+    )
 
 
 # --- health checks and metrics -------------------------------------------------------------

@@ -41,8 +41,7 @@ from support.example_app import EXAMPLE, VENDOR_SCRIPT, installs_uv
 from support.http import LocalServer
 from worker import lanes
 from worker.config import settings
-from worker.config.stopping import longest_stop_s
-from worker.daemon import supervisor
+from worker.config.stopping import Phase, Role, StopAction, longest_stop_s, stop_action
 from worker.scaler import fly as fly_scaler
 from worker.version import VERSION
 
@@ -220,7 +219,10 @@ def test_port_and_stop_signal_agree_with_fly_toml(image: Stage) -> None:
     assert exposed_ports(image) == {port} == {fly_scaler.HEALTH_PORT}
     assert image.env()[settings.HEALTH_PORT_ENV] == str(port)
     assert image.last("STOPSIGNAL") == fly["kill_signal"] == "SIGTERM"
-    assert signal.Signals[image.last("STOPSIGNAL")] in supervisor.DRAIN_SIGNALS
+    assert (
+        stop_action(Role.WORKER, Phase.SERVING, signal.Signals[image.last("STOPSIGNAL")])
+        is StopAction.DRAIN
+    )
 
 
 class _MachinesApi(LocalServer):

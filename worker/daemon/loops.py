@@ -18,6 +18,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from worker import lanes
+from worker.config.dburl import url_secrets
 from worker.daemon.listener import Listener, Wakeups
 from worker.db import engine
 from worker.db.pool import Connection, Database
@@ -120,6 +121,15 @@ class LoopRegistry:
         """Tell whether LISTEN is connected (the loops' long poll holds only then)."""
         return self.listener is not None and self.listener.connected
 
+    def idle_poll(self, polling_s: float) -> Callable[[], float]:
+        """A side loop's period: ``polling_s``, or the long one while LISTEN is connected.
+
+        With LISTEN up, its NOTIFY (registry changes, ledger facts) wakes the side
+        loop and the period is only a safety net (``LANE_WORKER_LISTEN_POLL_INTERVAL``).
+        """
+        listen_s = max(polling_s, self.listen_poll_interval_s)
+        return lambda: listen_s if self.listening() else polling_s
+
     def poke_all(self) -> None:
         """Wake every loop to claim again (what it may claim changed).
 
@@ -167,7 +177,7 @@ class LoopRegistry:
         shared = LoopShared(
             self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure,
             listen_poll_interval_s=self.listen_poll_interval_s, listening=self.listening,
-            quiet=quiet,
+            quiet=quiet, secrets=url_secrets(runtime.db.options.url),
         )  # fmt: skip
         poller = Poller(runtime, queue, self.wakeups.for_queue(queue), shared)
         self.pollers[queue] = poller

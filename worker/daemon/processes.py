@@ -32,18 +32,24 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from worker.config.env import HEALTH_PORT_ENV, PROCESSES_ENV, SUPERVISOR_PID_ENV, whole_number
+from worker.config.stopping import (
+    EXIT_NOW,
+    PARENT_GONE,
+    Phase,
+    Role,
+    StopAction,
+    asks_again,
+    handled_signals,
+    parent_phase,
+    stop_action,
+)
 from worker.config.tuning import MAX_PROCESSES
 from worker.errors import EXIT_CONFIG
 
-# The supervisor's stop signals. The first SIGTERM or SIGINT (or any SIGHUP)
-# becomes one SIGTERM to each process, a drain; a second SIGTERM or SIGINT
-# becomes EXIT_NOW to each. A supervised process drains on its first SIGTERM,
-# SIGINT or SIGHUP and ignores the rest, so a stop sent to the supervisor and
-# to it directly (systemd's control-group kill, pkill) is still one drain.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-EXIT_NOW = signal.SIGUSR1
-# What a process gets when the supervisor dies (a drain, never more).
-PARENT_GONE = signal.SIGHUP
+# The parent's stop signals (the stop rules' `processes` rows): a supervised process
+# ignores every stop after its first, so a stop sent to the parent and to it directly
+# (systemd's control-group kill, pkill) is still one drain.
+FORWARDED = handled_signals(Role.PROCESSES, Phase.SERVING)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -75,21 +81,26 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
     stopping = False
     first_alone: int | None = None  # the code of the first process that ended by itself
 
-    def stop(child: subprocess.Popen[bytes]) -> None:
-        # The drain, once per process; after a second SIGTERM or SIGINT, EXIT_NOW.
-        if asked > 1:
+    def stop(child: subprocess.Popen[bytes], todo: StopAction) -> None:
+        # The drain, once per process; the exit now, as often as it is asked.
+        if todo is StopAction.EXIT_NOW:
             _tell(child, EXIT_NOW)
-        elif child.pid not in told:
+        elif todo is StopAction.DRAIN and child.pid not in told:
             told.add(child.pid)
             _tell(child, signal.SIGTERM)
 
+    def standing() -> StopAction:
+        # What a process the stop has not reached yet gets: the phase's own order.
+        return StopAction.EXIT_NOW if parent_phase(asked) is Phase.EXITING else StopAction.DRAIN
+
     def forward(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping, asked
+        todo = stop_action(Role.PROCESSES, parent_phase(asked), signum)
         stopping = True
-        if signum != signal.SIGHUP:  # a hang-up never asks for more than a drain
+        if asks_again(signum):  # a hang-up never asks for more than a drain
             asked += 1
         for child in children:
-            stop(child)
+            stop(child, todo)
 
     def stop_unforwarded(some: list[subprocess.Popen[bytes]]) -> None:
         # Held back meanwhile: a forward() between the test and the send would
@@ -97,7 +108,7 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         try:
             for child in some:
-                stop(child)
+                stop(child, standing())
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 

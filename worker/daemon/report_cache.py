@@ -23,9 +23,10 @@ from typing import Generic, TypeVar
 
 import anyio
 
+from worker.config.settings import Settings
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import Store
-from worker.errors import ReportClosedError, SharedReadCancelledError
+from worker.errors import NotBootedError, ReportClosedError, SharedReadCancelledError
 from worker.ops.lane_view import LaneView
 from worker.ops.report import read_report
 from worker.ops.run_view import RunView, read_run
@@ -227,3 +228,71 @@ class ReportReader:
             await db.close()
         if scope.cancelled_caught:
             db.pool.terminate()
+
+
+# /readyz's database probe: `select 1` through the daemon's pool, one at a time, reused briefly.
+READY_PROBE_TIMEOUT_S = 2.0
+READY_PROBE_FRESH_S = 1.0
+
+
+class HealthReads:
+    """One daemon's health-port reads: the pages' report on its own pool, /readyz's probe."""
+
+    def __init__(self, settings: Settings, store: Store, pool: Callable[[], Database | None]):
+        # The daemon's pool once it is open (None before): the probe's, never the pages'.
+        self._pool = pool
+        self.report_reader = ReportReader(
+            PoolOptions(
+                url=settings.database_url,
+                max_size=1,
+                application_name=application_name("lane-worker-report", settings.release_id),
+                pgbouncer=settings.tuning.pgbouncer,
+                retry_for_s=REPORT_RETRY_FOR_S,
+            ),
+            store,
+        )
+        self.database_probe = SharedRead(
+            self._probe_database, fresh_s=READY_PROBE_FRESH_S, failure_fresh_s=READY_PROBE_FRESH_S
+        )
+        # Set once boot has installed the schemas: a page view must never run a migration.
+        self.schemas_ready = False
+
+    async def lanes_view(self) -> list[LaneView]:
+        """The /lanes page's report: NotBootedError (503) until boot installed the schemas.
+
+        Read through the report's own 1-connection pool, one read at a time for
+        every viewer, reused for 2 s: never through the hot path's pool.
+        """
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.report()
+
+    async def run_view(self, run_id: uuid.UUID) -> RunView | None:
+        """The run page's read, on the report's pool: NotBootedError (503) until boot is done."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.run(run_id)
+
+    async def database_answers(self) -> bool:
+        """/readyz's database check: one probe in flight for every client, reused for 1 s.
+
+        It holds at most one of the daemon pool's two connections.
+        """
+        return self._pool() is not None and await self.database_probe.get()
+
+    async def _probe_database(self) -> bool:
+        """Tell whether `select 1` through the daemon's pool answers within 2 s."""
+        db = self._pool()
+        if db is None:
+            return False
+        try:
+            with anyio.fail_after(READY_PROBE_TIMEOUT_S):
+                await db.fetchval("select 1")
+        except Exception:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the probe and close the report's pool (idempotent)."""
+        await self.database_probe.close()
+        await self.report_reader.close()

@@ -78,7 +78,7 @@ def database_for_dev(values: dict[str, str], data_dir: Path) -> Iterator[str]:
 async def _dev_main(
     settings: Settings, app: App, env: dict[str, str], exit_after_demo: bool, embedded: bool
 ) -> int:
-    supervisor = Supervisor(settings, app)
+    supervisor = Supervisor(settings, app, dev=True)
     outcome = {"demo": 0}
     async with anyio.create_task_group() as tg:
 

@@ -30,10 +30,7 @@ from worker.db.store.rows import (
 )
 from worker.masking import mask_response
 from worker.ops.blockers import LaneTally, blockers, lane_status
-from worker.ops.lane_view import PARKED
-
-# LaneView is read_report's value: importers of the report may take it from here.
-from worker.ops.lane_view import LaneView as LaneView
+from worker.ops.lane_view import PARKED, LaneView
 from worker.ops.workers import worker_json
 
 # Open runs are read for at most this many lanes (those a listing shows in full).

@@ -15,18 +15,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
 from worker import lanes
-from worker.config.dburl import url_secrets
 from worker.db import engine
 from worker.errors import LaneMismatchError
 from worker.metrics import Counted, Metrics
 from worker.run.claim_health import ClaimHealth
-from worker.run.execute import Runtime
+from worker.run.execute import Handled
 from worker.states import Disposition, Outcome
 
 # Attempt outcomes that end their run for good (lane_worker_runs_total counts those).
@@ -108,6 +108,42 @@ class Capacity:
             await self._changed.wait()
 
 
+class LoopRuntime(Protocol):
+    """What a claim loop needs of the runtime (``worker.run.execute.Runtime``), no more."""
+
+    @property
+    def queue(self) -> str:
+        """The worker's own queue."""
+        ...
+
+    @property
+    def release_id(self) -> str:
+        """The worker's release."""
+        ...
+
+    def worker_id_for(self, queue: str) -> str:
+        """Return the engine worker id it claims ``queue`` with."""
+        ...
+
+    async def claim(self, queue: str, qty: int) -> engine.ClaimBatch:
+        """Claim up to ``qty`` runs of ``queue`` as the claim policy says."""
+        ...
+
+    async def next_due_in_s(self, queue: str) -> float | None:
+        """Return seconds until the next run it may claim on ``queue`` is due, if any."""
+        ...
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Tell whether ``queue``'s engine tables exist."""
+        ...
+
+    async def handle(
+        self, claimed: engine.ClaimedRun, *, on_refuse: Callable[[], None] | None = None
+    ) -> Handled:
+        """Take one claimed run to its next durable point."""
+        ...
+
+
 @dataclass(frozen=True)
 class LoopShared:
     """What every claim loop of one worker shares."""
@@ -128,13 +164,15 @@ class LoopShared:
     # statement for all such loops (``loops.LoopRegistry.sweep``), or stop; and it
     # starts idle, for that statement to say whether anything is due.
     quiet: bool = False
+    # The database URL's secrets, kept out of what a failing claim's error says.
+    secrets: tuple[str, ...] = ()
 
 
 class Poller:
     """The claim loop of one queue."""
 
     def __init__(
-        self, runtime: Runtime, queue: str, wakeup: asyncio.Event, shared: LoopShared
+        self, runtime: LoopRuntime, queue: str, wakeup: asyncio.Event, shared: LoopShared
     ) -> None:
         self.runtime = runtime
         self.queue = queue
@@ -155,7 +193,7 @@ class Poller:
         self.finished = asyncio.Event()
         self.detach_reason: str | None = None
         # Whether its claims keep failing: readiness, the heartbeat row and /metrics read it.
-        self.health = ClaimHealth(queue, self.kind, secrets=url_secrets(runtime.db.options.url))
+        self.health = ClaimHealth(queue, self.kind, secrets=shared.secrets)
         # While idle: when the wait ends (monotonic; inf: only a wake-up ends it),
         # and an event that makes the wait read that time again (``hint``).
         self.claimed = False  # it has sent a claim (a run may be held from it)
@@ -241,7 +279,7 @@ class Poller:
         if self.kind != "continuation" or not isinstance(exc, asyncpg.UndefinedTableError):
             return False
         try:
-            exists = await self.runtime.db.run(lambda c: engine.queue_exists(c, self.queue))
+            exists = await self.runtime.queue_exists(self.queue)
         except Exception:
             return False  # the database is away: retry the claim as for any failure
         return not exists
@@ -309,19 +347,8 @@ class Poller:
 
     async def _next_due_in_s(self) -> float | None:
         """Return seconds until the next run on this queue becomes claimable, if any."""
-        rt = self.runtime
-        mode = rt.claim_mode(self.queue)
         try:
-            due_in = await rt.db.run(
-                lambda c: engine.next_due_in_s(
-                    c,
-                    self.queue,
-                    mode=mode,
-                    store_schema=rt.store.schema,
-                    own_queue=rt.queue,
-                    plays=rt.plays,
-                )
-            )
+            due_in = await self.runtime.next_due_in_s(self.queue)
         except Exception as exc:
             self.log.warning("loop.next_due_failed", error=repr(exc))
             return None

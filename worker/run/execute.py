@@ -43,6 +43,7 @@ from worker.run.foreign import ForeignTasks
 from worker.run.handback import Claim, give_back_after, give_back_leftovers, really_cancelled
 from worker.run.handle import STEP_KEYS_CURRENT, WorkerSeat
 from worker.run.lease import with_lease
+from worker.run.policy import ClaimPolicy, CurrentPolicy
 from worker.run.reconcile import reconcile_queue
 from worker.run.sandbox import SANDBOX_CLEANUP_TASK, SandboxCleanups, SandboxDeleter
 from worker.states import Disposition, Outcome
@@ -77,6 +78,7 @@ class Runtime:
         metrics: Metrics | None = None,
         sandboxes: SandboxDeleter | None = None,
         sandboxes_why_not: str | None = "no Daytona client was configured",
+        policy: CurrentPolicy | None = None,
     ) -> None:
         self.db = db
         self.store = store
@@ -94,15 +96,8 @@ class Runtime:
             own_loop: decide.Seat(self.release_id, self.queue, frozenset(app.plays), own_loop)
             for own_loop in (True, False)
         }
-        # What the registry says, kept current by the supervisor: this release's
-        # lane is retired (draining); other lanes that claim; and whether runs on
-        # this lane's queue were adopted by another lane (the own loop skips them).
-        self.draining = False
-        self.claiming_queues: frozenset[str] = frozenset()
-        self.foreign_adoptees = False
-        # A live machine of this lane registers a play this app lacks (a rollout
-        # of mixed apps): the own loop claims past such runs from then on.
-        self.lane_plays_differ = False
+        # What it may claim where: the lane follower's to publish; read at each claim.
+        self.policy = policy if policy is not None else CurrentPolicy(ClaimPolicy(self.queue))
         self.foreign = ForeignTasks(db, store)
         self.cleanups = SandboxCleanups(
             db, store, deleter=sandboxes, why_not=sandboxes_why_not, lease_s=seat.lease_s
@@ -113,20 +108,8 @@ class Runtime:
         return self.seat.worker_id_for(queue)
 
     def claim_mode(self, queue: str) -> str | None:
-        """Return how this worker claims ``queue`` now (None: the engine's own claim).
-
-        A claiming release drains its own queue with the engine's claim (or,
-        when another lane adopted runs there, one that skips those), adopts from
-        retired queues and, on a lane that claims too, takes only its own
-        adoptees; a retired (draining) one claims, on every queue, only what no
-        other release may run.
-        """
-        if self.draining:
-            return engine.CLAIM_DRAIN
-        if lanes.loop_kind(queue, self.queue) == "own":
-            own_filter = self.foreign_adoptees or self.lane_plays_differ
-            return engine.CLAIM_OWN if own_filter else None
-        return engine.CLAIM_MINE if queue in self.claiming_queues else engine.CLAIM_ADOPT
+        """Return how this worker claims ``queue`` now (``ClaimPolicy.mode``)."""
+        return self.policy.value.mode(queue)
 
     async def claim(self, queue: str, qty: int) -> engine.ClaimBatch:
         """Claim up to ``qty`` runs from ``queue``; settle what an expired-lease sweep ended."""
@@ -164,6 +147,24 @@ class Runtime:
             except Exception as exc:
                 log.warning("reconcile.failed", queue=queue, worker_id=worker_id, error=repr(exc))
         return batch
+
+    async def next_due_in_s(self, queue: str) -> float | None:
+        """Return seconds until the next run this worker may claim on ``queue`` is due, if any."""
+        mode = self.claim_mode(queue)
+        return await self.db.run(
+            lambda c: engine.next_due_in_s(
+                c,
+                queue,
+                mode=mode,
+                store_schema=self.store.schema,
+                own_queue=self.queue,
+                plays=self.plays,
+            )
+        )
+
+    async def queue_exists(self, queue: str) -> bool:
+        """Tell whether ``queue``'s engine tables exist (`lanes prune` drops a retired one's)."""
+        return await self.db.run(lambda c: engine.queue_exists(c, queue))
 
     async def give_back_leftovers(self, queues: list[str]) -> int:
         """Give back every engine run this worker still holds on ``queues`` (at shutdown)."""
@@ -273,11 +274,11 @@ class Runtime:
             # The claim statement skips such runs (an own loop that meets one
             # switches to the claim that does): this was a race.
             if seat.own_loop:
-                self.foreign_adoptees = True
+                self.policy.learned_foreign_adoptees()
             bound.info("run.left_to_adopter", adopter_release_id=facts.adopted_release_id)
         elif decision.disposition == Disposition.DEFER:
             if cause == Cause.PLAY_ON_LIVE_MACHINE:
-                self.lane_plays_differ = True
+                self.policy.learned_plays_differ()
             elif cause == Cause.PLAY_NOT_HERE and self.metrics is not None:
                 self.metrics.incompatible_defers.inc()
             bound.info("run.deferred", delay_s=decision.delay_s, reason=decision.reason)

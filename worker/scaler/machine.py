@@ -11,7 +11,8 @@ and records how the worker exited in ``DIR/ID.exit`` (a signal ``n`` as
 worker, written before the worker can do anything, so the backend can find both
 even if the scaler that created the machine died a moment later.
 
-Standard library only: it starts before the worker and must start fast.
+Standard library and the stop rules (``worker/config/stopping.py``) only: it
+starts before the worker and must start fast.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+from worker.config.stopping import Phase, Role, StopAction, handled_signals, stop_action
+
+FORWARDED = handled_signals(Role.MACHINE, Phase.SERVING)
 
 
 def _write(path: Path, text: str) -> None:
@@ -49,7 +52,8 @@ def main(argv: list[str]) -> int:
         # Only the first: a worker's second stop signal means "exit now".
         nonlocal forwarded
         received.append(signum)
-        if not forwarded and worker is not None and worker.poll() is None:
+        todo = stop_action(Role.MACHINE, Phase.DRAINING if forwarded else Phase.SERVING, signum)
+        if todo is StopAction.DRAIN and worker is not None and worker.poll() is None:
             forwarded = True
             worker.send_signal(signum)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +30,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from worker.client import LaneClient
+from worker.config.stopping import Phase, Role, StopAction, handled_signals, stop_action
 from worker.daemon.health import HealthServer
 from worker.masking import mask_value
 from worker.metrics import Metrics
@@ -156,10 +156,13 @@ class Scaler:
         return 0
 
     async def _signals(self, tg: anyio.abc.TaskGroup) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                self.stop.set()
-                return
+        # The stop rules (worker/config/stopping.py): the first stop ends the scaler's
+        # passes; then it is draining, where every signal keeps its default action.
+        with anyio.open_signal_receiver(*handled_signals(Role.SCALER, Phase.SERVING)) as signals:
+            async for signum in signals:
+                if stop_action(Role.SCALER, Phase.SERVING, signum) is StopAction.DRAIN:
+                    self.stop.set()
+                    return
 
     async def _lead(self, url: str) -> None:
         """Hold the lock (waiting as a standby until it is free) and reconcile while held."""
