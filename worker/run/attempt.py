@@ -219,18 +219,10 @@ class Attempt:
     async def write_step(self, key: str, result: Any) -> None:
         """Commit step ``key``'s result as an engine checkpoint, extending the lease."""
         h = self.handle
-
-        async def alone(conn: Connection) -> None:
-            await engine.set_checkpoint(
-                conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
-            )
-
-        def batched() -> CheckpointWrite:
-            # Checked by json_problem when the step returned (context._step_at).
-            state = None if result is None else encode_checked(result)
-            return CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
-
-        await self._owner.group_commit.write(batched, alone)
+        # Checked by json_problem when the step returned (context._step_at).
+        state = None if result is None else encode_checked(result)
+        write = CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
+        await self._owner.group_commit.write(write)
 
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
         """Write the run's envelope, fenced: a newer claim makes it raise ``LeaseLostError``."""
@@ -280,27 +272,15 @@ class Attempt:
     async def complete(self, output: Any) -> Outcome:
         """Complete the run with ``output``; a newer claim that owns it wins (lease lost)."""
         h = self.handle
+        # The output was checked by json_problem (execute); the fact holds it and our
+        # own strings and numbers.
         fact = facts.completed(h.run_id, output).as_json()
-
-        async def complete(conn: Connection) -> None:
-            # One statement (the engine's complete, the settle, this attempt's
-            # end): the hot path's single round trip to end a run.
-            with engine.fenced(h.engine_run_id):
-                await self.store.attempts.complete(
-                    conn, queue=h.queue, engine_run_id=h.engine_run_id, output=output,
-                    run_id=h.run_id, attempt_id=self.attempt_id, fact=fact,
-                )  # fmt: skip
-
-        def batched() -> CompletionWrite:
-            # The output was checked by json_problem (execute); the fact holds it and our own
-            # strings and numbers.
-            encoded = None if output is None else encode_checked(output)
-            return CompletionWrite(
-                h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
-            )
-
+        encoded = None if output is None else encode_checked(output)
+        write = CompletionWrite(
+            h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
+        )
         try:
-            await self._owner.group_commit.write(batched, complete)
+            await self._owner.group_commit.write(write)
         except LeaseLostError as lost:
             return await self.lose(lost)
         self.ended = True
