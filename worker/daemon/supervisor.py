@@ -54,7 +54,7 @@ from worker.errors import EXIT_FAILURE, NotBootedError
 from worker.metrics import Metrics
 from worker.ops.report import LaneView
 from worker.ops.run_view import RunView
-from worker.run.attempt import DeferLimits
+from worker.run.begin import DeferLimits
 from worker.run.claim import Capacity
 from worker.run.execute import Runtime
 from worker.run.handle import WorkerSeat

@@ -20,7 +20,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -32,6 +32,7 @@ from worker.jsonvalue import require_json, require_readable
 from worker.run.attempt import Attempt
 from worker.run.handle import STEP_KEYS_LEGACY
 from worker.run.threads import run_in_daemon_thread
+from worker.run.transition import Park
 
 _log = structlog.get_logger("lane_worker.runtime")
 
@@ -187,12 +188,7 @@ class TaskContext:
         envelope = self._arm(boundary_id, armed)
         wake_at = engine.datetime_from_ms(armed["wakeAtMs"])
         wait = {"kind": "sleep", "boundaryId": boundary_id, "wakeAtMs": armed["wakeAtMs"]}
-
-        async def park(conn: Connection) -> tuple[bool, None]:
-            await engine.schedule(conn, self._h.queue, self._h.engine_run_id, wake_at)
-            return True, None
-
-        await self._attempt.park(park, wait, envelope)
+        await self._attempt.end(Park("sleep", boundary_id, wait, envelope, wake_at=wake_at))
         self._envelope = envelope
         raise Suspended
 
@@ -392,10 +388,15 @@ class TaskContext:
             "deadlineMs": armed["deadlineMs"],
         }
         event_name = checkpoint.integration_event_name(self.run_id, event_key)
-        return await self._park_on_event(boundary_id, event_name, armed, wait)
+        return await self._park_on_event("event", boundary_id, event_name, armed, wait)
 
     async def _park_on_event(
-        self, boundary_id: str, event_name: str, armed: dict[str, Any], wait: dict[str, Any]
+        self,
+        kind: Literal["event", "runner"],
+        boundary_id: str,
+        event_name: str,
+        armed: dict[str, Any],
+        wait: dict[str, Any],
     ) -> tuple[bool, Any]:
         """Park on engine event ``event_name`` until it comes or the armed deadline passes.
 
@@ -403,7 +404,6 @@ class TaskContext:
         is already there (its payload may be None: JSON null) and ``(False, None)``
         when the engine believes the wait timed out.
         """
-        h = self._h
         deadline_ms = armed["deadlineMs"]
         # The engine's timeout is whole seconds from now: round up, never below 1,
         # so the run is not woken before the armed deadline.
@@ -413,19 +413,12 @@ class TaskContext:
             else min(MAX_WAIT_S, max(1, math.ceil((deadline_ms - self._now_ms()) / 1000)))
         )
         envelope = self._arm(boundary_id, armed)
-
-        async def park(conn: Connection) -> tuple[bool, tuple[bool, Any]]:
-            got = await engine.await_event(
-                conn, h.queue, h.task_id, h.engine_run_id, f"wait:{boundary_id}", event_name,
-                remaining_s,
-            )  # fmt: skip
-            return got.suspended, (got.delivered, got.payload)
-
-        suspended, event = await self._attempt.park(park, wait, envelope)
-        if suspended:
+        park = Park(kind, boundary_id, wait, envelope, event_name=event_name, timeout_s=remaining_s)
+        parked = await self._attempt.end(park)
+        if parked.suspended:
             self._envelope = envelope
             raise Suspended
-        return event
+        return parked.delivered, parked.payload
 
     # -- sandboxes ------------------------------------------------------------
 
@@ -527,7 +520,7 @@ class TaskContext:
                 )
                 assert output is not None  # at the deadline it always resolves
                 return output
-            engine_event = await self._park_on_event(boundary_id, event_name, armed, wait)
+            engine_event = await self._park_on_event("runner", boundary_id, event_name, armed, wait)
         raise FatalRunError(
             f"runner wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
             f"the engine and the store disagree about runner attempt {number}."
