@@ -69,7 +69,7 @@ class Attempts:
 
         The returned attempt's ``taken_over`` is False when own or adopt found
         the run settled or moved between the claim and the fence move: it must
-        then end with ``hand_back_untaken``.
+        then end with ``HandBack`` (``Attempt.end``).
         """
         seat = self.seat
         adopt = disposition == Disposition.ADOPT
