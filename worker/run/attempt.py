@@ -162,9 +162,10 @@ class Attempt:
     async def end(self, transition: Transition) -> Outcome | Parked:
         """End this attempt as ``transition`` says; return the outcome (a park: what it came to).
 
-        Each kind is one fenced transaction that ends with the attempt row; a
-        write the fence refuses (a newer claim owns the run) ends it as a lost
-        lease instead, and nothing of the refused write commits.
+        Each kind is one fenced transaction that ends with the attempt row.
+        When the fence shows a newer claim owns the run, nothing of it commits:
+        the attempt ends as a lost lease instead (a park raises
+        ``LeaseLostError`` through the play, whose end is then ``Lost``).
         """
         match transition:
             case Complete(output):
