@@ -23,7 +23,7 @@ from worker.db.engine import ClaimedRun
 from worker.db.pool import Connection
 from worker.db.store.attempts import CheckpointWrite
 from worker.run.execute import Runtime
-from worker.run.group_commit import GroupCommit
+from worker.run.group_commit import BatchWrite, GroupCommit
 from worker.states import Outcome
 
 RELEASE = "rel-gc"
@@ -148,23 +148,22 @@ async def test_a_cancelled_run_in_a_batch_fails_no_other(database_url: str) -> N
             assert (await client.status(run_id)).status == want
 
 
-def checkpoint_write(
-    gc: GroupCommit, run: ClaimedRun, name: str, sent: list[str] | None = None
-) -> Any:
-    """``gc.write`` of checkpoint ``name`` for ``run`` (its alone path noted in ``sent``)."""
+class NotingGroupCommit(GroupCommit):
+    """A ``GroupCommit`` that notes the name of each checkpoint it sends alone."""
 
-    async def alone(conn: Connection) -> None:
-        if sent is not None:
-            sent.append(name)
-        await conn.execute(
-            "select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, 30)",
-            QUEUE, run.task_id, name, {"by": "test"}, run.run_id,
-        )  # fmt: skip
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent_alone: list[str] = []
 
-    def batched() -> CheckpointWrite:
-        return CheckpointWrite(QUEUE, run.task_id, name, '{"by": "test"}', run.run_id, 30)
+    async def _write_alone(self, conn: Connection, write: BatchWrite) -> None:
+        if isinstance(write, CheckpointWrite):
+            self.sent_alone.append(write.name)
+        await super()._write_alone(conn, write)
 
-    return gc.write(batched, alone)
+
+def checkpoint_write(gc: GroupCommit, run: ClaimedRun, name: str) -> Any:
+    """``gc.write`` of checkpoint ``name`` for ``run``."""
+    return gc.write(CheckpointWrite(QUEUE, run.task_id, name, '{"by": "test"}', run.run_id, 30))
 
 
 async def checkpoint_names(url: str, runs: list[ClaimedRun]) -> list[str]:
@@ -218,19 +217,18 @@ async def test_a_batch_refused_whole_falls_back_to_one_statement_each(
 async def test_a_write_whose_caller_was_cancelled_is_not_sent(database_url: str) -> None:
     """A caller cancelled while its write waited: nothing of it reaches the database."""
     async with claimed_runs(database_url, 2) as (_, rt, _, runs):
-        gc = GroupCommit(rt.db, rt.store, group_wait_s=HOLD_S)
-        sent: list[str] = []
+        gc = NotingGroupCommit(rt.db, rt.store, group_wait_s=HOLD_S)
         async with engine_row_locked(database_url, runs[0]):
-            held = asyncio.create_task(checkpoint_write(gc, runs[0], "first", sent))
+            held = asyncio.create_task(checkpoint_write(gc, runs[0], "first"))
             await first_sent(gc)
-            dropped = asyncio.create_task(checkpoint_write(gc, runs[1], "dropped", sent))
+            dropped = asyncio.create_task(checkpoint_write(gc, runs[1], "dropped"))
             await eventually(holds(lambda: gc.waiting == 1), timeout_s=10, what="queued")
             dropped.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await dropped
         await held
         await eventually(holds(lambda: not gc.busy), timeout_s=10, what="the flusher idle")
-        assert sent == ["first"]
+        assert gc.sent_alone == ["first"]
         assert await checkpoint_names(database_url, runs) == ["first"]
 
 

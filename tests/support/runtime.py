@@ -25,7 +25,7 @@ from worker.db import engine
 from worker.db.pool import Database, PoolOptions
 from worker.db.store import Store
 from worker.metrics import Metrics
-from worker.run.attempt import DeferLimits
+from worker.run.begin import DeferLimits
 from worker.run.context import TaskContext
 from worker.run.execute import Runtime
 from worker.run.handle import WorkerSeat

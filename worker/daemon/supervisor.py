@@ -42,7 +42,7 @@ from worker.db.pool import Database, is_transient
 from worker.db.store import Store
 from worker.errors import EXIT_FAILURE
 from worker.metrics import Metrics
-from worker.run.attempt import DeferLimits
+from worker.run.begin import DeferLimits
 from worker.run.claim import Capacity
 from worker.run.execute import Runtime
 from worker.run.handle import WorkerSeat

@@ -268,12 +268,12 @@ async def set_checkpoint(
     queue: str,
     task_id: uuid.UUID,
     name: str,
-    state: Any,
+    state: str | None,
     run_id: uuid.UUID,
     *,
     extend_lease_s: int | None = None,
 ) -> None:
-    """Commit checkpoint ``name`` for the task, extending the lease when asked."""
+    """Commit checkpoint ``name`` (``state``: its JSON text) for the task, extending the lease."""
     await _lease_call(
         conn, "set_checkpoint_state", run_id, queue, task_id, name, state, run_id, extend_lease_s
     )

@@ -1,144 +1,58 @@
-"""An attempt: begun once, ended once, each end one fenced transaction.
+"""An attempt: ended once, each end one fenced transaction.
 
-``Attempts.begin`` records a claim as an attempt row; for own and adopt it also
-moves the run's fence to that row. The ``Attempt`` it returns is the only code
-that ends an attempt: complete, fail (retrying or for good), observe a cancel,
-park, put back (defer, refuse), hand back what it did not take over, or lose
-it to a newer claim. Every end commits the engine transition with the store's
-in one transaction that ends with the attempt row (``_end``), fenced by that
-row, so a stale attempt never settles, parks or cancels a run a newer claim
-owns. The writes while a play runs (its envelope, a consumed signal) are
-fenced by the same row.
+The ``Attempt`` that ``Attempts.begin`` (``worker/run/begin.py``) returns is
+the only code that ends an attempt, through ``Attempt.end`` and one
+transition value per way (``worker/run/transition.py``): complete, fail
+(retrying or for good), observe a cancel, park, put back (defer, refuse), hand
+back what it did not take over, or lose it to a newer claim. Every end commits
+the engine transition with the store's in one transaction that ends with the
+attempt row (``_end``), fenced by that row, so a stale attempt never settles,
+parks or cancels a run a newer claim owns. The writes while a play runs (its
+envelope, a step, a consumed signal) are fenced by the same row.
 
 A claim that ends before or outside its attempt (a drain, an error, a claim
 left over at shutdown) is given back by ``worker/run/handback.py``.
-
-(About 430 lines, on purpose: every way an attempt ends is in this one file.)
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, assert_never, overload
 
 import asyncpg
 import structlog
 
-from worker.config.dburl import mask_secrets, url_secrets
+from worker.config.dburl import mask_secrets
 from worker.db import engine
-from worker.db.pool import Connection, Database, is_transient
-from worker.db.store import Store
+from worker.db.pool import Connection, is_transient
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite
-from worker.db.store.rows import Begun
 from worker.db.tasks import notify
 from worker.errors import LeaseLostError
 from worker.jsonvalue import encode_checked
-from worker.metrics import Metrics
 from worker.run import facts
 from worker.run.deferral import Streak, count_deferral, report_streak
-from worker.run.group_commit import GroupCommit
 from worker.run.handback import give_back
-from worker.run.handle import STEP_KEYS_CURRENT, DbClock, RunHandle, WorkerSeat
+from worker.run.handle import RunHandle
+from worker.run.transition import (
+    CancelObserved,
+    Complete,
+    Ends,
+    Fail,
+    FailForGood,
+    HandBack,
+    Lost,
+    Park,
+    Parked,
+    PutBack,
+    Retry,
+    Transition,
+)
 from worker.states import TERMINAL_STATUSES, Disposition, Outcome, RunStatus
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # begin.py makes attempts
+    from worker.run.begin import Attempts
+
 Log = structlog.typing.FilteringBoundLogger
-
-
-@dataclass(frozen=True)
-class DeferLimits:
-    """LANE_WORKER_DEFER_ALERT_AFTER and LANE_WORKER_DEFER_FAIL_AFTER (0: never fail)."""
-
-    alert_after_s: float
-    fail_after_s: float = 0.0
-
-
-class Attempts:
-    """Begins the attempts of one worker (the ``Attempt`` objects end them)."""
-
-    def __init__(
-        self,
-        db: Database,
-        store: Store,
-        seat: WorkerSeat,
-        *,
-        defer: DeferLimits,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.db = db
-        self.store = store
-        self.seat = seat
-        self.defer = defer
-        self.metrics = metrics
-        # The step checkpoints and completions of this worker's runs in flight.
-        self.group_commit = GroupCommit(db, store)
-        # A play's error text may quote the database URL (a driver message):
-        # stored errors are shown by `status`, so mask its passwords first.
-        self.secrets = url_secrets(db.options.url)
-
-    async def begin(
-        self,
-        claimed: engine.ClaimedRun,
-        run_id: uuid.UUID,
-        disposition: Disposition,
-        log: Log,
-    ) -> Attempt:
-        """Record the claim as an attempt; for own and adopt also take the run over.
-
-        The returned attempt's ``taken_over`` is False when own or adopt found
-        the run settled or moved between the claim and the fence move: it must
-        then end with ``hand_back_untaken``.
-        """
-        seat = self.seat
-        adopt = disposition == Disposition.ADOPT
-
-        async def begin(conn: Connection) -> tuple[Begun, float]:
-            # Read just before the statement is sent (a retry reads it again): the
-            # database reads its clock later, so this clock runs at most a round
-            # trip ahead, never behind.
-            sent_s = time.monotonic()
-            row = await self.store.attempts.begin(
-                conn,
-                run_id=run_id,
-                engine_run_id=claimed.run_id,
-                attempt=claimed.attempt,
-                worker_id=seat.worker_id_for(claimed.queue),
-                release_id=seat.release_id,
-                disposition=str(disposition),
-                adopted_release_id=seat.release_id if adopt else None,
-                adopted_queue=seat.own_queue if adopt else None,
-                step_keys=STEP_KEYS_CURRENT,
-                task_id=claimed.task_id,
-                queue=claimed.queue,
-            )
-            return row, sent_s
-
-        if claimed.begun is not None:
-            # The claim began it already as 'own' (its store row alone decided
-            # that); the pure decision must agree, or the rules have drifted apart.
-            if disposition != Disposition.OWN:
-                raise RuntimeError(
-                    f"the claim began run {run_id} as own, but it was decided {disposition}"
-                )
-            row, sent_s = claimed.begun, claimed.sent_s
-        else:
-            row, sent_s = await self.db.run(begin)
-        handle = RunHandle(
-            run_id=run_id,
-            queue=claimed.queue,
-            task_id=claimed.task_id,
-            engine_run_id=claimed.run_id,
-            attempt=claimed.attempt,
-            attempt_id=row.attempt_id,
-            lease_s=seat.lease_s,
-            clock=DbClock(row.db_now_ms, sent_s),
-            step_keys=row.step_keys,
-        )
-        return Attempt(self, claimed, handle, disposition, row.checkpoint, row.current_wait,
-                       row.engine_checkpoints, log)  # fmt: skip
 
 
 class Attempt:
@@ -219,18 +133,10 @@ class Attempt:
     async def write_step(self, key: str, result: Any) -> None:
         """Commit step ``key``'s result as an engine checkpoint, extending the lease."""
         h = self.handle
-
-        async def alone(conn: Connection) -> None:
-            await engine.set_checkpoint(
-                conn, h.queue, h.task_id, key, result, h.engine_run_id, extend_lease_s=h.lease_s
-            )
-
-        def batched() -> CheckpointWrite:
-            # Checked by json_problem when the step returned (context._step_at).
-            state = None if result is None else encode_checked(result)
-            return CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
-
-        await self._owner.group_commit.write(batched, alone)
+        # Checked by json_problem when the step returned (context._step_at).
+        state = None if result is None else encode_checked(result)
+        write = CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
+        await self._owner.group_commit.write(write)
 
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
         """Write the run's envelope, fenced: a newer claim makes it raise ``LeaseLostError``."""
@@ -247,70 +153,59 @@ class Attempt:
             conn, run_id=h.run_id, event_key=event_key, attempt_id=h.attempt_id
         )
 
-    # -- ends ------------------------------------------------------------------
+    # -- the one way an attempt ends -------------------------------------------
 
-    async def park(
-        self,
-        engine_park: Callable[[Connection], Awaitable[tuple[bool, T]]],
-        wait: dict[str, Any],
-        envelope: dict[str, Any],
-    ) -> tuple[bool, T]:
-        """Park in ``wait`` if ``engine_park`` suspends the engine run; return what it said.
+    @overload
+    async def end(self, transition: Park) -> Parked: ...
+    @overload
+    async def end(self, transition: Ends) -> Outcome: ...
+    async def end(self, transition: Transition) -> Outcome | Parked:
+        """End this attempt as ``transition`` says; return the outcome (a park: what it came to).
 
-        The engine's park, the store's wait and envelope, and the attempt's end
-        commit together; when the engine does not suspend, nothing ends.
+        Each kind is one fenced transaction that ends with the attempt row.
+        When the fence shows a newer claim owns the run, nothing of it commits:
+        the attempt ends as a lost lease instead (a park raises
+        ``LeaseLostError`` through the play, whose end is then ``Lost``).
         """
+        match transition:
+            case Complete(output):
+                return await self._complete(output)
+            case Retry(error) | Fail(error):
+                return await self._fail(error, final=isinstance(transition, Fail))
+            case FailForGood(error):
+                return await self._fail_for_good(error)
+            case Park():
+                return await self._park(transition)
+            case PutBack(outcome, delay_s, note):
+                return await self._put_back(outcome, delay_s, note)
+            case HandBack():
+                return await self._hand_back_untaken()
+            case CancelObserved():
+                return await self._observe_cancel()
+            case Lost(reason):
+                return await self._lose(reason)
+        assert_never(transition)
 
-        async def park(conn: Connection) -> tuple[bool, T]:
-            suspended, value = await engine_park(conn)
-            if suspended:
-                h = self.handle
-                if not await self.store.attempts.park(
-                    conn, run_id=h.run_id, attempt_id=h.attempt_id, wait=wait, envelope=envelope
-                ):
-                    raise self._lost()
-                await self._close(conn, Outcome.PARKED)
-            return suspended, value
-
-        suspended, value = await self.db.transaction(park)
-        if suspended:
-            self.ended = True
-        return suspended, value
-
-    async def complete(self, output: Any) -> Outcome:
-        """Complete the run with ``output``; a newer claim that owns it wins (lease lost)."""
+    async def _complete(self, output: Any) -> Outcome:
         h = self.handle
+        # The output was checked by json_problem (execute); the fact holds it and our
+        # own strings and numbers.
         fact = facts.completed(h.run_id, output).as_json()
-
-        async def complete(conn: Connection) -> None:
-            # One statement (the engine's complete, the settle, this attempt's
-            # end): the hot path's single round trip to end a run.
-            with engine.fenced(h.engine_run_id):
-                await self.store.attempts.complete(
-                    conn, queue=h.queue, engine_run_id=h.engine_run_id, output=output,
-                    run_id=h.run_id, attempt_id=self.attempt_id, fact=fact,
-                )  # fmt: skip
-
-        def batched() -> CompletionWrite:
-            # The output was checked by json_problem (execute); the fact holds it and our own
-            # strings and numbers.
-            encoded = None if output is None else encode_checked(output)
-            return CompletionWrite(
-                h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
-            )
-
+        encoded = None if output is None else encode_checked(output)
+        write = CompletionWrite(
+            h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
+        )
         try:
-            await self._owner.group_commit.write(batched, complete)
+            await self._owner.group_commit.write(write)
         except LeaseLostError as lost:
-            return await self.lose(lost)
+            return await self._lose(lost)
         self.ended = True
         return Outcome.COMPLETED
 
-    async def fail(self, exc: BaseException, max_attempts: int | None) -> Outcome:
-        """Fail this attempt: the engine retries the run, or it was the last and fails."""
+    async def _fail(self, exc: BaseException, *, final: bool) -> Outcome:
+        """Fail the engine run: it retries, or (``final``) the run settles failed."""
         h = self.handle
         reason = self.reason(exc)
-        final = max_attempts is not None and h.attempt >= max_attempts
         outcome = Outcome.FAILED if final else Outcome.RETRYING
 
         def failing(reason: dict[str, Any]) -> Callable[[Connection], Awaitable[None]]:
@@ -348,11 +243,11 @@ class Attempt:
             ended = await self._unless_lost(outcome, reason, failing(reason))
         if ended == outcome:
             event = "run.failed" if final else "run.attempt_failed"
+            max_attempts = self.claimed.max_attempts
             self.log.warning(event, attempt=h.attempt, max_attempts=max_attempts, error=reason)
         return ended
 
-    async def fail_for_good(self, exc: Exception) -> Outcome:
-        """Fail the run for good (no retry): a fatal error, a wait this build cannot resume."""
+    async def _fail_for_good(self, exc: Exception) -> Outcome:
         h = self.handle
         reason = {**self.reason(exc), "fatal": True}
 
@@ -370,8 +265,41 @@ class Attempt:
             self.log.error("run.failed_for_good", error=reason)
         return ended
 
-    async def observe_cancel(self) -> Outcome:
-        """The engine cancelled the run while it ran: settle it cancelled (if still ours)."""
+    async def _park(self, park: Park) -> Parked:
+        """Park in ``park.wait`` if the engine suspends the run: where every park ends its attempt.
+
+        The engine's park, the store's wait and envelope, and the attempt's end
+        commit together; when the engine does not suspend (the event is there,
+        or it took a stale wake-up for a timeout), nothing ends.
+        """
+        h = self.handle
+
+        async def park_run(conn: Connection) -> Parked:
+            if park.kind == "sleep":
+                assert park.wake_at is not None  # a sleep always has its wake time
+                await engine.schedule(conn, h.queue, h.engine_run_id, park.wake_at)
+                parked = Parked(suspended=True)
+            else:
+                got = await engine.await_event(
+                    conn, h.queue, h.task_id, h.engine_run_id, f"wait:{park.boundary_id}",
+                    park.event_name, park.timeout_s,
+                )  # fmt: skip
+                parked = Parked(got.suspended, got.delivered, got.payload)
+            if parked.suspended:
+                if not await self.store.attempts.park(
+                    conn, run_id=h.run_id, attempt_id=h.attempt_id, wait=park.wait,
+                    envelope=park.envelope,
+                ):  # fmt: skip
+                    raise self._lost()
+                await self._close(conn, Outcome.PARKED)
+            return parked
+
+        parked = await self.db.transaction(park_run)
+        if parked.suspended:
+            self.ended = True
+        return parked
+
+    async def _observe_cancel(self) -> Outcome:
         h = self.handle
 
         async def settle(conn: Connection) -> None:
@@ -383,22 +311,15 @@ class Attempt:
         self.log.info("run.cancelled")
         return Outcome.CANCELLED
 
-    async def lose(self, reason: dict[str, Any] | BaseException) -> Outcome:
-        """End as a lost lease: a newer claim, a move, an operator took the run."""
+    async def _lose(self, reason: dict[str, Any] | BaseException) -> Outcome:
         if isinstance(reason, BaseException):
             self.log.warning("run.lease_lost", detail=str(reason))
             reason = facts.error_reason(reason)
         await self._end(Outcome.LEASE_LOST, reason)
         return Outcome.LEASE_LOST
 
-    async def end_as_settled_elsewhere(self, status: str) -> Outcome:
-        """End an attempt whose run was settled by someone else before it was taken over."""
-        outcome = Outcome.CANCELLED if status == RunStatus.CANCELLED else Outcome.LEASE_LOST
-        await self._end(outcome, {"reason": f"the run is {status}"})
-        return outcome
-
-    async def put_back(
-        self, outcome: Outcome, *, delay_s: float, note: dict[str, Any] | None = None
+    async def _put_back(
+        self, outcome: Outcome, delay_s: float, note: dict[str, Any] | None
     ) -> Outcome:
         """Reschedule the engine run ``delay_s`` from now without spending an attempt.
 
@@ -433,7 +354,7 @@ class Attempt:
             report_streak(streaks[0], self.log, self._owner.metrics, self.claimed.queue)
         return ended
 
-    async def hand_back_untaken(self) -> Outcome:
+    async def _hand_back_untaken(self) -> Outcome:
         """End an attempt whose begin did not take the run over, as the run's row now reads.
 
         Read afresh: ``begin_attempt``'s own snapshot predates the lock it waited
@@ -443,11 +364,14 @@ class Attempt:
         row = await self.db.run(lambda c: self.store.runs.get(c, h.run_id))
         if row is not None and row.task_id != self.claimed.task_id:
             self.log.info("run.moved_away", to_queue=row.queue)
-            return await self.lose({"reason": f"moved to {row.queue}"})
+            return await self._lose({"reason": f"moved to {row.queue}"})
         if row is None or row.status in TERMINAL_STATUSES:
             status = row.status if row is not None else "gone"
             self.log.info("run.ended_elsewhere", status=status)
-            return await self.end_as_settled_elsewhere(status)
+            # Settled by someone else before it was taken over.
+            ended = Outcome.CANCELLED if status == RunStatus.CANCELLED else Outcome.LEASE_LOST
+            await self._end(ended, {"reason": f"the run is {status}"})
+            return ended
         # Open and still this task's: nothing took it, so give the claim back.
         await self._end(Outcome.HANDED_BACK, {"reason": "not taken over"})
         await give_back(self._owner, self.claimed, None)
@@ -479,5 +403,5 @@ class Attempt:
         try:
             await self._end(outcome, error, transition=transition)
         except LeaseLostError as lost:
-            return await self.lose(lost)
+            return await self._lose(lost)
         return outcome

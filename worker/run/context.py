@@ -7,38 +7,32 @@ durably; the checkpoint envelope in the store records when each wait was armed
 (its wake time or deadline, under ``armedWaits``) and, once over, how it
 resolved (``resolvedBoundaries``), so a resumed run replays to the same point
 and a timeout is measured from when the wait was armed, not from a reclaim.
-
-(About 510 lines: ``TaskContext`` is the play API, one class; each kind of wait
-is a few methods over the same envelope bookkeeping and the same park, which a
-split would have to share through private attributes.)
+The envelope's bookkeeping and a wait's durations are pure functions
+(``worker/run/waits.py``); a park ends the attempt in ``Attempt.end``
+(``worker/run/attempt.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from worker import checkpoint
 from worker.db import engine
 from worker.db.pool import Connection
-from worker.errors import SHOWN_CHARS, FatalRunError, PlayValueError
+from worker.errors import FatalRunError
 from worker.jsonvalue import require_json, require_readable
+from worker.run import waits
 from worker.run.attempt import Attempt
-from worker.run.handle import STEP_KEYS_LEGACY
 from worker.run.threads import run_in_daemon_thread
+from worker.run.transition import Park
 
 _log = structlog.get_logger("lane_worker.runtime")
-
-ARMED_WAITS = "armedWaits"  # our envelope key; unknown to other builds, so kept by them
-# The engine counts a wait's timeout in int32 seconds: a longer one failed every
-# attempt without parking. Longer durations are clamped to it (about 68 years).
-MAX_WAIT_S = 2**31 - 1
 
 
 class Suspended(BaseException):
@@ -46,54 +40,6 @@ class Suspended(BaseException):
 
     A BaseException so that a play's ``except Exception`` cannot swallow it.
     """
-
-
-def _seconds(value: Any) -> float:
-    """Return ``value`` as a float of seconds (NaN when it is no number, inf past a double)."""
-    seconds = math.nan
-    if not isinstance(value, bool | str | bytes):  # float() would read "5" and True
-        try:
-            seconds = float(value)  # numpy's and Decimal's numbers too
-        except OverflowError:  # an int past a double: as long (or short) as a wait can be
-            seconds = math.inf if value > 0 else -math.inf
-        except (TypeError, ValueError):
-            pass
-    return seconds
-
-
-def _duration_s(value: Any, what: str) -> float:
-    """Return ``value`` as seconds within [0, MAX_WAIT_S] (below 0 is 0).
-
-    A value that is no number (NaN, a string, None) fails the run for good
-    (``PlayValueError``): every attempt would compute it again.
-    """
-    seconds = _seconds(value)
-    if math.isnan(seconds):
-        raise PlayValueError(
-            f"{what} needs a number of seconds, not {_shown(value)}; the run fails for good"
-            " (a retry would compute the same value)"
-        )
-    return min(max(seconds, 0.0), float(MAX_WAIT_S))
-
-
-def _shown(value: Any) -> str:
-    """Return ``repr(value)``, cut to 100 characters (a 400-digit int stays readable)."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past the interpreter's digit limit for str()
-        text = f"<{type(value).__name__} too long to show>"
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
-
-
-def step_checkpoint_name(name: str, occurrence: int, step_keys: int | None) -> str:
-    """Return the engine checkpoint of the ``occurrence``-th use (from 1) of step ``name``.
-
-    One-to-one: every '#' in the name is doubled, and a lone '#' starts the
-    occurrence number, so ``a#2`` (once) and ``a`` (twice) cannot meet. Names
-    without '#' keep the keys they always had.
-    """
-    key = name if step_keys is STEP_KEYS_LEGACY else name.replace("#", "##")
-    return f"step:{key}" if occurrence == 1 else f"step:{key}#{occurrence}"
 
 
 class TaskContext:
@@ -133,7 +79,9 @@ class TaskContext:
         uses = self._step_uses.get(name, 0) + 1
         self._step_uses[name] = uses
         # A name used twice in one run names two steps, in order.
-        return await self._step_at(step_checkpoint_name(name, uses, self._h.step_keys), name, fn)
+        return await self._step_at(
+            waits.step_checkpoint_name(name, uses, self._h.step_keys), name, fn
+        )
 
     async def _step_at(self, key: str, name: str, fn: Callable[[], Any]) -> Any:
         """Run step ``name`` under checkpoint ``key``, or return its committed result."""
@@ -173,8 +121,8 @@ class TaskContext:
         """Sleep durably: the run parks and resumes after ``seconds``, surviving restarts."""
         if checkpoint.boundary_resolved(self._envelope, boundary_id):
             return
-        delay_ms = round(_duration_s(seconds, "sleep") * 1000)
-        armed = self._armed(boundary_id, checkpoint.SLEEP_BOUNDARY)
+        delay_ms = round(waits.duration_s(seconds, "sleep") * 1000)
+        armed = waits.armed(self._envelope, self.run_id, boundary_id, checkpoint.SLEEP_BOUNDARY)
         now_ms = self._now_ms()
         if armed is None:
             armed = {"kind": "sleep", "wakeAtMs": now_ms + delay_ms, "armedAtMs": now_ms}
@@ -182,17 +130,12 @@ class TaskContext:
             resolved = checkpoint.checkpoint_with_sleep(
                 self._envelope, boundary_id, delay_ms, now_ms=now_ms
             )
-            await self._save(self._disarm(resolved, boundary_id))
+            await self._save(waits.disarm(resolved, boundary_id))
             return
-        envelope = self._arm(boundary_id, armed)
+        envelope = waits.arm(self._envelope, boundary_id, armed)
         wake_at = engine.datetime_from_ms(armed["wakeAtMs"])
         wait = {"kind": "sleep", "boundaryId": boundary_id, "wakeAtMs": armed["wakeAtMs"]}
-
-        async def park(conn: Connection) -> tuple[bool, None]:
-            await engine.schedule(conn, self._h.queue, self._h.engine_run_id, wake_at)
-            return True, None
-
-        await self._attempt.park(park, wait, envelope)
+        await self._attempt.end(Park("sleep", boundary_id, wait, envelope, wake_at=wake_at))
         self._envelope = envelope
         raise Suspended
 
@@ -208,24 +151,15 @@ class TaskContext:
         The output has ``timed_out`` True when ``timeout`` seconds passed since the
         wait was first armed. The payload comes from the store's signal row.
         """
-        resolved = self._resolved_output(boundary_id)
+        resolved = waits.resolved_output(self._envelope, boundary_id)
         if resolved is not None:
             return resolved
-        self._check_key_unused(boundary_id, event_key)
-        armed = self._armed(boundary_id, checkpoint.INTEGRATION_EVENT_BOUNDARY)
+        waits.check_key_unused(self._envelope, self.run_id, boundary_id, event_key)
+        armed = waits.armed(
+            self._envelope, self.run_id, boundary_id, checkpoint.INTEGRATION_EVENT_BOUNDARY
+        )
         if armed is None:
-            now_ms = self._now_ms()
-            deadline = (
-                None
-                if timeout is None
-                else now_ms + round(_duration_s(timeout, "wait_for_event's timeout") * 1000)
-            )
-            armed = {
-                "kind": "integration_event",
-                "eventKey": event_key,
-                "deadlineMs": deadline,
-                "armedAtMs": now_ms,
-            }
+            armed = waits.event_armed(event_key, timeout, self._now_ms())
         timeout_ms = 0 if armed["deadlineMs"] is None else armed["deadlineMs"] - armed["armedAtMs"]
         # What the engine delivered, if anything: an event emitted straight to the
         # engine may carry JSON null, which is still an event (not a timeout).
@@ -253,66 +187,6 @@ class TaskContext:
 
     def _now_ms(self) -> int:
         return self._h.clock.now_ms()
-
-    def _armed(self, boundary_id: str, kind: str) -> dict[str, Any] | None:
-        table = self._envelope.get(ARMED_WAITS)
-        entry = table.get(boundary_id) if isinstance(table, dict) else None
-        if entry is None:
-            return None
-        if not isinstance(entry, dict) or entry.get("kind") != kind:
-            found = entry.get("kind") if isinstance(entry, dict) else entry
-            raise FatalRunError(
-                f"boundary {boundary_id!r} of run {self.run_id} was armed as a {found!r} wait, "
-                f"but this build resumes it as a {kind!r} wait; it cannot be resumed here."
-            )
-        return dict(entry)
-
-    def _arm(self, boundary_id: str, armed: dict[str, Any]) -> dict[str, Any]:
-        envelope = dict(self._envelope)
-        table = envelope.get(ARMED_WAITS)
-        envelope[ARMED_WAITS] = {**(table if isinstance(table, dict) else {}), boundary_id: armed}
-        return envelope
-
-    @staticmethod
-    def _disarm(envelope: dict[str, Any], boundary_id: str) -> dict[str, Any]:
-        table = envelope.get(ARMED_WAITS)
-        if isinstance(table, dict) and boundary_id in table:
-            envelope = dict(envelope)
-            envelope[ARMED_WAITS] = {k: v for k, v in table.items() if k != boundary_id}
-        return envelope
-
-    def _resolved_output(
-        self, boundary_id: str, kind: str = checkpoint.INTEGRATION_EVENT_BOUNDARY
-    ) -> dict[str, Any] | None:
-        if not checkpoint.boundary_resolved(self._envelope, boundary_id):
-            return None
-        entry = self._envelope["resolvedBoundaries"][boundary_id]
-        if entry.get("kind") != kind:
-            raise FatalRunError(
-                f"boundary {boundary_id!r} was resolved as a {entry.get('kind')!r}, but the play "
-                f"now waits for a {kind!r} there; boundary ids must not change meaning."
-            )
-        output: dict[str, Any] = entry.get("output") or {}
-        return output
-
-    def _check_key_unused(self, boundary_id: str, event_key: str) -> None:
-        boundaries = self._envelope.get("resolvedBoundaries") or {}
-        armed = self._envelope.get(ARMED_WAITS) or {}
-        for table in (boundaries, armed):
-            if not isinstance(table, dict):
-                continue
-            for other_id, entry in table.items():
-                if (
-                    other_id != boundary_id
-                    and isinstance(entry, dict)
-                    and entry.get("kind") == checkpoint.INTEGRATION_EVENT_BOUNDARY
-                    and entry.get("eventKey") == event_key
-                ):
-                    raise FatalRunError(
-                        f"event key {event_key!r} is waited on twice in run {self.run_id} "
-                        f"(boundaries {other_id!r} and {boundary_id!r}); an event key can be "
-                        "waited on once per run."
-                    )
 
     # -- store and engine writes ---------------------------------------------
 
@@ -347,7 +221,7 @@ class TaskContext:
                 ),
                 timed_out=False,
             )
-            envelope = self._disarm(
+            envelope = waits.disarm(
                 checkpoint.checkpoint_with_integration_event(
                     checkpoint=self._envelope,
                     boundary_id=boundary_id,
@@ -378,7 +252,7 @@ class TaskContext:
             output=output,
             now_ms=self._now_ms(),
         )
-        await self._save(self._disarm(envelope, boundary_id))
+        await self._save(waits.disarm(envelope, boundary_id))
         return output
 
     async def _park_for_event(
@@ -392,10 +266,15 @@ class TaskContext:
             "deadlineMs": armed["deadlineMs"],
         }
         event_name = checkpoint.integration_event_name(self.run_id, event_key)
-        return await self._park_on_event(boundary_id, event_name, armed, wait)
+        return await self._park_on_event("event", boundary_id, event_name, armed, wait)
 
     async def _park_on_event(
-        self, boundary_id: str, event_name: str, armed: dict[str, Any], wait: dict[str, Any]
+        self,
+        kind: Literal["event", "runner"],
+        boundary_id: str,
+        event_name: str,
+        armed: dict[str, Any],
+        wait: dict[str, Any],
     ) -> tuple[bool, Any]:
         """Park on engine event ``event_name`` until it comes or the armed deadline passes.
 
@@ -403,29 +282,15 @@ class TaskContext:
         is already there (its payload may be None: JSON null) and ``(False, None)``
         when the engine believes the wait timed out.
         """
-        h = self._h
         deadline_ms = armed["deadlineMs"]
-        # The engine's timeout is whole seconds from now: round up, never below 1,
-        # so the run is not woken before the armed deadline.
-        remaining_s = (
-            None
-            if deadline_ms is None
-            else min(MAX_WAIT_S, max(1, math.ceil((deadline_ms - self._now_ms()) / 1000)))
-        )
-        envelope = self._arm(boundary_id, armed)
-
-        async def park(conn: Connection) -> tuple[bool, tuple[bool, Any]]:
-            got = await engine.await_event(
-                conn, h.queue, h.task_id, h.engine_run_id, f"wait:{boundary_id}", event_name,
-                remaining_s,
-            )  # fmt: skip
-            return got.suspended, (got.delivered, got.payload)
-
-        suspended, event = await self._attempt.park(park, wait, envelope)
-        if suspended:
+        remaining_s = waits.engine_timeout_s(deadline_ms, self._now_ms())
+        envelope = waits.arm(self._envelope, boundary_id, armed)
+        park = Park(kind, boundary_id, wait, envelope, event_name=event_name, timeout_s=remaining_s)
+        parked = await self._attempt.end(park)
+        if parked.suspended:
             self._envelope = envelope
             raise Suspended
-        return event
+        return parked.delivered, parked.payload
 
     # -- sandboxes ------------------------------------------------------------
 
@@ -466,18 +331,7 @@ class TaskContext:
         function ``report_runner_result``) or ``timeout`` seconds pass. Returns
         ``{"runnerAttempt", "result", "timedOut", "launched"}``.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise PlayValueError(
-                "run_detached needs a name (a non-blank string); the run fails for good"
-            )
-        # Any number above 0 (inf and an int past a double wait as long as the engine
-        # counts, as 1e300 does); NaN, 0 or below, or no number fails the run for good.
-        if not _seconds(timeout) > 0:
-            raise PlayValueError(
-                f"run_detached needs a timeout in seconds above 0, not {_shown(timeout)};"
-                " the run fails for good (a retry would compute the same value)"
-            )
-        timeout_s = _duration_s(timeout, "run_detached's timeout")
+        timeout_s = waits.runner_timeout_s(name, timeout)
         # A name used again is the next call, as a step name is the next step
         # (a loop that relaunches until a runner reports in time): its own launch
         # step and boundary. The first use keeps the keys it always had; later
@@ -486,8 +340,8 @@ class TaskContext:
         self._detached_uses[name] = uses
         boundary_id = f"runner:{name}" if uses == 1 else f"runner#{uses}:{name}"
         launch_name = f"runner-launch:{name}"
-        launch_key = step_checkpoint_name(launch_name, uses, self._h.step_keys)
-        resolved = self._resolved_output(boundary_id, checkpoint.RUNNER_BOUNDARY)
+        launch_key = waits.step_checkpoint_name(launch_name, uses, self._h.step_keys)
+        resolved = waits.resolved_output(self._envelope, boundary_id, checkpoint.RUNNER_BOUNDARY)
         if resolved is not None:
             return resolved
 
@@ -504,15 +358,9 @@ class TaskContext:
 
         launched = await self._step_at(launch_key, launch_name, start)
         number = int(launched["runnerAttempt"])
-        armed = self._armed(boundary_id, checkpoint.RUNNER_BOUNDARY)
+        armed = waits.armed(self._envelope, self.run_id, boundary_id, checkpoint.RUNNER_BOUNDARY)
         if armed is None:
-            now_ms = self._now_ms()
-            armed = {
-                "kind": checkpoint.RUNNER_BOUNDARY,
-                "runnerAttempt": number,
-                "deadlineMs": now_ms + max(1, round(timeout_s * 1000)),
-                "armedAtMs": now_ms,
-            }
+            armed = waits.runner_armed(number, timeout_s, self._now_ms())
         wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,
                 "runnerAttempt": number, "deadlineMs": armed["deadlineMs"]}  # fmt: skip
         event_name = checkpoint.runner_terminal_event_name(self.run_id, number)
@@ -527,7 +375,7 @@ class TaskContext:
                 )
                 assert output is not None  # at the deadline it always resolves
                 return output
-            engine_event = await self._park_on_event(boundary_id, event_name, armed, wait)
+            engine_event = await self._park_on_event("runner", boundary_id, event_name, armed, wait)
         raise FatalRunError(
             f"runner wait {boundary_id!r} of run {self.run_id} neither parked nor resolved; "
             f"the engine and the store disagree about runner attempt {number}."
@@ -571,7 +419,7 @@ class TaskContext:
                 "timedOut": not reported,
                 "launched": launched.get("launched"),
             }
-            envelope = self._disarm(
+            envelope = waits.disarm(
                 checkpoint.checkpoint_with_runner(
                     self._envelope, boundary_id, runner_attempt=number, output=output,
                     now_ms=self._now_ms(),

@@ -2,10 +2,10 @@
 
 ``Runtime.handle`` takes one claimed engine run to its next durable point:
 read the run's lane facts, decide its disposition (``worker/run/decide.py``),
-begin an attempt (``worker/run/attempt.py``, which alone ends it), then run the
-play (own / adopt) or put the run back without spending an attempt (defer /
-refuse). Whatever cuts handling short gives the claim back
-(``worker/run/handback.py``).
+begin an attempt (``worker/run/begin.py``), then run the play (own / adopt) or
+put the run back without spending an attempt (defer / refuse); every end is a
+transition given to ``Attempt.end`` (``worker/run/attempt.py``). Whatever cuts
+handling short gives the claim back (``worker/run/handback.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from worker.errors import (
 from worker.jsonvalue import require_json, unreadable_in
 from worker.metrics import Metrics
 from worker.run import decide
-from worker.run.attempt import Attempt, Attempts, DeferLimits
+from worker.run.attempt import Attempt
+from worker.run.begin import Attempts, DeferLimits
 from worker.run.context import Suspended, TaskContext
 from worker.run.decide import Cause, Decision, LaneFacts, PlayRegistration
 from worker.run.foreign import ForeignTasks
@@ -46,6 +47,15 @@ from worker.run.lease import with_lease
 from worker.run.policy import ClaimPolicy, CurrentPolicy
 from worker.run.reconcile import reconcile_queue
 from worker.run.sandbox import SANDBOX_CLEANUP_TASK, SandboxCleanups, SandboxDeleter
+from worker.run.transition import (
+    CancelObserved,
+    Complete,
+    FailForGood,
+    HandBack,
+    Lost,
+    PutBack,
+    failure,
+)
 from worker.states import Disposition, Outcome
 
 log = structlog.get_logger("lane_worker.runtime")
@@ -246,7 +256,7 @@ class Runtime:
         if not attempt.taken_over:
             # Settled, or moved to another lane, between the claim and the fence
             # move (possibly while its statement waited on the row).
-            return Handled(decision.disposition, await attempt.hand_back_untaken())
+            return Handled(decision.disposition, await attempt.end(HandBack()))
         return Handled(decision.disposition, await self._execute(attempt, row.play, row.input))
 
     async def _decide(self, facts: LaneFacts, seat: decide.Seat) -> Decision:
@@ -295,10 +305,9 @@ class Runtime:
 
     async def _put_back(self, attempt: Attempt, decision: Decision) -> Outcome:
         if decision.disposition == Disposition.REFUSE:
-            return await attempt.put_back(Outcome.REFUSED, delay_s=0)
-        return await attempt.put_back(
-            Outcome.DEFERRED, delay_s=decision.delay_s, note={"reason": decision.reason}
-        )
+            return await attempt.end(PutBack(Outcome.REFUSED, delay_s=0))
+        note = {"reason": decision.reason}
+        return await attempt.end(PutBack(Outcome.DEFERRED, decision.delay_s, note))
 
     async def _without_launch_row(
         self, claimed: engine.ClaimedRun, claim: Claim, bound: Log
@@ -313,7 +322,7 @@ class Runtime:
             bound = bound.bind(run_id=str(moved_run))
             attempt = await self.attempts.begin(claimed, moved_run, Disposition.OWN, bound)
             claim.attempt = attempt
-            await attempt.lose({"reason": f"moved to {to_queue}"})
+            await attempt.end(Lost({"reason": f"moved to {to_queue}"}))
             bound.info("run.moved_away", to_queue=to_queue)
             return Handled(Disposition.OWN, Outcome.LEASE_LOST)
         # No run of this store names the task: another system's (the TypeScript
@@ -352,11 +361,11 @@ class Runtime:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt too: the play's, not ours
             return await self._end_after(attempt, ctx, exc)
         try:
-            outcome = await attempt.complete(output)
+            outcome = await attempt.end(Complete(output))
         except (asyncpg.PostgresError, ValueError) as exc:  # jsonb refused the output
             if is_transient(exc):
                 raise
-            return await attempt.fail(exc, attempt.claimed.max_attempts)
+            return await attempt.end(failure(exc, attempt.claimed))
         if outcome == Outcome.COMPLETED:
             attempt.log.info("run.completed", duration_s=round(time.monotonic() - started, 3))
         return outcome
@@ -410,11 +419,11 @@ class Runtime:
                 raise exc  # shutdown: `handle` gives the run back
             # Otherwise the play raised CancelledError itself (it awaited a task it
             # cancelled), or a task group of the play failed.
-            return await attempt.fail(exc, attempt.claimed.max_attempts)
+            return await attempt.end(failure(exc, attempt.claimed))
         if isinstance(exc, RunCancelledError):
-            return await attempt.observe_cancel()
+            return await attempt.end(CancelObserved())
         if isinstance(exc, LeaseLostError):
-            return await attempt.lose(exc)
+            return await attempt.end(Lost(exc))
         if isinstance(exc, FatalRunError | UnknownBoundaryError):
-            return await attempt.fail_for_good(exc)
-        return await attempt.fail(exc, attempt.claimed.max_attempts)
+            return await attempt.end(FailForGood(exc))
+        return await attempt.end(failure(exc, attempt.claimed))

@@ -21,9 +21,9 @@ What keeps one run's trouble its own:
   lock goes again in a later batch, after a backoff (``LOCK_RETRY_S`` doubling
   to ``LOCK_RETRY_MAX_S``), holding no connection meanwhile: a row an operator's
   open transaction keeps locked must not take the pool's few connections from
-  every other run. A write that failed otherwise is sent again alone by its
-  caller, through the code a write without batching takes, which raises the
-  error the caller acts on;
+  every other run. A write that failed otherwise is sent again alone, in its
+  caller's task, as a write without batching goes, which raises the error the
+  caller acts on;
 - at most one write waits for a lock in its own statement (the one sent with
   nothing else in flight): a lone queued write goes as a batch of one, whose
   lock wait is bounded, while another write is alone in flight;
@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import structlog
 
+from worker.db import engine
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite
@@ -70,7 +70,7 @@ ALONE_BYTES = 64 * 1024
 # How long a cancelled caller waits for the batch its write is in to end.
 CANCEL_WAIT_S = 10.0
 
-Write = Callable[[Connection], Awaitable[None]]
+# A write is one typed value, encoded once by its writer: sent alone or in a set.
 BatchWrite = CheckpointWrite | CompletionWrite
 
 
@@ -131,18 +131,14 @@ class GroupCommit:
         """Tell whether a write is in flight (a new one then queues for a batch)."""
         return self._alone > 0 or self._flusher is not None
 
-    async def write(self, batched: Callable[[], BatchWrite], alone: Write) -> None:
-        """Commit one write, grouped with others when some are in flight; raise as ``alone``.
+    async def write(self, write: BatchWrite) -> None:
+        """Commit one write, grouped with others when some are in flight.
 
-        ``batched`` makes the write's typed value for a batch (its JSON encoded
-        then, once): it is called only when the write queues.
+        Raises what the write raises sent alone (``_write_alone``): the error its
+        caller acts on (a lost lease, a cancel).
         """
-        if not self.busy:
-            await self._send_alone(alone)
-            return
-        write = batched()
-        if _size(write) > ALONE_BYTES:
-            await self._send_alone(alone)
+        if not self.busy or _size(write) > ALONE_BYTES:
+            await self._send_alone(write)
             return
         pending = _Pending(write, time.monotonic())
         self._enqueue(pending)
@@ -160,7 +156,7 @@ class GroupCommit:
         if not committed:
             # Alone after all (the only one of its batch), or failed in a batch
             # and undone: its own statement commits it or says why not.
-            await self._send_alone(alone)
+            await self._send_alone(write)
 
     def _enqueue(self, pending: _Pending) -> None:
         if pending.done.done():
@@ -181,12 +177,31 @@ class GroupCommit:
         delay = min(LOCK_RETRY_MAX_S, LOCK_RETRY_S * 2 ** (pending.lock_waits - 1))
         asyncio.get_running_loop().call_later(delay, self._enqueue, pending)
 
-    async def _send_alone(self, alone: Write) -> None:
+    async def _write_alone(self, conn: Connection, write: BatchWrite) -> None:
+        """Send ``write`` as its own statement, translating a refusal into the error to act on."""
+        w = write
+        if isinstance(w, CheckpointWrite):
+            await engine.set_checkpoint(
+                conn,
+                w.queue,
+                w.task_id,
+                w.name,
+                w.state,
+                w.engine_run_id,
+                extend_lease_s=w.extend_s,
+            )
+            return
+        # One statement (the engine's complete, the settle, the attempt's end):
+        # the hot path's single round trip to end a run.
+        with engine.fenced(w.engine_run_id):
+            await self.store.attempts.complete(conn, w)
+
+    async def _send_alone(self, write: BatchWrite) -> None:
         self._alone += 1
         self.flushes += 1
         self.largest = max(self.largest, 1)
         try:
-            await self.db.run(alone)
+            await self.db.run(lambda conn: self._write_alone(conn, write))
         finally:
             self._alone -= 1
             self._returned_at = time.monotonic()

@@ -24,7 +24,8 @@ from worker.db.tasks import PLAY_RUN_TASK, notify
 from worker.states import Outcome
 
 if TYPE_CHECKING:  # attempt.py builds on this module
-    from worker.run.attempt import Attempt, Attempts
+    from worker.run.attempt import Attempt
+    from worker.run.begin import Attempts
 
 log = structlog.get_logger("lane_worker.runtime")
 

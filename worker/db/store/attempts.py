@@ -13,9 +13,11 @@ from worker.db.store.rows import Begun, ClaimedRunState, DeferralCount, args_of,
 
 @dataclass(frozen=True, slots=True)
 class CheckpointWrite:
-    """A step's engine checkpoint, for ``write_sets``: the engine's set_task_checkpoint_state.
+    """A step's engine checkpoint (the engine's set_task_checkpoint_state), alone or in a set.
 
-    Its fields are ``write_sets``' checkpoint arrays, in their order ($2 ... $7).
+    The one encoding of the write: sent alone (``engine.set_checkpoint``) or
+    with others (``write_sets``), from the same value. Its fields are
+    ``write_sets``' checkpoint arrays, in their order ($2 ... $7).
     """
 
     queue: str
@@ -28,7 +30,7 @@ class CheckpointWrite:
 
 @dataclass(frozen=True, slots=True)
 class CompletionWrite:
-    """A completing attempt, for ``write_sets``: what ``complete`` writes, as one of a set.
+    """A completing attempt, alone (``complete``) or as one of a set (``write_sets``).
 
     Its fields are ``write_sets``' completion arrays, in their order ($8 ... $13).
     """
@@ -101,38 +103,18 @@ class AttemptQueries(Queries):
         assert begun is not None  # the insert always returns its row
         return begun
 
-    async def complete(
-        self,
-        conn: Connection,
-        *,
-        queue: str,
-        engine_run_id: uuid.UUID,
-        output: Any,
-        run_id: uuid.UUID,
-        attempt_id: int,
-        fact: dict[str, Any],
-    ) -> None:
-        """Complete the run with ``output`` and end the attempt, in one statement.
+    async def complete(self, conn: Connection, write: CompletionWrite) -> None:
+        """Complete the run with the write's output and end the attempt, in one statement.
 
         Nothing is written when the fence or the engine refuses: SQLSTATE LW001
         (a newer claim owns the run) or the engine's own error, which
         ``engine.fenced`` translates.
         """
+        w = write
         await self._run(
-            conn, "complete_attempt", queue, engine_run_id, output, run_id, attempt_id, fact
-        )
-
-    async def write_batch(
-        self, conn: Connection, writes: str, *, lock_wait_ms: int
-    ) -> dict[int, str]:
-        """Apply several runs' fenced writes in one statement (``write_batch``).
-
-        ``writes`` is their JSON array, encoded. Return the SQLSTATE of each write
-        that failed, by its position; a failed write is undone on its own, the
-        others commit. A write that waits over ``lock_wait_ms`` for a lock fails.
-        """
-        rows = await self._records(conn, "write_batch", writes, lock_wait_ms)
-        return {r["write_at"]: r["error_code"] for r in rows}
+            conn, "complete_attempt", w.queue, w.engine_run_id, w.output, w.run_id, w.attempt_id,
+            w.fact,
+        )  # fmt: skip
 
     async def write_sets(
         self,

@@ -106,7 +106,8 @@ select absurd.schedule_run($1, $2,
 select lane_worker.extend_claim_within_v1($1, $2, $3, $4);
 
 -- name: set_checkpoint_state
-select absurd.set_task_checkpoint_state($1, $2, $3, $4, $5, $6);
+-- $4 is the state's JSON text, encoded once by its writer (as a batch sends it).
+select absurd.set_task_checkpoint_state($1, $2, $3, $4::text::jsonb, $5, $6);
 
 -- name: await_event
 -- An emitted event's payload is never SQL NULL (emit_event stores JSON null when

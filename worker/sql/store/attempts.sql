@@ -55,14 +55,9 @@ select * from {schema}.begin_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1
 
 -- name: complete_attempt
 -- The engine's complete, the settle and the attempt's end in one statement
--- (migration 0016); LW001 when a newer claim owns the run.
-select {schema}.complete_attempt($1, $2, $3, $4, $5, $6);
-
--- name: write_batch
--- Several runs' fenced writes in one statement (migration 0018): the positions
--- of those that failed, each undone alone.
--- $1 is the writes' JSON array as text (each write encoded once, by its caller).
-select write_at, error_code from {schema}.write_batch($1::text::jsonb, $2);
+-- (migration 0016); LW001 when a newer claim owns the run. The output ($3) and
+-- the fact ($6) are JSON text, encoded once by the writer (as a batch sends them).
+select {schema}.complete_attempt($1, $2, $3::text::jsonb, $4, $5, $6::text::jsonb);
 
 -- name: write_sets
 -- A batch's checkpoints and completions as typed arrays (migration 0027), one
