@@ -13,13 +13,43 @@ modules too: ``from support.cli import run_cli``).
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 
 from support import pgfixture
 from support.pgfixture import DatabaseFactory, PgServer
+
+# A run's temporary folders, when pytest is not given --basetemp: one private base per
+# run. pytest's shared default (/tmp/pytest-of-<user>) is set back to mode 700 by every
+# pytest that starts, and as root embedded PostgreSQL runs as another user that must
+# traverse it: another pytest starting on the machine broke a running test's server.
+OWN_BASETEMP_PREFIX = "lane-worker-tests-"
+OLD_BASETEMP_S = 2 * 86400  # a kept base (a failed run's) is removed two days later
+_OWN_BASETEMP = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or config.option.basetemp:
+        return  # an xdist worker gets its folder from the controller; a given one is kept
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{OWN_BASETEMP_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > OLD_BASETEMP_S:
+                shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = tempfile.mkdtemp(prefix=OWN_BASETEMP_PREFIX, dir=root)
+    config.stash[_OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    own = session.config.stash.get(_OWN_BASETEMP, None)
+    if own is not None and exitstatus == 0:
+        shutil.rmtree(own, ignore_errors=True)  # a failed run's folders are kept to read
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
