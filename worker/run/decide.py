@@ -7,9 +7,11 @@ registered. ``worker/lanes.py`` holds the rules the TypeScript app shares
 (``resolve_lane_disposition``); this module folds in what only the worker
 knows: the adopter race, the plays a machine registers, the lane guard.
 
-The claim statement (``claim_v1.sql``) skips the runs this would put back at
-once (adopted elsewhere, a play no machine of this app registers), so those
-branches decide races; they must agree with it.
+The claim statements (``sql/engine/own_claim.sql`` for the own loop,
+``claim_next_v2`` over ``claim_v1.sql``'s filters for every other loop) skip the
+runs this would put back at once (adopted elsewhere, a play no machine of this
+app registers) and begin the ones it certainly owns, so those branches decide
+races; they must agree with it (``tests/integration/test_claim_rule.py``).
 """
 
 from __future__ import annotations
