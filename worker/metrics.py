@@ -57,9 +57,11 @@ class Metrics:
             registry=self.registry,
         )
         self.lane_live_workers = Gauge(
-            "lane_worker_lane_live_workers", "Live workers of a lane.", ["lane", "release"],
+            "lane_worker_lane_live_workers",
+            "Live workers of a lane.",
+            ["lane", "release"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.lane_status = Gauge(
             "lane_worker_lane_status",
             "1 for a lane's status (claiming, draining, drained, unregistered), else absent.",

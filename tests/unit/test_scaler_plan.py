@@ -14,6 +14,18 @@ from datetime import UTC, datetime
 import pytest
 
 from worker.db.store.rows import Deployment, ScalerCreate
+from worker.scaler.actions import (
+    Action,
+    Backoff,
+    Create,
+    Destroy,
+    Recovered,
+    Retire,
+    Say,
+    Stop,
+    Tally,
+    Wait,
+)
 from worker.scaler.backend import FAILED, STARTED, STOPPED, Machine
 from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
 from worker.scaler.plan import (
@@ -22,23 +34,13 @@ from worker.scaler.plan import (
     MAX_CREATES_PER_PASS,
     MAX_RESTART_BACKOFF_S,
     UNLISTED_AFTER_S,
-    Action,
-    Backoff,
     Condition,
-    Create,
-    Destroy,
     MachineFacts,
     PassState,
-    Recovered,
     ReleaseState,
-    Retire,
     Role,
-    Say,
-    Stop,
     Stray,
-    Tally,
     Unlisted,
-    Wait,
     plan,
 )
 

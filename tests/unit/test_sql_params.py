@@ -10,8 +10,11 @@ import pytest
 
 from worker.db.engine_claims import _ClaimNext, _OwnClaim
 from worker.db.sql import engine_query, named_queries, query
+from worker.db.store.api import _SubmitRun
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite, _BeginAttempt
+from worker.db.store.lanes import _Heartbeat
 from worker.db.store.rows import args_of, columns_of
+from worker.db.store.runs import _InsertRun, _SettleRun
 
 
 def _parameters(sql: str) -> int:
@@ -22,8 +25,8 @@ def _own_claim() -> str:
     return query("engine", "own_claim.sql", "own_claim", schema="s", queue="q")
 
 
-def _store(name: str) -> str:
-    return named_queries("store", "attempts.sql", schema="s")[name]
+def _store(name: str, file: str = "attempts.sql") -> str:
+    return named_queries("store", file, schema="s")[name]
 
 
 @pytest.mark.parametrize(
@@ -34,8 +37,23 @@ def _store(name: str) -> str:
         (_store("begin_attempt"), len(fields(_BeginAttempt))),
         # lock_wait_ms, then the checkpoints' arrays, then the completions'.
         (_store("write_sets"), 1 + len(fields(CheckpointWrite)) + len(fields(CompletionWrite))),
+        (_store("complete_attempt"), len(fields(CompletionWrite))),
+        (_store("insert_run", "runs.sql"), len(fields(_InsertRun))),
+        (_store("settle_run", "runs.sql"), len(fields(_SettleRun))),
+        (_store("heartbeat", "lanes.sql"), len(fields(_Heartbeat))),
+        (_store("submit_run", "api.sql"), len(fields(_SubmitRun))),
     ],
-    ids=["own_claim", "claim_next", "begin_attempt", "write_sets"],
+    ids=[
+        "own_claim",
+        "claim_next",
+        "begin_attempt",
+        "write_sets",
+        "complete_attempt",
+        "insert_run",
+        "settle_run",
+        "heartbeat",
+        "submit_run",
+    ],
 )
 def test_a_params_dataclass_has_a_field_per_parameter(sql: str, count: int) -> None:
     assert _parameters(sql) == count

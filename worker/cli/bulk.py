@@ -78,14 +78,21 @@ def _request(line: bytes) -> SubmitRequest:
     api = value.get("runtimeApi")
     if api is not None and not isinstance(api, dict):
         # No value quoted: it holds tokens.
-        raise ValueError(f"runtimeApi must be a JSON object (baseUrl, executorToken, ...), "
-                         f"not {_kind(api)}.")  # fmt: skip
+        raise ValueError(
+            f"runtimeApi must be a JSON object (baseUrl, executorToken, ...), not {_kind(api)}."
+        )
     return SubmitRequest(play, limits.checked_input(value.get("input")), key, suffix, api)
 
 
 def _kind(value: Any) -> str:
-    kinds = {list: "an array", str: "a string", int: "a number", float: "a number",
-             bool: "a boolean", dict: "an object"}  # fmt: skip
+    kinds = {
+        list: "an array",
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        dict: "an object",
+    }
     return "null" if value is None else f"a JSON {kinds[type(value)].split()[-1]}"
 
 

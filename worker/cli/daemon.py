@@ -17,8 +17,13 @@ DEFAULT_APP = "worker.demo:app"
 
 
 @cli.command()
-@click.option("--app", default=DEFAULT_APP, show_default=True, type=APP_SPEC,
-              help="The App whose plays to run, as module:attribute.")  # fmt: skip
+@click.option(
+    "--app",
+    default=DEFAULT_APP,
+    show_default=True,
+    type=APP_SPEC,
+    help="The App whose plays to run, as module:attribute.",
+)
 def run(app: str) -> None:
     """Run the worker daemon for this release's lane until SIGTERM.
 
@@ -48,12 +53,19 @@ def run(app: str) -> None:
     is_flag=True,
     help="Exit 0 once every demo run completed (1 if one did not).",
 )
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(".pg/dev"), show_default=True,
-              help="Embedded PostgreSQL's data folder, reused across starts.")  # fmt: skip
-@click.option("--roll", is_flag=True,
-              help="Instead: show a rolling deploy end to end (a scaler with local machines, "
-                   "release A with parked runs, then B); exit 0 when it rolled out.")  # fmt: skip
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".pg/dev"),
+    show_default=True,
+    help="Embedded PostgreSQL's data folder, reused across starts.",
+)
+@click.option(
+    "--roll",
+    is_flag=True,
+    help="Instead: show a rolling deploy end to end (a scaler with local machines, "
+    "release A with parked runs, then B); exit 0 when it rolled out.",
+)
 def dev(app: str, exit_after_demo: bool, data_dir: Path, roll: bool) -> None:
     """Run a worker with the demo runs, on embedded PostgreSQL unless one is configured.
 
@@ -63,8 +75,9 @@ def dev(app: str, exit_after_demo: bool, data_dir: Path, roll: bool) -> None:
     if roll:
         from worker.dev.roll import run_roll
 
-        sys.exit(daemon_exit(functools.partial(run_roll, os.environ, app, data_dir=data_dir),
-                             os.environ))  # fmt: skip
+        sys.exit(
+            daemon_exit(functools.partial(run_roll, os.environ, app, data_dir=data_dir), os.environ)
+        )
     from worker.dev.mode import run_dev  # embedded Postgres stays out of other commands
 
     run = functools.partial(

@@ -108,9 +108,13 @@ def migrate(replace_engine_functions: bool, as_json: bool) -> None:
     engine, store, schema = with_client(action)
     applied = ", ".join(f"{v:04d}" for v in store.applied) or "nothing (current)"
     newer = ", ".join(f"{v:04d}" for v in store.unknown_compatible)
-    report = dict(engine=engine, storeSchema=schema, storeVersion=store.current,
-                  storeApplied=list(store.applied),
-                  storeNewer=list(store.unknown_compatible))  # fmt: skip
+    report = dict(
+        engine=engine,
+        storeSchema=schema,
+        storeVersion=store.current,
+        storeApplied=list(store.applied),
+        storeNewer=list(store.unknown_compatible),
+    )
     lines = [f"engine schema: {engine}", f"store {schema}: applied {applied}"]
     lines[-1] += f"; version {store.current:04d}"
     if newer:

@@ -85,8 +85,10 @@ def failure_for(exc: Exception, url: str) -> Failure:
             "check that it is running and that the URL is right."
         )
     if isinstance(exc, _MISSING_SCHEMA):
-        return Failure(f"the runtime database at {where} lacks lane-worker's schemas ({said}); "
-                       "run lane-worker migrate first.")  # fmt: skip
+        return Failure(
+            f"the runtime database at {where} lacks lane-worker's schemas ({said}); "
+            "run lane-worker migrate first."
+        )
     if isinstance(exc, asyncpg.PostgresError):
         return Failure(f"the runtime database at {where} answered: {said}")
     return Failure(f"unexpected {type(exc).__name__}: {said}")

@@ -53,8 +53,14 @@ WAIT_POLL_S = 0.5
 
 @lanes_group.command()
 @click.argument("release_id", type=RELEASE_ID)
-@click.option("--timeout", type=Seconds(), default=900.0, show_default=True, metavar="SECONDS",
-              help="Give up (exit 1, printing what still blocks) after this long.")  # fmt: skip
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    default=900.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Give up (exit 1, printing what still blocks) after this long.",
+)
 @json_option
 def wait(release_id: str, timeout: float, as_json: bool) -> None:
     """Wait until RELEASE_ID's lane is drained: exit 0 the moment its machines may stop.
@@ -85,9 +91,11 @@ def wait(release_id: str, timeout: float, as_json: bool) -> None:
 
     view = with_client(action)
     if view.safe_to_stop:
-        emit(as_json, view.as_json(),
-              f"lane {view.queue} (release {view.release_id}) is drained: safe to stop its "
-              "machines.")  # fmt: skip
+        emit(
+            as_json,
+            view.as_json(),
+            f"lane {view.queue} (release {view.release_id}) is drained: safe to stop its machines.",
+        )
         return
     if as_json:
         emit(True, view.as_json())
@@ -146,8 +154,13 @@ def activate(release_id: str, force: bool, as_json: bool) -> None:
 
 @lanes_group.command()
 @click.argument("release_id", type=RELEASE_ID)
-@click.option("--to", "to_release", type=RELEASE_ID, required=True,
-              help="The claiming release whose lane takes the runs.")  # fmt: skip
+@click.option(
+    "--to",
+    "to_release",
+    type=RELEASE_ID,
+    required=True,
+    help="The claiming release whose lane takes the runs.",
+)
 @json_option
 def move(release_id: str, to_release: str, as_json: bool) -> None:
     """Move RELEASE_ID's runs that never started to the lane of release --to.
@@ -157,22 +170,39 @@ def move(release_id: str, to_release: str, as_json: bool) -> None:
     code (fail it and retry it instead). Exits 1 when any run was refused.
     """
     report = with_client(lambda client: client.move_lane(release_id, to_release))
-    said = [f"moved {len(report.moved)} run(s) from {report.from_queue} to {report.to_queue} "
-            f"(release {report.to_release_id})."]  # fmt: skip
+    said = [
+        f"moved {len(report.moved)} run(s) from {report.from_queue} to {report.to_queue} "
+        f"(release {report.to_release_id})."
+    ]
     said += [f"  {run_id}" for run_id in report.moved]
     said += [f"refused {run_id}: {why}" for run_id, why in report.refused]
-    emit(as_json, {"from": report.from_queue, "to": report.to_queue,
-                    "toReleaseId": report.to_release_id, "moved": list(report.moved),
-                    "refused": [{"runId": r, "reason": w} for r, w in report.refused]},
-          *said)  # fmt: skip
+    emit(
+        as_json,
+        {
+            "from": report.from_queue,
+            "to": report.to_queue,
+            "toReleaseId": report.to_release_id,
+            "moved": list(report.moved),
+            "refused": [{"runId": r, "reason": w} for r, w in report.refused],
+        },
+        *said,
+    )
     if report.refused:
-        raise Failure(f"{len(report.refused)} run(s) of {report.from_queue} were not moved "
-                      "(listed above, each with the reason).")  # fmt: skip
+        raise Failure(
+            f"{len(report.refused)} run(s) of {report.from_queue} were not moved "
+            "(listed above, each with the reason)."
+        )
 
 
 @lanes_group.command()
-@click.option("--older-than", "older_than", type=Duration(), required=True, metavar="DURATION",
-              help="Only lanes retired longer ago than this (3600, 90m, 24h, 7d).")  # fmt: skip
+@click.option(
+    "--older-than",
+    "older_than",
+    type=Duration(),
+    required=True,
+    metavar="DURATION",
+    help="Only lanes retired longer ago than this (3600, 90m, 24h, 7d).",
+)
 @click.option("--dry-run", is_flag=True, help="List the lanes that would be pruned; drop nothing.")
 @json_option
 def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
@@ -198,9 +228,19 @@ def prune(older_than: float, dry_run: bool, as_json: bool) -> None:
 
     queues, kept, busy, foreign, not_ours = with_client(pruning)
     verb = "would prune" if dry_run else "pruned"
-    emit(as_json, {"dryRun": dry_run, "queues": queues, "keptLive": kept, "keptBusy": busy,
-                   "keptForeign": foreign, "keptNotOurs": not_ours},
-          f"{verb} {len(queues)} lane queue(s).", *(f"  {q}" for q in queues))  # fmt: skip
+    emit(
+        as_json,
+        {
+            "dryRun": dry_run,
+            "queues": queues,
+            "keptLive": kept,
+            "keptBusy": busy,
+            "keptForeign": foreign,
+            "keptNotOurs": not_ours,
+        },
+        f"{verb} {len(queues)} lane queue(s).",
+        *(f"  {q}" for q in queues),
+    )
     if not_ours and not as_json:
         click.echo(
             f"kept {len(not_ours)} drained lane(s) whose engine queue lane-worker has no record "

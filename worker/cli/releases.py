@@ -31,19 +31,26 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
         return
     views, scaler = with_client(lambda client: client.releases.list())
     rows = [["release", "status", "workers", "ready", "scaler sees", "image"]]
-    rows += [[v.release_id, v.status, f"{v.live_workers}/{v.desired}", str(v.ready_workers),
-              _scaler_sees(v.scaler), v.image] for v in views]  # fmt: skip
+    rows += [
+        [
+            v.release_id,
+            v.status,
+            f"{v.live_workers}/{v.desired}",
+            str(v.ready_workers),
+            _scaler_sees(v.scaler),
+            v.image,
+        ]
+        for v in views
+    ]
     scaler_line = (
         "scaler: none has reported"
         if scaler is None
         else f"scaler: {scaler.holder} ({scaler.backend}), last pass {scaler.age_s:.0f} s ago"
     )
-    report = {
-        "releases": [v.as_json() for v in views],
-        "scaler": None if scaler is None else {
-            "holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s,
-        },
-    }  # fmt: skip
+    seen = None
+    if scaler is not None:
+        seen = {"holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s}
+    report = {"releases": [v.as_json() for v in views], "scaler": seen}
     emit(as_json, report, *(aligned(rows) if views else ["no release deployed yet"]), scaler_line)
 
 
@@ -62,26 +69,52 @@ def _scaler_sees(said: dict[str, Any]) -> str:
 @releases_group.command()
 @click.argument("release_id", type=RELEASE_ID)
 @click.option("--image", required=True, help="The image (Fly) or app (process backend) to run.")
-@click.option("--machines", type=click.IntRange(0, 1000), default=1, show_default=True,
-              help="How many machines the release runs.")  # fmt: skip
-@click.option("--wait", is_flag=True,
-              help="Wait until its machines are ready and the releases it supersedes are "
-                   "retired; exit 1 with the reason after --timeout.")  # fmt: skip
-@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, metavar="SECONDS",
-              help="How long --wait waits.")  # fmt: skip
+@click.option(
+    "--machines",
+    type=click.IntRange(0, 1000),
+    default=1,
+    show_default=True,
+    help="How many machines the release runs.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until its machines are ready and the releases it supersedes are "
+    "retired; exit 1 with the reason after --timeout.",
+)
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long --wait waits.",
+)
 @json_option
-def deploy(release_id: str, image: str, machines: int, wait: bool, timeout: float,
-           as_json: bool) -> None:  # fmt: skip
+def deploy(
+    release_id: str, image: str, machines: int, wait: bool, timeout: float, as_json: bool
+) -> None:
     """Record RELEASE_ID as the current release, with its image and machine count."""
-    _record(release_id, wait, timeout, as_json,
-            lambda c: c.releases.deploy(release_id, image=image, machines=machines))  # fmt: skip
+    _record(
+        release_id,
+        wait,
+        timeout,
+        as_json,
+        lambda c: c.releases.deploy(release_id, image=image, machines=machines),
+    )
 
 
 @releases_group.command()
 @click.argument("release_id", type=RELEASE_ID)
 @click.option("--wait", is_flag=True, help="Wait until the rollback is done (see deploy).")
-@click.option("--timeout", type=Seconds(), default=600.0, show_default=True, metavar="SECONDS",
-              help="How long --wait waits.")  # fmt: skip
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long --wait waits.",
+)
 @json_option
 def rollback(release_id: str, wait: bool, timeout: float, as_json: bool) -> None:
     """Make an older release current again (its recorded image and machine count)."""
@@ -104,13 +137,19 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
     # said as soon as it is known, not after the timeout.
     when = "" if state.final else f" after {timeout:g} s"
     previous = ", ".join(said.get("previous") or []) or "none"
-    text = [f"release {said['releaseId']} is current (queue {said['queue']}, "
-            f"{said['desired']} machines); superseded: {previous}."]  # fmt: skip
+    text = [
+        f"release {said['releaseId']} is current (queue {said['queue']}, "
+        f"{said['desired']} machines); superseded: {previous}."
+    ]
     if wait:
-        ran = ("its machines are ready" if said["desired"] else
-               "it runs no machine (deployed with 0)")  # fmt: skip
-        text.append(f"rolled out: {ran} and what it supersedes is retired."
-                    if done else f"not rolled out{when}: {reason}.")  # fmt: skip
+        ran = (
+            "its machines are ready" if said["desired"] else "it runs no machine (deployed with 0)"
+        )
+        text.append(
+            f"rolled out: {ran} and what it supersedes is retired."
+            if done
+            else f"not rolled out{when}: {reason}."
+        )
     emit(as_json, {**said, "rolledOut": done if wait else None, "reason": reason}, *text)
     if not done:
         within = "" if state.final else f" within {timeout:g} s"

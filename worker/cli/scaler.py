@@ -15,17 +15,31 @@ from worker.config.env import SCALER_STATE_DIR_ENV as STATE_DIR_ENV
 
 
 @cli.command()
-@click.option("--backend", type=click.Choice(["process", "fly"]), envvar=BACKEND_ENV,
-              default="process", show_default=True,
-              help=f"Where machines run (also {BACKEND_ENV}): local `lane-worker run` "
-                   "processes, or Fly Machines.")  # fmt: skip
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              envvar=STATE_DIR_ENV, default=Path(".lane-worker/machines"), show_default=True,
-              help="Where the process backend records its machines "
-                   f"(also {STATE_DIR_ENV}).")  # fmt: skip
-@click.option("--health-port", type=click.IntRange(0, 65535), envvar="LANE_WORKER_HEALTH_PORT",
-              default=8081, show_default=True,
-              help="/healthz, /readyz and /metrics (0 picks a free port, logged).")  # fmt: skip
+@click.option(
+    "--backend",
+    type=click.Choice(["process", "fly"]),
+    envvar=BACKEND_ENV,
+    default="process",
+    show_default=True,
+    help=f"Where machines run (also {BACKEND_ENV}): local `lane-worker run` "
+    "processes, or Fly Machines.",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=STATE_DIR_ENV,
+    default=Path(".lane-worker/machines"),
+    show_default=True,
+    help=f"Where the process backend records its machines (also {STATE_DIR_ENV}).",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    envvar="LANE_WORKER_HEALTH_PORT",
+    default=8081,
+    show_default=True,
+    help="/healthz, /readyz and /metrics (0 picks a free port, logged).",
+)
 def scaler(backend: str, state_dir: Path, health_port: int) -> None:
     """Run the scaler until SIGTERM: start, replace and remove release machines.
 
@@ -35,5 +49,6 @@ def scaler(backend: str, state_dir: Path, health_port: int) -> None:
     """
     from worker.scaler.main import run_scaler  # the scaler's imports stay out of other commands
 
-    sys.exit(daemon_exit(lambda: run_scaler(os.environ, backend, state_dir, health_port),
-                         os.environ))  # fmt: skip
+    sys.exit(
+        daemon_exit(lambda: run_scaler(os.environ, backend, state_dir, health_port), os.environ)
+    )

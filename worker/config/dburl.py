@@ -111,14 +111,41 @@ _AT_KEYS = ("user", "password", "dbname", "database")
 
 # What may follow a password= parameter. Any other key there is most likely the
 # rest of a password holding an unencoded '&' (and would be sent as a setting).
-_CONNECTION_KEYS = frozenset({
-    "host", "hostaddr", "port", "dbname", "database", "user", "password", "passfile",
-    "options", "application_name", "fallback_application_name", "connect_timeout",
-    "client_encoding", "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
-    "ssl_min_protocol_version", "ssl_max_protocol_version", "target_session_attrs",
-    "krbsrvname", "gssencmode", "service", "keepalives", "keepalives_idle",
-    "keepalives_interval", "keepalives_count", "tcp_user_timeout", "server_settings",
-})  # fmt: skip
+_CONNECTION_KEYS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "database",
+        "user",
+        "password",
+        "passfile",
+        "options",
+        "application_name",
+        "fallback_application_name",
+        "connect_timeout",
+        "client_encoding",
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "sslpassword",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "target_session_attrs",
+        "krbsrvname",
+        "gssencmode",
+        "service",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "server_settings",
+    }
+)
 
 
 def _key_after_password(query: str) -> bool:

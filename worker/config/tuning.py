@@ -93,16 +93,34 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
     ("health_port", HEALTH_PORT_ENV, whole_number, 0, 65_535, "a TCP port (0: any free)"),
     ("max_attempts", MAX_ATTEMPTS_ENV, whole_number, 1, 1000, "a whole number of attempts"),
     ("defer_alert_after_s", DEFER_ALERT_AFTER_ENV, decimal_number, 1.0, 604_800.0, _SECS),
-    ("defer_fail_after_s", DEFER_FAIL_AFTER_ENV, decimal_number, 0.0, 2_592_000.0,
-     "a number of seconds (0: never)"),
+    (
+        "defer_fail_after_s",
+        DEFER_FAIL_AFTER_ENV,
+        decimal_number,
+        0.0,
+        2_592_000.0,
+        "a number of seconds (0: never)",
+    ),
     ("boot_retry_s", BOOT_RETRY_ENV, decimal_number, 0.0, 3600.0, _SECS),
-    ("ledger_concurrency", LEDGER_CONCURRENCY_ENV, whole_number, 1, 1000,
-     "a whole number of deliveries"),
-    ("ledger_per_endpoint", LEDGER_PER_ENDPOINT_ENV, whole_number, 1, 1000,
-     "a whole number of deliveries"),
+    (
+        "ledger_concurrency",
+        LEDGER_CONCURRENCY_ENV,
+        whole_number,
+        1,
+        1000,
+        "a whole number of deliveries",
+    ),
+    (
+        "ledger_per_endpoint",
+        LEDGER_PER_ENDPOINT_ENV,
+        whole_number,
+        1,
+        1000,
+        "a whole number of deliveries",
+    ),
     ("ledger_timeout_s", LEDGER_TIMEOUT_ENV, decimal_number, 0.1, 300.0, _SECS),
     ("ledger_retry_for_s", LEDGER_RETRY_FOR_ENV, decimal_number, 1.0, 2_592_000.0, _SECS),
-)  # fmt: skip
+)
 
 # A path on the runtime API's base URL: no scheme, host, query or fragment.
 _LEDGER_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
@@ -142,9 +160,11 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
         )
         health_host = defaults.health_host
     pgbouncer = flag(
-        env, problems, PGBOUNCER_ENV,
+        env,
+        problems,
+        PGBOUNCER_ENV,
         f"when {DATABASE_URL_ENV} goes through PgBouncer transaction pooling",
-    )  # fmt: skip
+    )
     values: dict[str, object] = {
         name: number(env, problems, variable, getattr(defaults, name), parse, (low, high), meaning)
         for name, variable, parse, low, high, meaning in _NUMBERS
@@ -159,8 +179,11 @@ def read_tuning(env: Mapping[str, str], problems: Problems) -> Tuning:
         )
         ledger_path = defaults.ledger_path
     values.update(
-        log_format=log_format, event_loop=event_loop, health_host=health_host,
-        pgbouncer=pgbouncer, ledger_path=ledger_path,
-    )  # fmt: skip
+        log_format=log_format,
+        event_loop=event_loop,
+        health_host=health_host,
+        pgbouncer=pgbouncer,
+        ledger_path=ledger_path,
+    )
     assert set(values) == {f.name for f in fields(Tuning)}
     return Tuning(**values)  # type: ignore[arg-type]  # each value checked above

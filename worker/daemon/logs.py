@@ -17,9 +17,24 @@ from worker.config.dburl import mask_secrets
 
 # Keys whose values the daemon writes from its own names, never from a driver's text.
 _OWN_NAMES = frozenset(
-    {"event", "level", "log_level", "timestamp", "logger", "queue", "release_id", "worker_id",
-     "run_id", "task_id", "schema", "loop", "from_release_id", "to_queue", "adopter_release_id"}
-)  # fmt: skip
+    {
+        "event",
+        "level",
+        "log_level",
+        "timestamp",
+        "logger",
+        "queue",
+        "release_id",
+        "worker_id",
+        "run_id",
+        "task_id",
+        "schema",
+        "loop",
+        "from_release_id",
+        "to_queue",
+        "adopter_release_id",
+    }
+)
 
 
 # The values most lines hold; a line with anything else is written by json.dumps.

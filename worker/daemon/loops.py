@@ -175,10 +175,16 @@ class LoopRegistry:
         """Start the claim loop of ``queue``; its runs go to ``runs``, the loop to ``side``."""
         quiet = lanes.loop_kind(queue, self.own_queue) == "continuation"
         shared = LoopShared(
-            self.capacity, self.poll_interval_s, self.metrics, runs, self.on_guard_failure,
-            listen_poll_interval_s=self.listen_poll_interval_s, listening=self.listening,
-            quiet=quiet, secrets=url_secrets(runtime.db.options.url),
-        )  # fmt: skip
+            self.capacity,
+            self.poll_interval_s,
+            self.metrics,
+            runs,
+            self.on_guard_failure,
+            listen_poll_interval_s=self.listen_poll_interval_s,
+            listening=self.listening,
+            quiet=quiet,
+            secrets=url_secrets(runtime.db.options.url),
+        )
         poller = Poller(runtime, queue, self.wakeups.for_queue(queue), shared)
         self.pollers[queue] = poller
         self._attached.append(poller)

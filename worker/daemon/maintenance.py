@@ -127,9 +127,14 @@ async def maintain(
         log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
     # What this pass covered: with more queues than a pass takes, the rest come next.
     log.info(
-        "maintenance.passed", worker_id=worker_id, engine_queues=len(queues),
-        own_queues=len(own), cleaned=cleaned, lanes=len(registry), reconciled=len(chosen),
-    )  # fmt: skip
+        "maintenance.passed",
+        worker_id=worker_id,
+        engine_queues=len(queues),
+        own_queues=len(own),
+        cleaned=cleaned,
+        lanes=len(registry),
+        reconciled=len(chosen),
+    )
     return True
 
 
@@ -183,9 +188,13 @@ async def reconcile_lanes(
         command = "retire" if lane.status == LaneStatus.RETIRED else "activate"
         release_id = (lane.release_ids or [lane.queue])[0]
         _queue_failed(
-            metrics, lane.queue, worker_id, "reconcile", "the lane has no engine queue",
+            metrics,
+            lane.queue,
+            worker_id,
+            "reconcile",
+            "the lane has no engine queue",
             remedy=f"`lane-worker lanes {command} {release_id}` creates it",
-        )  # fmt: skip
+        )
     for group in _batches(ready, RECONCILE_GROUP):
         outcome = await db.transaction(
             lambda c, g=group: _settle_group(c, store, g, worker_id)  # type: ignore[misc]

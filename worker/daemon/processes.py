@@ -145,8 +145,9 @@ def supervise(argv: Sequence[str], env: Mapping[str, str], n: int) -> int:
             signal.signal(s, handler)
     # A process the drain's SIGTERM reached before its daemon handled signals
     # ended by it: it had claimed nothing, so it stopped cleanly.
-    exits = [0 if c.pid in told and c.returncode == -signal.SIGTERM else c.returncode
-             for c in children]  # fmt: skip
+    exits = [
+        0 if c.pid in told and c.returncode == -signal.SIGTERM else c.returncode for c in children
+    ]
     if EXIT_CONFIG in exits:
         return EXIT_CONFIG
     if first_alone is not None:

@@ -23,39 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
 import structlog
-from tenacity import RetryCallState, wait_random_exponential
 
 from worker.config.dburl import url_secrets
+from worker.daemon.relay_request import (
+    NO_ENDPOINT,
+    backoff_s,
+    endpoint_of,
+    headers_for,
+    host_of,
+    retry_after_s,
+    sent_secrets,
+    unsendable,
+    unusable,
+)
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import PendingFact
-from worker.jsonvalue import unreadable_in
-from worker.masking import joined, mask_response, secret_forms
+from worker.masking import joined, mask_response
 from worker.metrics import Metrics
-from worker.version import VERSION
 
-MAX_BACKOFF_S = 600.0
 IDLE_POLL_S = 5.0  # the safety net under the NOTIFY
-_BACKOFF = wait_random_exponential(multiplier=1, max=MAX_BACKOFF_S)
 _RETRYABLE = frozenset({408, 429})
 _SHOWN_BODY = 200  # characters of a refusal's body kept as its reason
-_USER_AGENT = f"lane-worker/{VERSION}"
-# The endpoint of a fact whose context names no usable base URL: never sent to,
-# never limited (the fact is given up at once).
-NO_ENDPOINT = "-"
-_OPTIONAL_HEADERS = ("vercelProtectionBypassToken", "runtimeTestFaultHeader")
 
 
 @dataclass(frozen=True)
@@ -73,115 +71,6 @@ class RelayConfig:
         # Outlives the request and the write that follows it; a killed relay's
         # facts are due again after it.
         return self.timeout_s + 10.0
-
-
-def _unsendable(exc: BaseException) -> bool:
-    """Tell whether a request could not even be made from the context (a bad URL or header)."""
-    if isinstance(exc, aiohttp.InvalidURL):
-        return True
-    return isinstance(exc, ValueError | UnicodeError) and not isinstance(exc, aiohttp.ClientError)
-
-
-def unusable(fact: PendingFact) -> tuple[str, dict[str, str]] | None:
-    """Say why no request can carry ``fact``: the metric's reason and ``reason``, ``detail``.
-
-    Only a row written past the store's checks (an older build, a direct SQL
-    write) can be like this; no retry changes it, so the fact is given up, alone:
-    the run's later facts still go. The detail never quotes the context's values.
-    """
-    said = unreadable_in("the fact", fact.fact)
-    if said is not None:
-        return "unreadable", {"reason": "the fact cannot be read", "detail": said}
-    said = unreadable_in("the runtime API context", fact.api)
-    if said is not None:
-        return "unreadable", {"reason": "the runtime API context cannot be read", "detail": said}
-    api = fact.api
-    if not isinstance(api, dict):
-        detail = "it is not a JSON object"
-    elif not isinstance(api.get("baseUrl"), str) or not isinstance(api.get("executorToken"), str):
-        detail = "its baseUrl or executorToken is missing or not a string"
-    elif any(not isinstance(api.get(k) or "", str) for k in _OPTIONAL_HEADERS):
-        detail = f"its {' or '.join(_OPTIONAL_HEADERS)} is not a string"
-    else:
-        return None
-    return "refused", {"reason": "the runtime API context cannot be sent", "detail": detail}
-
-
-def backoff_s(tries: int, retry_after_s: float | None = None) -> float:
-    """Seconds until try ``tries + 1``: full jitter (tenacity), at least ``Retry-After``."""
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-    state.attempt_number = max(1, tries)
-    wait = float(_BACKOFF(state))
-    if retry_after_s is not None:
-        wait = max(wait, retry_after_s)
-    return min(wait, MAX_BACKOFF_S)
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """Read a ``Retry-After`` header: seconds, or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def headers_for(fact: PendingFact) -> dict[str, str]:
-    """The request's headers: the token, the fact's idempotency key, the optional two."""
-    api = fact.api
-    headers = {
-        "Authorization": f"Bearer {api['executorToken']}",
-        # The same on every try of this fact, whichever worker sends it.
-        "Idempotency-Key": f"{fact.run_id}:{fact.fact_id}",
-        "Content-Type": "application/json",
-        "User-Agent": _USER_AGENT,
-    }
-    if api.get("vercelProtectionBypassToken"):
-        headers["x-vercel-protection-bypass"] = api["vercelProtectionBypassToken"]
-    if api.get("runtimeTestFaultHeader"):
-        headers["x-runtime-test-fault"] = api["runtimeTestFaultHeader"]
-    return headers
-
-
-def sent_secrets(fact: PendingFact) -> tuple[str, ...]:
-    """The secrets a fact's request carries, in every spelling an echo of them may take."""
-    api = fact.api
-    return secret_forms(
-        *(str(api.get(k) or "") for k in ("executorToken", "vercelProtectionBypassToken"))
-    )
-
-
-_ORIGIN = re.compile(r"^(https?://[^/?#]+)", re.IGNORECASE)
-
-
-def origin_of(base_url: str) -> str:
-    """The endpoint a base URL names: scheme, host and port, lowercased.
-
-    The key the relay limits and backs off by; the claim computes the same
-    (``claim_deliveries``), so paths of one host are one endpoint.
-    """
-    found = _ORIGIN.match(base_url)
-    return (found.group(1) if found else base_url).lower()
-
-
-def endpoint_of(fact: PendingFact) -> str:
-    """The endpoint (origin) a fact goes to; ``NO_ENDPOINT`` when its context names none."""
-    api = fact.api
-    base = api.get("baseUrl") if isinstance(api, dict) else None
-    return origin_of(base) if isinstance(base, str) else NO_ENDPOINT
-
-
-def host_of(base_url: str) -> str:
-    """What a log line may say about an endpoint: its host, never a path, query or userinfo."""
-    try:
-        return urlsplit(base_url).hostname or "?"
-    except ValueError:
-        return "?"
 
 
 class Relay:
@@ -254,10 +143,13 @@ class Relay:
         skip = self._skipped()
         facts = await self.db.run(
             lambda c: self.store.ledger.claim(
-                c, worker_id=self.worker_id, limit=free, lease_s=self.config.lease_s,
+                c,
+                worker_id=self.worker_id,
+                limit=free,
+                lease_s=self.config.lease_s,
                 skip_endpoints=skip,
             )
-        )  # fmt: skip
+        )
         over: list[int] = []
         busy = Tally(self._in_flight.values())
         for fact in facts:
@@ -324,9 +216,11 @@ class Relay:
             raise
         except Exception as exc:  # the store write failed: the lease expires, it goes again
             self.log.warning(
-                "ledger.record_failed", run_id=str(fact.run_id), fact=fact.type,
+                "ledger.record_failed",
+                run_id=str(fact.run_id),
+                fact=fact.type,
                 error=type(exc).__name__,
-            )  # fmt: skip
+            )
         finally:
             self._in_flight.pop(fact.fact_id, None)
             self._slot_freed.set()
@@ -349,15 +243,18 @@ class Relay:
             secrets = joined(sent_secrets(fact), self._db_secrets)
             why = {"status": status, "body": mask_response(text, secrets, _SHOWN_BODY, cut=cut)}
         except Exception as exc:
-            if not _unsendable(exc) and not isinstance(
+            if not unsendable(exc) and not isinstance(
                 exc, aiohttp.ClientError | TimeoutError | OSError
             ):
                 raise
-            if _unsendable(exc):
+            if unsendable(exc):
                 # The context cannot make a request at all (a store that an older
                 # build filled, say): no retry will change that.
-                why = {"error": type(exc).__name__, "tries": fact.delivery_attempts + 1,
-                       "reason": "the runtime API context cannot be sent"}  # fmt: skip
+                why = {
+                    "error": type(exc).__name__,
+                    "tries": fact.delivery_attempts + 1,
+                    "reason": "the runtime API context cannot be sent",
+                }
                 await self._give_up(fact, endpoint, why, "refused")
                 return
             # The class alone: an error's text may carry the URL.
@@ -368,9 +265,13 @@ class Relay:
             await self.db.run(lambda c: self.store.ledger.done(c, fact_id=fact.fact_id))
             self.metrics.ledger_delivered.inc()
             self.log.info(
-                "ledger.delivered", run_id=str(fact.run_id), fact=fact.type,
-                host=host_of(endpoint), status=status, tries=tries,
-            )  # fmt: skip
+                "ledger.delivered",
+                run_id=str(fact.run_id),
+                fact=fact.type,
+                host=host_of(endpoint),
+                status=status,
+                tries=tries,
+            )
             return
         why["tries"] = tries
         if status is None or status >= 500 or status in _RETRYABLE:
@@ -392,17 +293,24 @@ class Relay:
     ) -> None:
         await self.db.run(
             lambda c: self.store.ledger.retry(
-                c, fact_id=fact.fact_id, worker_id=self.worker_id, in_s=wait, error=why,
+                c,
+                fact_id=fact.fact_id,
+                worker_id=self.worker_id,
+                in_s=wait,
+                error=why,
                 counts=counts,
             )
-        )  # fmt: skip
+        )
         if counts:
             self.metrics.ledger_retries.inc()
             self.log.warning(
-                "ledger.retry", run_id=str(fact.run_id), fact=fact.type,
-                host=host_of(endpoint_of(fact)), retry_in_s=round(wait, 1),
+                "ledger.retry",
+                run_id=str(fact.run_id),
+                fact=fact.type,
+                host=host_of(endpoint_of(fact)),
+                retry_in_s=round(wait, 1),
                 **{k: v for k, v in (why or {}).items() if k != "body"},
-            )  # fmt: skip
+            )
 
     async def _give_up(
         self, fact: PendingFact, endpoint: str, why: dict[str, Any], reason: str
@@ -414,9 +322,12 @@ class Relay:
         )
         self.metrics.ledger_given_up.labels(reason).inc()
         self.log.error(
-            "ledger.given_up", run_id=str(fact.run_id), fact=fact.type, host=host_of(endpoint),
+            "ledger.given_up",
+            run_id=str(fact.run_id),
+            fact=fact.type,
+            host=host_of(endpoint),
             **{k: v for k, v in why.items() if k != "body"},
-        )  # fmt: skip
+        )
 
     async def _release_unsent(self) -> None:
         """On the way out, make the facts still held due again at once (else: their lease)."""

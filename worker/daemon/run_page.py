@@ -152,8 +152,13 @@ def render_run(view: RunView) -> str:
     if waiting:
         facts.append(("waits for", escape(waiting)))
     if said.get("retryOf"):
-        facts.append(("retry of", f'<a href="/runs/{escape(str(said["retryOf"]))}">'
-                      f"{escape(str(said['retryOf']))}</a>"))  # fmt: skip
+        facts.append(
+            (
+                "retry of",
+                f'<a href="/runs/{escape(str(said["retryOf"]))}">'
+                f"{escape(str(said['retryOf']))}</a>",
+            )
+        )
     if said["output"] is not None:
         facts.append(("output", _value(said["output"], "the output")))
     if said["error"] is not None:
@@ -164,18 +169,32 @@ def render_run(view: RunView) -> str:
     )
     attempts = _table(
         ("#", "disposition", "outcome", "release", "worker"),
-        [(escape(str(a["attempt"])), escape(str(a["disposition"])),
-          escape(str(a["outcome"] or "in progress")), escape(str(a["releaseId"])),
-          f"<code>{escape(str(a['workerId']))}</code>") for a in said["attempts"]],
+        [
+            (
+                escape(str(a["attempt"])),
+                escape(str(a["disposition"])),
+                escape(str(a["outcome"] or "in progress")),
+                escape(str(a["releaseId"])),
+                f"<code>{escape(str(a['workerId']))}</code>",
+            )
+            for a in said["attempts"]
+        ],
         "attempts",
-    )  # fmt: skip
+    )
     steps = _table(
         ("checkpoint", "committed by release", "attempt", "worker", "when"),
-        [(f"<code>{escape(str(s['name']))}</code>", escape(str(s["releaseId"] or "?")),
-          escape(str(s["attempt"] or "")), f"<code>{escape(str(s['workerId'] or ''))}</code>",
-          escape(_when(s["committedAt"]))) for s in said["steps"]],
+        [
+            (
+                f"<code>{escape(str(s['name']))}</code>",
+                escape(str(s["releaseId"] or "?")),
+                escape(str(s["attempt"] or "")),
+                f"<code>{escape(str(s['workerId'] or ''))}</code>",
+                escape(_when(s["committedAt"])),
+            )
+            for s in said["steps"]
+        ],
         "steps",
-    )  # fmt: skip
+    )
     ledger = _table(
         ("fact", "written"),
         [(escape(str(f["type"])), escape(_when(f["createdAt"]))) for f in said["facts"]],

@@ -120,9 +120,13 @@ class Supervisor:
         )
         # Follows this release's lane; owns the claim policy the loops read.
         self.follower = LaneFollower(
-            queue=settings.queue, release_id=settings.release_id, store=self.store,
-            loops=self.loops, wakeups=self.wakeups, log=self.log,
-        )  # fmt: skip
+            queue=settings.queue,
+            release_id=settings.release_id,
+            store=self.store,
+            loops=self.loops,
+            wakeups=self.wakeups,
+            log=self.log,
+        )
 
     async def main(self) -> int:
         """Boot, run until stopped, drain; return the exit code.
@@ -133,10 +137,14 @@ class Supervisor:
         A boot refusal (``boot.BOOT_REFUSALS``) is raised, for ``run_worker`` to say.
         """
         health = HealthServer(
-            self.settings.tuning.health_port, self.metrics, self._readiness, self.reads.lanes_view,
-            run=self.reads.run_view, scrape=self.loops.claim_gauges,
+            self.settings.tuning.health_port,
+            self.metrics,
+            self._readiness,
+            self.reads.lanes_view,
+            run=self.reads.run_view,
+            scrape=self.loops.claim_gauges,
             host=self.settings.tuning.health_host,
-        )  # fmt: skip
+        )
         self.health_port = await health.start()
         try:
             self.db = await boot.open_database(self.settings)
@@ -162,9 +170,16 @@ class Supervisor:
         defer = DeferLimits(tuning.defer_alert_after_s, tuning.defer_fail_after_s)
         deleter, why_not = DaytonaDeleter.from_env(self.settings.daytona_env)
         return Runtime(
-            db, self.store, self.app, seat, defer=defer, metrics=self.metrics,
-            sandboxes=deleter, sandboxes_why_not=why_not, policy=self.follower.policy,
-        )  # fmt: skip
+            db,
+            self.store,
+            self.app,
+            seat,
+            defer=defer,
+            metrics=self.metrics,
+            sandboxes=deleter,
+            sandboxes_why_not=why_not,
+            policy=self.follower.policy,
+        )
 
     async def _serve(self, db: Database, health: HealthServer) -> None:
         s = self.settings
@@ -347,11 +362,20 @@ class Supervisor:
         """Deliver ledger facts to runtime APIs; a failure of it never stops the worker's runs."""
         t = self.settings.tuning
         relay = Relay(
-            db, self.store, worker_id=self.worker_id, metrics=self.metrics,
-            wakeup=self.wakeups.ledger, idle_poll_s=self.loops.idle_poll(IDLE_POLL_S),
-            config=RelayConfig(t.ledger_path, t.ledger_concurrency, t.ledger_per_endpoint,
-                               t.ledger_timeout_s, t.ledger_retry_for_s),
-        )  # fmt: skip
+            db,
+            self.store,
+            worker_id=self.worker_id,
+            metrics=self.metrics,
+            wakeup=self.wakeups.ledger,
+            idle_poll_s=self.loops.idle_poll(IDLE_POLL_S),
+            config=RelayConfig(
+                t.ledger_path,
+                t.ledger_concurrency,
+                t.ledger_per_endpoint,
+                t.ledger_timeout_s,
+                t.ledger_retry_for_s,
+            ),
+        )
         while True:
             try:
                 await relay.run()

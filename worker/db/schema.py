@@ -160,8 +160,15 @@ _CREATED = re.compile(
 )
 # What each kind is to the conflict check: relations with a row type (whose name no
 # type of the schema may have), indexes (a relation name, no type), functions, types.
-_KINDS = {"table": "relation", "view": "relation", "sequence": "relation",
-          "index": "index", "function": "function", "type": "type", "domain": "type"}  # fmt: skip
+_KINDS = {
+    "table": "relation",
+    "view": "relation",
+    "sequence": "relation",
+    "index": "index",
+    "function": "function",
+    "type": "type",
+    "domain": "type",
+}
 _CONFLICTS_SHOWN = 6
 STORE_SCHEMA_VARIABLE = "LANE_WORKER_STORE_SCHEMA"
 

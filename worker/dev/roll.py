@@ -35,14 +35,24 @@ def run_roll(env: Mapping[str, str], app_spec: str, *, data_dir: Path) -> int:
     """Run the rolling-deploy demo; return 0 when it ended as it should."""
     # The roll's releases use the store's default topology: a worktree's suffix
     # would outrank their release ids and put both on one lane.
-    values = {k: v for k, v in env.items()
-              if k not in ("DEEPLINE_ABSURD_QUEUE_SUFFIX", "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA",
-                           "DEEPLINE_RUNTIME_DEPLOY_VERSION", DATABASE_URL_ENV)}  # fmt: skip
+    values = {
+        k: v
+        for k, v in env.items()
+        if k
+        not in (
+            "DEEPLINE_ABSURD_QUEUE_SUFFIX",
+            "DEEPLINE_RUNTIME_SCHEDULER_SCHEMA",
+            "DEEPLINE_RUNTIME_DEPLOY_VERSION",
+            DATABASE_URL_ENV,
+        )
+    }
     values.setdefault(LOG_FORMAT_ENV, "console")
     logs.configure("console")
     if (env.get(DATABASE_URL_ENV) or "").strip():
-        _say(f"{DATABASE_URL_ENV} is not used: the roll deploys and retires releases, so it "
-             "runs on an embedded database of its own")  # fmt: skip
+        _say(
+            f"{DATABASE_URL_ENV} is not used: the roll deploys and retires releases, so it "
+            "runs on an embedded database of its own"
+        )
     # Never the dev database either: the roll's releases would retire a dev
     # worker's release of the same lane family.
     roll_dir = data_dir.parent / f"{data_dir.name}-roll"
@@ -65,8 +75,9 @@ async def _roll(values: dict[str, str], app_spec: str, data_dir: Path) -> int:
     tag = secrets.token_hex(2)
     a, b = f"roll-a-{tag}", f"roll-b-{tag}"
     # The machines' logs and records, beside the database's data.
-    machines = ProcessBackend(data_dir.parent / f"roll-machines-{tag}",
-                              {**values, "LANE_WORKER_LOG_FORMAT": "json"})  # fmt: skip
+    machines = ProcessBackend(
+        data_dir.parent / f"roll-machines-{tag}", {**values, "LANE_WORKER_LOG_FORMAT": "json"}
+    )
     client = await LaneClient.connect(env=values)
     scaler = Scaler(client, machines, health_port=0)
     try:
@@ -108,9 +119,13 @@ async def _ready(client: LaneClient, release: str, want: int) -> None:
 
 
 async def _story(
-    client: LaneClient, values: dict[str, str], machines: ProcessBackend, a: str, b: str,
+    client: LaneClient,
+    values: dict[str, str],
+    machines: ProcessBackend,
+    a: str,
+    b: str,
     app_spec: str,
-) -> bool:  # fmt: skip
+) -> bool:
     _say(f"deploying release {a} (1 machine, app {app_spec})")
     await client.releases.deploy(a, image=app_spec, machines=1)
     await _ready(client, a, 1)
@@ -136,8 +151,11 @@ async def _story(
         ok = True
         for run_id in [*naps, waiting, greeted]:
             final = await on_a.wait(run_id, ROLL_TIMEOUT_S)
-            how = (f"adopted by {final.adopted_release_id}" if final.adopted_release_id
-                   else f"on {final.release_id}")  # fmt: skip
+            how = (
+                f"adopted by {final.adopted_release_id}"
+                if final.adopted_release_id
+                else f"on {final.release_id}"
+            )
             _say(f"  run {run_id[:8]}: {final.status} ({how})")
             ok = ok and final.status == "completed"
 

@@ -32,16 +32,37 @@ def lanes_table(views: list[LaneView]) -> list[str]:
     """Render lanes as aligned text lines, then what blocks each lane that is not claiming."""
     if not views:
         return ["no lanes registered (a worker registers its lane at boot)."]
-    header = ("RELEASE", "QUEUE", "STATUS", "LIVE", "IN-FLIGHT", "FRESH", "RETRYING",
-              "HANDED-BACK", "PARKED", "DEFERRED", "SAFE-TO-STOP")  # fmt: skip
+    header = (
+        "RELEASE",
+        "QUEUE",
+        "STATUS",
+        "LIVE",
+        "IN-FLIGHT",
+        "FRESH",
+        "RETRYING",
+        "HANDED-BACK",
+        "PARKED",
+        "DEFERRED",
+        "SAFE-TO-STOP",
+    )
     rows = [header]
     for v in views:
         c = v.counts
-        rows.append((
-            v.release_id, v.queue, v.status, str(v.live_workers), str(c["inFlight"]),
-            str(c["fresh"]), str(c["retrying"]), str(c["handedBack"]),
-            str(c["parkedSleep"] + c["parkedEvent"]), str(c["deferred"]), _yes(v.safe_to_stop),
-        ))  # fmt: skip
+        rows.append(
+            (
+                v.release_id,
+                v.queue,
+                v.status,
+                str(v.live_workers),
+                str(c["inFlight"]),
+                str(c["fresh"]),
+                str(c["retrying"]),
+                str(c["handedBack"]),
+                str(c["parkedSleep"] + c["parkedEvent"]),
+                str(c["deferred"]),
+                _yes(v.safe_to_stop),
+            )
+        )
     lines = aligned(rows)
     for v in views:
         lines += not_claiming_lines(v.release_id, v.workers)
@@ -107,10 +128,15 @@ def lane_detail(view: LaneView) -> list[str]:
         ("status", view.status + (" (pruned)" if view.pruned else "")),
         ("safe to stop", _yes(view.safe_to_stop)),
         ("live workers", str(view.live_workers)),
-        *[(f"  {w['workerId']}", f"build {version_of(w)}; plays: "
-           + (", ".join(w["plays"]) or "(none)")
-           + _health_said(w))
-          for w in view.workers],
+        *[
+            (
+                f"  {w['workerId']}",
+                f"build {version_of(w)}; plays: "
+                + (", ".join(w["plays"]) or "(none)")
+                + _health_said(w),
+            )
+            for w in view.workers
+        ],
         ("in flight", str(c["inFlight"])),
         ("fresh", str(c["fresh"])),
         ("retrying", str(c["retrying"])),
@@ -121,7 +147,7 @@ def lane_detail(view: LaneView) -> list[str]:
         ("deferred", str(c["deferred"])),
         ("oldest deferral", _seconds(view.oldest_deferral_s)),
         ("adopted by", ", ".join(f"{q}: {n}" for q, n in view.adopted_by.items()) or "(none)"),
-    ]  # fmt: skip
+    ]
     width = max(len(name) for name, _ in rows)
     foreign = [foreign_line(view)] if view.foreign_tasks else []
     return [f"{n.ljust(width)}  {v}" for n, v in rows] + _blocker_lines(view, ids=True) + foreign

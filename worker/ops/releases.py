@@ -57,12 +57,20 @@ class ReleaseView:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "releaseId": self.release_id, "queue": self.queue, "image": self.image,
-            "role": self.role, "status": self.status, "desired": self.desired,
-            "liveWorkers": self.live_workers, "readyWorkers": self.ready_workers,
-            "deployedAt": self.deployed_at, "deployedBy": self.deployed_by,
-            "retiredAt": self.retired_at, "scaler": self.scaler, "builds": self.builds,
-        }  # fmt: skip
+            "releaseId": self.release_id,
+            "queue": self.queue,
+            "image": self.image,
+            "role": self.role,
+            "status": self.status,
+            "desired": self.desired,
+            "liveWorkers": self.live_workers,
+            "readyWorkers": self.ready_workers,
+            "deployedAt": self.deployed_at,
+            "deployedBy": self.deployed_by,
+            "retiredAt": self.retired_at,
+            "scaler": self.scaler,
+            "builds": self.builds,
+        }
 
 
 @dataclass(frozen=True)
@@ -111,10 +119,14 @@ class Releases:
         who = actor()
         return await self.db.run(
             lambda c: self.store.registry.deploy(
-                c, release_id=release_id, image=image, desired=machines, actor=who,
+                c,
+                release_id=release_id,
+                image=image,
+                desired=machines,
+                actor=who,
                 action=action,
             )
-        )  # fmt: skip
+        )
 
     async def list(self) -> tuple[list[ReleaseView], ScalerState | None]:
         """Every deployed release, newest deploy first, and the scaler's last pass."""
@@ -200,12 +212,19 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
     else:
         status = "drained" if drained or d.lane_status is None else "draining"
     return ReleaseView(
-        release_id=d.release_id, queue=d.queue, image=d.image, role=d.role, status=status,
-        desired=d.desired, live_workers=d.live_workers, ready_workers=d.ready_workers,
-        deployed_at=d.deployed_at.isoformat(), deployed_by=d.deployed_by,
+        release_id=d.release_id,
+        queue=d.queue,
+        image=d.image,
+        role=d.role,
+        status=status,
+        desired=d.desired,
+        live_workers=d.live_workers,
+        ready_workers=d.ready_workers,
+        deployed_at=d.deployed_at.isoformat(),
+        deployed_by=d.deployed_by,
         retired_at=d.retired_at.isoformat() if d.retired_at else None,
         # What a scaler stored is shown with any credential in it masked (one of an
         # older build may have kept a refusal that echoed its token).
         scaler=mask_value(scaler, ()),
         builds={v or NO_VERSION: n for v, n in sorted(d.live_builds.items())},
-    )  # fmt: skip
+    )

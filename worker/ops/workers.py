@@ -31,9 +31,15 @@ UNREADABLE_REPORT = "unreadable claim report"
 
 
 def _unreadable(why: str) -> dict[str, Any]:
-    return {"queue": None, "loop": None, "since": None, "failingForSeconds": None,
-            "failures": None, "reason": f"{UNREADABLE_REPORT}: {why}",
-            "unreadable": True}  # fmt: skip
+    return {
+        "queue": None,
+        "loop": None,
+        "since": None,
+        "failingForSeconds": None,
+        "failures": None,
+        "reason": f"{UNREADABLE_REPORT}: {why}",
+        "unreadable": True,
+    }
 
 
 def _shown(value: Any) -> str:
@@ -76,14 +82,16 @@ def not_claiming_of(report: Any, now: datetime) -> list[dict[str, Any]]:
             entries.append(_unreadable(f"an entry is not an object: {_shown(failure)}"))
             continue
         since = failure.get("since")
-        entries.append({
-            "queue": failure.get("queue"),
-            "loop": failure.get("loop"),
-            "since": since,
-            "failingForSeconds": _failing_for(since, now),
-            "failures": failure.get("failures"),
-            "reason": failure.get("reason"),
-        })  # fmt: skip
+        entries.append(
+            {
+                "queue": failure.get("queue"),
+                "loop": failure.get("loop"),
+                "since": since,
+                "failingForSeconds": _failing_for(since, now),
+                "failures": failure.get("failures"),
+                "reason": failure.get("reason"),
+            }
+        )
     return entries
 
 

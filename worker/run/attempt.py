@@ -281,15 +281,23 @@ class Attempt:
                 parked = Parked(suspended=True)
             else:
                 got = await engine.await_event(
-                    conn, h.queue, h.task_id, h.engine_run_id, f"wait:{park.boundary_id}",
-                    park.event_name, park.timeout_s,
-                )  # fmt: skip
+                    conn,
+                    h.queue,
+                    h.task_id,
+                    h.engine_run_id,
+                    step_name=f"wait:{park.boundary_id}",
+                    event_name=park.event_name,
+                    timeout_s=park.timeout_s,
+                )
                 parked = Parked(got.suspended, got.delivered, got.payload)
             if parked.suspended:
                 if not await self.store.attempts.park(
-                    conn, run_id=h.run_id, attempt_id=h.attempt_id, wait=park.wait,
+                    conn,
+                    run_id=h.run_id,
+                    attempt_id=h.attempt_id,
+                    wait=park.wait,
                     envelope=park.envelope,
-                ):  # fmt: skip
+                ):
                     raise self._lost()
                 await self._close(conn, Outcome.PARKED)
             return parked
@@ -334,10 +342,14 @@ class Attempt:
             streaks.clear()  # a retried transaction counts again
             if outcome == Outcome.DEFERRED and delay_s > 0:
                 streak = await count_deferral(
-                    conn, self.store, claimed, run_id,
-                    alert_after_s=limits.alert_after_s, fail_after_s=limits.fail_after_s,
+                    conn,
+                    self.store,
+                    claimed,
+                    run_id,
+                    alert_after_s=limits.alert_after_s,
+                    fail_after_s=limits.fail_after_s,
                     attempt_id=self.attempt_id,
-                )  # fmt: skip
+                )
                 streaks.append(streak)
                 if streak.failed is not None:
                     await self._close(conn, Outcome.FAILED, streak.failed)
@@ -389,9 +401,14 @@ class Attempt:
         self, conn: Connection, fact: facts.TerminalFact, *, output: Any = None, error: Any = None
     ) -> bool:
         return await self.store.runs.settle(
-            conn, fact.run_id, status=str(fact.status), fact=fact.as_json(),
-            attempt_id=self.attempt_id, output=output, error=error,
-        )  # fmt: skip
+            conn,
+            fact.run_id,
+            status=str(fact.status),
+            fact=fact.as_json(),
+            attempt_id=self.attempt_id,
+            output=output,
+            error=error,
+        )
 
     async def _unless_lost(
         self,

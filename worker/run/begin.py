@@ -116,5 +116,13 @@ class Attempts:
             clock=DbClock(row.db_now_ms, sent_s),
             step_keys=row.step_keys,
         )
-        return Attempt(self, claimed, handle, disposition, row.checkpoint, row.current_wait,
-                       row.engine_checkpoints, log)  # fmt: skip
+        return Attempt(
+            self,
+            claimed,
+            handle,
+            disposition,
+            row.checkpoint,
+            row.current_wait,
+            row.engine_checkpoints,
+            log,
+        )

@@ -50,8 +50,9 @@ class NotClaiming:
 def describe(exc: BaseException, secrets: Sequence[str] = ()) -> str:
     """Return ``exc`` as one short line: its type and message, secrets masked, cut."""
     message = " ".join(str(exc).split())
-    text = mask_secrets(f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
-                        secrets)  # fmt: skip
+    text = mask_secrets(
+        f"{type(exc).__name__}: {message}" if message else type(exc).__name__, secrets
+    )
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
 
 
@@ -117,5 +118,6 @@ class ClaimHealth:
             return None
         if now - self._failing_since < self._after_s:
             return None
-        return NotClaiming(self.queue, self.loop, now - self._failing_since, self.failures,
-                           self._reason)  # fmt: skip
+        return NotClaiming(
+            self.queue, self.loop, now - self._failing_since, self.failures, self._reason
+        )

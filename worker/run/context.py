@@ -361,8 +361,12 @@ class TaskContext:
         armed = waits.armed(self._envelope, self.run_id, boundary_id, checkpoint.RUNNER_BOUNDARY)
         if armed is None:
             armed = waits.runner_armed(number, timeout_s, self._now_ms())
-        wait = {"kind": checkpoint.RUNNER_BOUNDARY, "boundaryId": boundary_id,
-                "runnerAttempt": number, "deadlineMs": armed["deadlineMs"]}  # fmt: skip
+        wait = {
+            "kind": checkpoint.RUNNER_BOUNDARY,
+            "boundaryId": boundary_id,
+            "runnerAttempt": number,
+            "deadlineMs": armed["deadlineMs"],
+        }
         event_name = checkpoint.runner_terminal_event_name(self.run_id, number)
         engine_event: tuple[bool, Any] = (False, None)
         for _ in range(3):
@@ -419,13 +423,11 @@ class TaskContext:
                 "timedOut": not reported,
                 "launched": launched.get("launched"),
             }
-            envelope = waits.disarm(
-                checkpoint.checkpoint_with_runner(
-                    self._envelope, boundary_id, runner_attempt=number, output=output,
-                    now_ms=self._now_ms(),
-                ),
-                boundary_id,
-            )  # fmt: skip
+            now_ms = self._now_ms()
+            with_output = checkpoint.checkpoint_with_runner(
+                self._envelope, boundary_id, runner_attempt=number, output=output, now_ms=now_ms
+            )
+            envelope = waits.disarm(with_output, boundary_id)
             await self._attempt.save_envelope(conn, envelope)
             self._envelope = envelope
             return output

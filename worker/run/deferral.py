@@ -64,9 +64,14 @@ async def count_deferral(
     fact = facts.failed(run_id, reason)
     # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
     if await store.runs.settle(
-        conn, run_id, status=str(fact.status), fact=fact.as_json(), attempt_id=None, error=reason,
+        conn,
+        run_id,
+        status=str(fact.status),
+        fact=fact.as_json(),
+        attempt_id=None,
+        error=reason,
         own_attempt_id=attempt_id,
-    ):  # fmt: skip
+    ):
         await engine.cancel(conn, claimed.queue, claimed.task_id)
     return Streak(streak.count, streak.age_s, streak.alert, reason)
 
@@ -75,10 +80,12 @@ def report_streak(streak: Streak, log: Log, metrics: Metrics | None, queue: str)
     """Warn once when a streak crossed the alert age; say when it failed the run."""
     if streak.alert:
         log.warning(
-            "run.deferred_too_long", defer_count=streak.count, deferred_s=round(streak.age_s),
+            "run.deferred_too_long",
+            defer_count=streak.count,
+            deferred_s=round(streak.age_s),
             remedy="no release that may run it takes it: see `lane-worker lanes show` for "
             "its lane's blockers",
-        )  # fmt: skip
+        )
         if metrics is not None:
             metrics.long_deferrals.labels(queue=queue).inc()
     if streak.failed is not None:

@@ -71,9 +71,12 @@ async def give_back(
         held = await engine.lock_if_held(conn, claimed.queue, claimed.run_id, worker_id)
         outcome = Outcome.HANDED_BACK if held else Outcome.LEASE_LOST
         closed = await store.attempts.hand_back_claim(
-            conn, task_id=claimed.task_id, engine_run_id=claimed.run_id, worker_id=worker_id,
+            conn,
+            task_id=claimed.task_id,
+            engine_run_id=claimed.run_id,
+            worker_id=worker_id,
             outcome=str(outcome),
-        )  # fmt: skip
+        )
         if attempt_id is not None and attempt_id not in closed:
             return False
         if held:

@@ -61,9 +61,14 @@ async def settle_batch(
             else facts.TerminalFact(status, run_id, output=output, error=error)
         )
         if await store.runs.settle(
-            conn, run_id, status=str(status), fact=fact.as_json(), attempt_id=None,
-            output=output, error=error,
-        ):  # fmt: skip
+            conn,
+            run_id,
+            status=str(status),
+            fact=fact.as_json(),
+            attempt_id=None,
+            output=output,
+            error=error,
+        ):
             settled += 1
             log.warning(
                 "run.reconciled",

@@ -65,14 +65,24 @@ from worker.scaler.backend import (
 
 DEFAULT_API_URL = "https://api.machines.dev"
 API_URL_ENV, TOKEN_ENV, APP_ENV, REGION_ENV = (
-    "LANE_WORKER_FLY_API_URL", "FLY_API_TOKEN", "FLY_APP_NAME", "FLY_REGION",
-)  # fmt: skip
+    "LANE_WORKER_FLY_API_URL",
+    "FLY_API_TOKEN",
+    "FLY_APP_NAME",
+    "FLY_REGION",
+)
 HEALTH_PORT = 8080  # the image's LANE_WORKER_HEALTH_PORT (Dockerfile, fly.toml)
 _STATES = {
-    "started": STARTED, "created": STARTING, "starting": STARTING, "replacing": STARTING,
-    "updating": STARTING, "stopping": STOPPING, "stopped": STOPPED, "suspending": STOPPING,
-    "suspended": STOPPED, "failed": FAILED,
-}  # fmt: skip
+    "started": STARTED,
+    "created": STARTING,
+    "starting": STARTING,
+    "replacing": STARTING,
+    "updating": STARTING,
+    "stopping": STOPPING,
+    "stopped": STOPPED,
+    "suspending": STOPPING,
+    "suspended": STOPPED,
+    "failed": FAILED,
+}
 # On its way out or gone: neither counted nor acted on (a replacement is started).
 _GONE = frozenset({"destroying", "destroyed"})
 _SHOWN_BODY = 200  # characters of a refusal's body kept in the error
@@ -122,9 +132,15 @@ class FlyBackend:
     name = "fly"
 
     def __init__(
-        self, *, api_url: str, token: str, app: str, region: str | None, stop_s: float = 60.0,
+        self,
+        *,
+        api_url: str,
+        token: str,
+        app: str,
+        region: str | None,
+        stop_s: float = 60.0,
         also_secret: Sequence[str] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.api_url = api_url.rstrip("/")
         # Fly's stop timeout (then it kills the machine): above the worker's longest stop.
         self.stop_timeout_s = math.ceil(stop_s)
@@ -161,13 +177,14 @@ class FlyBackend:
                 )
         return cls(
             api_url=(env.get(API_URL_ENV) or "").strip() or DEFAULT_API_URL,
-            token=token, app=app,
+            token=token,
+            app=app,
             region=region or (env.get(REGION_ENV) or "").strip() or None,
             # The machines' drain window is the scaler's LANE_WORKER_DRAIN_SECONDS
             # (25 s by default): set it alike for both. 60 s at least, as before.
             stop_s=max(60.0, machine_stop_s(env) + 15.0),
             also_secret=url_secrets((env.get(DATABASE_URL_ENV) or "").strip()),
-        )  # fmt: skip
+        )
 
     async def _call(self, method: str, path: str, body: Any = None, *, tries: int = 5) -> Any:
         """One API call, retried on 429, 5xx and timeouts; a refusal raises BackendError."""
@@ -221,8 +238,10 @@ class FlyBackend:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
-                stop=stop_after_attempt(tries), wait=wait, reraise=True,
-            ):  # fmt: skip
+                stop=stop_after_attempt(tries),
+                wait=wait,
+                reraise=True,
+            ):
                 with attempt:
                     return await once()
         except _Retryable as exc:
@@ -243,15 +262,17 @@ class FlyBackend:
                 return [*found, *(m for m in page or [] if isinstance(m, dict))]
             items = page.get("machines") if isinstance(page, dict) else None
             if not isinstance(items, list):
-                raise BackendError("Fly Machines API GET /machines answered neither a list "
-                                   "nor a page of machines")  # fmt: skip
+                raise BackendError(
+                    "Fly Machines API GET /machines answered neither a list nor a page of machines"
+                )
             found += [m for m in items if isinstance(m, dict)]
             cursor = page.get("next_cursor") or page.get("nextCursor") or None
             if not cursor:
                 return found
             if cursor in seen_cursors:
-                raise BackendError("Fly Machines API GET /machines: its cursor went round "
-                                   "in a loop")  # fmt: skip
+                raise BackendError(
+                    "Fly Machines API GET /machines: its cursor went round in a loop"
+                )
             seen_cursors.add(str(cursor))
             cursor = str(cursor)
         raise BackendError(f"Fly Machines API GET /machines: more than {_MAX_PAGES} pages")
@@ -279,13 +300,24 @@ class FlyBackend:
         config = {
             "image": image,
             "env": {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id},
-            "metadata": {RELEASE_METADATA: release_id, IMAGE_METADATA: image,
-                         STORE_METADATA: self.store_id, CREATE_METADATA: key},
-            "checks": {"readyz": {"type": "http", "port": HEALTH_PORT, "path": "/readyz",
-                                  "interval": "10s", "timeout": "2s"}},
+            "metadata": {
+                RELEASE_METADATA: release_id,
+                IMAGE_METADATA: image,
+                STORE_METADATA: self.store_id,
+                CREATE_METADATA: key,
+            },
+            "checks": {
+                "readyz": {
+                    "type": "http",
+                    "port": HEALTH_PORT,
+                    "path": "/readyz",
+                    "interval": "10s",
+                    "timeout": "2s",
+                }
+            },
             "stop_config": {"signal": "SIGTERM", "timeout": f"{self.stop_timeout_s}s"},
             "restart": {"policy": "no"},
-        }  # fmt: skip
+        }
         body: dict[str, Any] = {"name": f"lane-worker-{key}", "config": config}
         if self.region:
             body["region"] = self.region
@@ -307,18 +339,22 @@ class FlyBackend:
                 last = str(exc)  # a 2xx: it made the machine and the answer is lost
             else:
                 if isinstance(made, dict) and made.get("id") not in (None, ""):
-                    return Machine(machine_id=str(made["id"]), release_id=release_id,
-                                   image=image, state=_STATES.get(str(made.get("state")),
-                                                                  STARTING),
-                                   age_s=0.0)  # fmt: skip
+                    return Machine(
+                        machine_id=str(made["id"]),
+                        release_id=release_id,
+                        image=image,
+                        state=_STATES.get(str(made.get("state")), STARTING),
+                        age_s=0.0,
+                    )
                 # A 2xx without a machine id made its machine: an answer that is lost
                 # (forgetting it would let every pass create again).
                 last = "Fly Machines API POST /machines answered without a machine id"
             found = await self._find_made(key)
             if found is not None:
                 return found
-        raise BackendError(f"{last}; no machine of this create is listed (gave up after "
-                           f"{_CREATE_TRIES} tries)")  # fmt: skip
+        raise BackendError(
+            f"{last}; no machine of this create is listed (gave up after {_CREATE_TRIES} tries)"
+        )
 
     async def _find_made(self, key: str) -> Machine | None:
         """The machine a create with ``key`` made, searched for ``_CREATE_FIND_S`` (a
@@ -361,11 +397,13 @@ def _machine(
     m: Mapping[str, Any], release: str, metadata: Mapping[str, Any], config: Mapping[str, Any]
 ) -> Machine:
     return Machine(
-        machine_id=str(m["id"]), release_id=release,
+        machine_id=str(m["id"]),
+        release_id=release,
         image=str(metadata.get(IMAGE_METADATA) or config.get("image") or ""),
         state=_STATES.get(str(m.get("state")), STARTING),
-        age_s=_age_s(m.get("created_at")), exit_code=_exit_code(m),
-    )  # fmt: skip
+        age_s=_age_s(m.get("created_at")),
+        exit_code=_exit_code(m),
+    )
 
 
 def _segment(machine_id: str) -> str:

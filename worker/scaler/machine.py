@@ -39,8 +39,10 @@ def _write(path: Path, text: str) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m worker.scaler.machine STATE_DIR MACHINE_ID -- ARGV...",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "usage: python -m worker.scaler.machine STATE_DIR MACHINE_ID -- ARGV...",
+            file=sys.stderr,
+        )
         return 2
     state_dir, machine_id, command = Path(argv[0]), argv[1], argv[3:]
     pids = state_dir / f"{machine_id}.pids"

@@ -141,8 +141,7 @@ class Watch:
         """Forget what is watched of machines the listing no longer has, and creates
         unlisted for too long (``CREATE_MEMORY_S``; unanswered, ``UNLISTED_AFTER_S``:
         the plan never holds those against the release)."""
-        for memory in (self.not_live_since, self.stop_sent, self.stopping_seen,
-                       self.off_listings):  # fmt: skip
+        for memory in (self.not_live_since, self.stop_sent, self.stopping_seen, self.off_listings):
             for gone in set(memory) - listed:
                 del memory[gone]
         self.death_noted &= listed
@@ -158,10 +157,15 @@ class Watch:
 
 
 def observe(
-    watch: Watch, deployments: Sequence[Deployment], views: Mapping[str, LaneView],
-    listing: list[Machine], *, now: float, stop_deadline_s: float,
+    watch: Watch,
+    deployments: Sequence[Deployment],
+    views: Mapping[str, LaneView],
+    listing: list[Machine],
+    *,
+    now: float,
+    stop_deadline_s: float,
     where_logs: Callable[[str], str],
-) -> tuple[PassState, dict[str, Machine]]:  # fmt: skip
+) -> tuple[PassState, dict[str, Machine]]:
     """The plan's state for one pass, and each listed machine by id as actions name it.
 
     ``views`` is the drain report by queue; ``now`` the scaler's monotonic clock.
@@ -189,21 +193,27 @@ def observe(
     for d in deployments:
         mine = by_release.pop(d.release_id, [])
         elsewhere = {i for i, of in live_of.items() if d.release_id not in of}
-        release = _release(watch, d, views.get(d.queue), mine, elsewhere, now, where_logs,
-                           acted_on)  # fmt: skip
+        release = _release(watch, d, views.get(d.queue), mine, elsewhere, now, where_logs, acted_on)
         releases.append(replace(release, made_running=made_running.get((d.release_id, d.image), 0)))
-    strays = tuple(Stray(release_id, sum(m.running for m in found))
-                   for release_id, found in by_release.items())  # fmt: skip
-    state = PassState(now=now, stop_deadline_s=stop_deadline_s, releases=tuple(releases),
-                      strays=strays)  # fmt: skip
+    strays = tuple(
+        Stray(release_id, sum(m.running for m in found)) for release_id, found in by_release.items()
+    )
+    state = PassState(
+        now=now, stop_deadline_s=stop_deadline_s, releases=tuple(releases), strays=strays
+    )
     return state, acted_on
 
 
 def _release(
-    watch: Watch, d: Deployment, view: LaneView | None, mine: list[Machine],
-    elsewhere: set[str], now: float, where_logs: Callable[[str], str],
+    watch: Watch,
+    d: Deployment,
+    view: LaneView | None,
+    mine: list[Machine],
+    elsewhere: set[str],
+    now: float,
+    where_logs: Callable[[str], str],
     acted_on: dict[str, Machine],
-) -> ReleaseState:  # fmt: skip
+) -> ReleaseState:
     """``d`` as the plan reads it; ``elsewhere``: machines another release's worker beats
     on (and ``d``'s does not)."""
     # A retired lane the report no longer shows (pruned) holds nothing either.
@@ -219,8 +229,15 @@ def _release(
         if m.machine_id in elsewhere or made_for != d.release_id:
             # Not this release's, whatever the listing says: neither watched nor acted
             # on here (stopping it could cut another release's last machine mid-step).
-            facts.append(MachineFacts(m.machine_id, m.image, Condition.MISFILED,
-                                      age_s=m.age_s, listed_running=m.running))  # fmt: skip
+            facts.append(
+                MachineFacts(
+                    m.machine_id,
+                    m.image,
+                    Condition.MISFILED,
+                    age_s=m.age_s,
+                    listed_running=m.running,
+                )
+            )
             continue
         misreported = watch.made.get(m.machine_id) == (d.release_id, d.image) and m.image != d.image
         if misreported:
@@ -230,29 +247,48 @@ def _release(
         acted_on[m.machine_id] = m
         facts.append(_machine(watch, m, live, ready, misreported, role, now, where_logs))
     return ReleaseState(
-        release_id=d.release_id, image=d.image, role=role, desired=d.desired,
+        release_id=d.release_id,
+        image=d.image,
+        role=role,
+        desired=d.desired,
         stranded=role is Role.DRAINING and view is not None and view.stranded,
         machines=tuple(facts),
-        unlisted=tuple(Unlisted(i, image, at) for i, (r, image, at) in watch.created.items()
-                       if r == d.release_id),
+        unlisted=tuple(
+            Unlisted(i, image, at)
+            for i, (r, image, at) in watch.created.items()
+            if r == d.release_id
+        ),
         deaths={image: n for (r, image), n in watch.died.items() if r == d.release_id},
         not_before=watch.not_before.get((d.release_id, d.image), 0.0),
-    )  # fmt: skip
+    )
 
 
 def _machine(
-    watch: Watch, m: Machine, live: set[str], ready: set[str], misreported: bool, role: Role,
-    now: float, where_logs: Callable[[str], str],
-) -> MachineFacts:  # fmt: skip
+    watch: Watch,
+    m: Machine,
+    live: set[str],
+    ready: set[str],
+    misreported: bool,
+    role: Role,
+    now: float,
+    where_logs: Callable[[str], str],
+) -> MachineFacts:
     """What the plan reads of ``m``; watches it (the clocks and counts above)."""
     mid = m.machine_id
     stop_known = m.stopping_s is not None or mid in watch.stop_sent
     facts = MachineFacts(
-        machine_id=mid, image=m.image, condition=Condition.RUNNING, age_s=m.age_s,
-        live=mid in live, ready=mid in ready, stop_known=stop_known,
-        listed_running=m.running, exit_code=m.exit_code, death_noted=mid in watch.death_noted,
+        machine_id=mid,
+        image=m.image,
+        condition=Condition.RUNNING,
+        age_s=m.age_s,
+        live=mid in live,
+        ready=mid in ready,
+        stop_known=stop_known,
+        listed_running=m.running,
+        exit_code=m.exit_code,
+        death_noted=mid in watch.death_noted,
         misreported=misreported,
-    )  # fmt: skip
+    )
     if _doubted(watch, m, facts.live and not stop_known):
         return replace(facts, condition=Condition.DOUBTED)
     sent = watch.stop_sent.get(mid)
@@ -281,8 +317,12 @@ def _doubted(watch: Watch, m: Machine, unasked_live: bool) -> bool:
     listings = watch.off_listings[m.machine_id] = watch.off_listings.get(m.machine_id, 0) + 1
     if listings >= BELIEVED_FROM:
         return False
-    log.warning("scaler.listing_doubted", machine=m.machine_id, state=m.state,
-                detail="its worker beats: believed running until the next listing")  # fmt: skip
+    log.warning(
+        "scaler.listing_doubted",
+        machine=m.machine_id,
+        state=m.state,
+        detail="its worker beats: believed running until the next listing",
+    )
     return True
 
 

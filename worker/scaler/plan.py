@@ -54,6 +54,18 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from worker.errors import EXIT_CONFIG  # a worker that refused its configuration
+from worker.scaler.actions import (
+    Action,
+    Backoff,
+    Create,
+    Destroy,
+    Recovered,
+    Retire,
+    Say,
+    Stop,
+    Tally,
+    Wait,
+)
 
 # A machine whose worker has not been live this long, as the scaler watched it
 # (and at least this long after it was created), is dead: a boot takes seconds.
@@ -161,100 +173,6 @@ class PassState:
     strays: tuple[Stray, ...] = ()
 
 
-@dataclass(frozen=True)
-class Create:
-    """Create and start a machine of the release on ``image``."""
-
-    release_id: str
-    image: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Send a running machine its stop (once): its worker drains."""
-
-    release_id: str
-    machine_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Destroy:
-    """Remove a machine (stopped first when ``stop_first``); recorded as destroyed or replaced."""
-
-    release_id: str
-    machine_id: str
-    reason: str
-    replaced: bool = False  # a dead machine: the plan's creates replace it
-    stop_first: bool = False
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """A machine of the release's ``image`` died: none before ``until`` (``why`` says it).
-    Its crash is noted (``machine_id``): the machine listed again is not a new death."""
-
-    release_id: str
-    machine_id: str
-    image: str
-    died: int  # in a row
-    until: float
-    why: str
-    current: bool  # on the image the release records (an older image's death is not news)
-
-
-@dataclass(frozen=True)
-class Recovered:
-    """A machine of the release's image is ready: its backoff and last death are forgotten."""
-
-    release_id: str
-    image: str
-
-
-@dataclass(frozen=True)
-class Wait:
-    """A machine is missing and the release's image is backing off."""
-
-    release_id: str
-    wait_s: float
-
-
-@dataclass(frozen=True)
-class Say:
-    """Something the pass says: ``event`` is logged (an error with ``error``, else a
-    warning) with ``fields``; ``error`` becomes the release's word."""
-
-    release_id: str
-    event: str | None
-    error: str | None = None
-    fields: tuple[tuple[str, object], ...] = ()
-
-
-@dataclass(frozen=True)
-class Tally:
-    """What the pass counted for the release (its word in ``scaler_state``)."""
-
-    release_id: str
-    target: int = 0
-    running: int = 0
-    ready: int = 0  # on the release's image
-    outdated: int = 0  # running or stopping on an image the release no longer records
-    stopping: int = 0
-    unlisted: int = 0
-
-
-@dataclass(frozen=True)
-class Retire:
-    """Retire what the current release supersedes (it has its count ready)."""
-
-    release_id: str  # the current release, as the pass read it
-    ready: int
-
-
-Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Tally | Retire
-
-
 def plan(state: PassState) -> list[Action]:
     """What the pass does, in order: each release's actions, the strays', then retiring."""
     actions: list[Action] = []
@@ -262,8 +180,10 @@ def plan(state: PassState) -> list[Action]:
         actions += _release(release, state)
     for stray in state.strays:
         # Left alone: their lane may still hold work.
-        actions += [Tally(stray.release_id, running=stray.running),
-                    Say(stray.release_id, None, "not in the registry: left alone")]  # fmt: skip
+        actions += [
+            Tally(stray.release_id, running=stray.running),
+            Say(stray.release_id, None, "not in the registry: left alone"),
+        ]
     actions += _retire(state, actions)
     return actions
 
@@ -284,12 +204,22 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
             stopping += 1
             stopping_outdated += m.image != r.image
             if m.stopping_s > deadline_s and m.live and not m.stop_known:
-                out.append(Say(r.release_id, "scaler.stopping_with_live_worker",
-                               fields=(("machine", m.machine_id),)))  # fmt: skip
+                out.append(
+                    Say(
+                        r.release_id,
+                        "scaler.stopping_with_live_worker",
+                        fields=(("machine", m.machine_id),),
+                    )
+                )
             elif m.stopping_s > deadline_s:
-                out.append(Destroy(r.release_id, m.machine_id,
-                                   f"still stopping {deadline_s:g} s after its stop",
-                                   stop_first=m.listed_running))  # fmt: skip
+                out.append(
+                    Destroy(
+                        r.release_id,
+                        m.machine_id,
+                        f"still stopping {deadline_s:g} s after its stop",
+                        stop_first=m.listed_running,
+                    )
+                )
         elif m.condition is Condition.DOWN:
             # A machine the scaler (or one before it) stopped did not die.
             # Once per machine: counted again each listing, the wait before its
@@ -299,13 +229,28 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
                 until = state.now + min(MAX_RESTART_BACKOFF_S, 2.0 ** deaths[m.image])
                 if m.image == r.image:
                     not_before = until
-                out.append(Backoff(r.release_id, m.machine_id, m.image, deaths[m.image],
-                                   until, _death(m), current=m.image == r.image))  # fmt: skip
+                out.append(
+                    Backoff(
+                        r.release_id,
+                        m.machine_id,
+                        m.image,
+                        deaths[m.image],
+                        until,
+                        _death(m),
+                        current=m.image == r.image,
+                    )
+                )
             out.append(Destroy(r.release_id, m.machine_id, "it is not running"))
         elif r.role is not Role.DRAINED and _dead(m):
-            out.append(Destroy(r.release_id, m.machine_id,
-                               f"no live worker on it for {DEAD_AFTER_S:g} s",
-                               replaced=True, stop_first=True))  # fmt: skip
+            out.append(
+                Destroy(
+                    r.release_id,
+                    m.machine_id,
+                    f"no live worker on it for {DEAD_AFTER_S:g} s",
+                    replaced=True,
+                    stop_first=True,
+                )
+            )
         else:
             alive.append(m)
     # Machines still on an image the release no longer records (it was deployed
@@ -314,23 +259,39 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
     outdated = [m for m in alive if m.image != r.image]
     misreported = sorted(m.machine_id for m in r.machines if m.misreported)
     if misreported:
-        out.append(Say(r.release_id, "scaler.image_misreported",
-            f"the backend lists machine(s) {', '.join(misreported)} this scaler created with "
-            f"{r.image} on another image (listed without its lane_worker_image metadata?): "
-            "counted as on the image they were created with",
-            (("machines", misreported), ("image", r.image))))  # fmt: skip
+        out.append(
+            Say(
+                r.release_id,
+                "scaler.image_misreported",
+                f"the backend lists machine(s) {', '.join(misreported)} this scaler created with "
+                f"{r.image} on another image (listed without its lane_worker_image metadata?): "
+                "counted as on the image they were created with",
+                (("machines", misreported), ("image", r.image)),
+            )
+        )
     misfiled = sorted(m.machine_id for m in r.machines if m.condition is Condition.MISFILED)
     if misfiled:
-        out.append(Say(r.release_id, "scaler.release_misreported",
-            f"the backend lists machine(s) {', '.join(misfiled)} as this release's, yet "
-            "another release's worker runs on them (or this scaler made them for another "
-            "release): left alone", (("machines", misfiled),)))  # fmt: skip
+        out.append(
+            Say(
+                r.release_id,
+                "scaler.release_misreported",
+                f"the backend lists machine(s) {', '.join(misfiled)} as this release's, yet "
+                "another release's worker runs on them (or this scaler made them for another "
+                "release): left alone",
+                (("machines", misfiled),),
+            )
+        )
     ready = sum(1 for m in fresh if m.ready)
     if ready:
         out.append(Recovered(r.release_id, r.image))
         not_before = 0.0
-    counted = Tally(r.release_id, running=len(alive), ready=ready, stopping=stopping,
-                    outdated=stopping_outdated + len(outdated))  # fmt: skip
+    counted = Tally(
+        r.release_id,
+        running=len(alive),
+        ready=ready,
+        stopping=stopping,
+        outdated=stopping_outdated + len(outdated),
+    )
     untouched = [m for m in alive if m.condition is not Condition.DOUBTED]
     if r.role is Role.DRAINED:
         out.append(counted)
@@ -340,15 +301,19 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
     # machine even if the release was deployed with none.
     stranded = r.role is Role.DRAINING and r.stranded
     target = max(r.desired, 1) if stranded else r.desired
-    unlisted = sorted(u.machine_id for u in r.unlisted
-                      if state.now - u.created_at > UNLISTED_AFTER_S)  # fmt: skip
+    unlisted = sorted(
+        u.machine_id for u in r.unlisted if state.now - u.created_at > UNLISTED_AFTER_S
+    )
     out.append(replace(counted, target=target, unlisted=len(unlisted)))
     out += _start_missing(r, state.now, target, len(fresh), not_before, unlisted)
     # An outdated machine stops only once the new image has the release's count
     # ready: a new image that cannot boot leaves the old ones serving.
     if outdated and ready >= r.desired:
-        out += [Stop(r.release_id, m.machine_id, f"its image {m.image} was replaced by {r.image}")
-                for m in outdated if m.condition is not Condition.DOUBTED]  # fmt: skip
+        out += [
+            Stop(r.release_id, m.machine_id, f"its image {m.image} was replaced by {r.image}")
+            for m in outdated
+            if m.condition is not Condition.DOUBTED
+        ]
     # A draining release keeps one machine while its lane holds work, even one
     # deployed with none (it got one while stranded): only twins above that go.
     keep = max(target, 1) if r.role is Role.DRAINING else target
@@ -363,15 +328,22 @@ def _dead(m: MachineFacts) -> bool:
 
 
 def _death(m: MachineFacts) -> str:
-    why = ("its worker refused the configuration" if m.exit_code == EXIT_CONFIG
-           else "its worker could not start or crashed")  # fmt: skip
+    why = (
+        "its worker refused the configuration"
+        if m.exit_code == EXIT_CONFIG
+        else "its worker could not start or crashed"
+    )
     return f"machine {m.machine_id} exited {m.exit_code} ({why}; see {m.logs})"
 
 
 def _start_missing(
-    r: ReleaseState, now: float, target: int, listed: int, not_before: float,
+    r: ReleaseState,
+    now: float,
+    target: int,
+    listed: int,
+    not_before: float,
     unlisted: list[str],
-) -> list[Action]:  # fmt: skip
+) -> list[Action]:
     """Create what the release lacks: a few per pass, none while the listing is wrong.
 
     A machine created but not listed yet counts as the release's (so a listing
@@ -386,17 +358,27 @@ def _start_missing(
     wait_s = not_before - now
     ceiling = target + MADE_SURPLUS
     if target > have and made >= ceiling:
-        return [Say(r.release_id, "scaler.create_bound",
-            f"this scaler made {made} machines of this release on {r.image} that still run, "
-            f"yet the backend lists {listed} of {target} on it: no machine is created "
-            f"for this release above {ceiling} (is the listing wrong?)",
-            (("made", made), ("listed", listed), ("target", target)))]  # fmt: skip
+        return [
+            Say(
+                r.release_id,
+                "scaler.create_bound",
+                f"this scaler made {made} machines of this release on {r.image} that still run, "
+                f"yet the backend lists {listed} of {target} on it: no machine is created "
+                f"for this release above {ceiling} (is the listing wrong?)",
+                (("made", made), ("listed", listed), ("target", target)),
+            )
+        ]
     if unlisted:
-        return [Say(r.release_id, "scaler.machines_unlisted",
-            f"the backend does not list machine(s) {', '.join(unlisted)} this scaler created "
-            f"over {UNLISTED_AFTER_S:g} s ago (listed without the scaler's metadata?): no "
-            "machine is created for this release until the listing shows them",
-            (("machines", unlisted),))]  # fmt: skip
+        return [
+            Say(
+                r.release_id,
+                "scaler.machines_unlisted",
+                f"the backend does not list machine(s) {', '.join(unlisted)} this scaler created "
+                f"over {UNLISTED_AFTER_S:g} s ago (listed without the scaler's metadata?): no "
+                "machine is created for this release until the listing shows them",
+                (("machines", unlisted),),
+            )
+        ]
     if target > have and wait_s > 0:
         return [Wait(r.release_id, wait_s)]
     reason = f"{have} of {target} running {r.image}"
@@ -424,8 +406,9 @@ def _retire(state: PassState, actions: list[Action]) -> list[Action]:
     current = next((r for r in state.releases if r.role is Role.CURRENT), None)
     if current is None or not any(r.role is Role.SUPERSEDED for r in state.releases):
         return []
-    ready = next((a.ready for a in actions
-                  if isinstance(a, Tally) and a.release_id == current.release_id), 0)  # fmt: skip
+    ready = next(
+        (a.ready for a in actions if isinstance(a, Tally) and a.release_id == current.release_id), 0
+    )
     # A current release that runs no machine takes nothing over: the superseded
     # ones keep claiming (no lane would otherwise take new runs).
     if current.desired == 0 or ready < current.desired:

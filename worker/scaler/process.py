@@ -49,10 +49,14 @@ START_GRACE_S = 15.0
 # nor a queue suffix: a registry release's lane is its release id's (a suffix
 # would put every release on one lane).
 _NOT_INHERITED = (
-    "DEEPLINE_RUNTIME_DEPLOY_VERSION", "LANE_WORKER_MACHINE_ID", "LANE_WORKER_HEALTH_PORT",
-    "LANE_WORKER_SCALER_BACKEND", "LANE_WORKER_SCALER_STATE_DIR", "FLY_API_TOKEN",
+    "DEEPLINE_RUNTIME_DEPLOY_VERSION",
+    "LANE_WORKER_MACHINE_ID",
+    "LANE_WORKER_HEALTH_PORT",
+    "LANE_WORKER_SCALER_BACKEND",
+    "LANE_WORKER_SCALER_STATE_DIR",
+    "FLY_API_TOKEN",
     QUEUE_SUFFIX_ENV,
-)  # fmt: skip
+)
 
 
 class ProcessBackend:
@@ -99,8 +103,10 @@ class ProcessBackend:
             wrapper, worker = pids.get("wrapper"), pids.get("worker")
         except (OSError, ValueError, AttributeError):
             return None, None
-        return (wrapper if isinstance(wrapper, int) else None,
-                worker if isinstance(worker, int) else None)  # fmt: skip
+        return (
+            wrapper if isinstance(wrapper, int) else None,
+            worker if isinstance(worker, int) else None,
+        )
 
     def _machine(self, record: dict[str, object]) -> Machine:
         machine_id = str(record["id"])
@@ -152,24 +158,44 @@ class ProcessBackend:
         # record the next pass finds (and cleans up), never an untracked process.
         if not self.store_id:
             raise BackendError("the process backend has no store id yet: nothing is created")
-        record = {"id": machine_id, RELEASE_METADATA: release_id, "image": image,
-                  STORE_METADATA: self.store_id, "created_at": time.time()}  # fmt: skip
+        record = {
+            "id": machine_id,
+            RELEASE_METADATA: release_id,
+            "image": image,
+            STORE_METADATA: self.store_id,
+            "created_at": time.time(),
+        }
         tmp = self._record(machine_id).with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         tmp.replace(self._record(machine_id))
         # The wrapper (worker/scaler/machine.py) forwards the stop signal to the
         # worker and records its exit; its own session outlives the scaler. The
         # image (an app spec) is an argument, never shell text.
-        argv = [sys.executable, "-m", "worker.scaler.machine", str(self.state_dir), machine_id,
-                "--", sys.executable, "-m", "worker", "run", "--app", image]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "worker.scaler.machine",
+            str(self.state_dir),
+            machine_id,
+            "--",
+            sys.executable,
+            "-m",
+            "worker",
+            "run",
+            "--app",
+            image,
+        ]
         try:
             process = await anyio.to_thread.run_sync(
                 lambda: subprocess.Popen(  # noqa: S603
-                    argv, env=env, start_new_session=True,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    argv,
+                    env=env,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
-            )  # fmt: skip
+            )
         except OSError as exc:
             self._record(machine_id).unlink(missing_ok=True)
             raise BackendError(f"could not start a worker process: {exc}") from exc

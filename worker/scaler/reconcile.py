@@ -42,11 +42,7 @@ from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.report import read_report
-from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
-from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
-from worker.scaler.plan import (
-    DEAD_AFTER_S,
-    UNLISTED_AFTER_S,
+from worker.scaler.actions import (
     Action,
     Backoff,
     Create,
@@ -57,8 +53,10 @@ from worker.scaler.plan import (
     Stop,
     Tally,
     Wait,
-    plan,
 )
+from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
+from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
+from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
 
 __all__ = ["DEAD_AFTER_S", "Reconciler", "ReleaseSeen"]
 
@@ -89,11 +87,18 @@ class ReleaseSeen:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "desired": self.desired, "image": self.image, "target": self.target,
-            "running": self.running, "ready": self.ready, "outdated": self.outdated,
-            "stopping": self.stopping, "unlisted": self.unlisted, "actions": self.actions,
-            "error": self.error, "bootRefused": self.boot_refused,
-        }  # fmt: skip
+            "desired": self.desired,
+            "image": self.image,
+            "target": self.target,
+            "running": self.running,
+            "ready": self.ready,
+            "outdated": self.outdated,
+            "stopping": self.stopping,
+            "unlisted": self.unlisted,
+            "actions": self.actions,
+            "error": self.error,
+            "bootRefused": self.boot_refused,
+        }
 
 
 class Reconciler:
@@ -121,8 +126,11 @@ class Reconciler:
     async def once(self) -> dict[str, ReleaseSeen]:
         """Run one pass; return what it saw and did per release."""
         if self._recall:
-            creates = await self.db.run(lambda c: self.store.registry.creates_remembered(
-                c, unlisted_s=CREATE_MEMORY_S, unknown_s=UNLISTED_AFTER_S))  # fmt: skip
+            creates = await self.db.run(
+                lambda c: self.store.registry.creates_remembered(
+                    c, unlisted_s=CREATE_MEMORY_S, unknown_s=UNLISTED_AFTER_S
+                )
+            )
             self.watch.remember(creates, time.monotonic())
             self._recall = False
         deployments = await self.db.run(self.store.registry.deployments)
@@ -133,17 +141,23 @@ class Reconciler:
             listing = await self.backend.list()
         except BackendError as exc:
             self._backend_failures += 1
-            wait_s = max(min(MAX_BACKEND_BACKOFF_S, 2.0**self._backend_failures),
-                         _retry_after_s(exc))  # fmt: skip
+            wait_s = max(
+                min(MAX_BACKEND_BACKOFF_S, 2.0**self._backend_failures), _retry_after_s(exc)
+            )
             self._backend_retry_at = time.monotonic() + wait_s
             self._backend_error = str(exc)
             log.error("scaler.backend_failed", error=str(exc), retry_in_s=wait_s)
             return self._backend_down(deployments)
         self._backend_failures, self._backend_retry_at = 0, 0.0
         state, machines = observe(
-            self.watch, deployments, views, listing, now=time.monotonic(),
-            stop_deadline_s=self.backend.stop_deadline_s, where_logs=self.backend.where_logs,
-        )  # fmt: skip
+            self.watch,
+            deployments,
+            views,
+            listing,
+            now=time.monotonic(),
+            stop_deadline_s=self.backend.stop_deadline_s,
+            where_logs=self.backend.where_logs,
+        )
         await self._note_seen()
         return await self._perform(plan(state), deployments, machines)
 
@@ -152,22 +166,30 @@ class Reconciler:
         found, gone = self.watch.take_seen()
         if found or gone:
             await self.guard()
-            await self.db.run(lambda c: self.store.registry.creates_seen(
-                c, listed=sorted(found), gone=sorted(gone)))  # fmt: skip
+            await self.db.run(
+                lambda c: self.store.registry.creates_seen(
+                    c, listed=sorted(found), gone=sorted(gone)
+                )
+            )
 
     def _backend_down(self, deployments: list[Deployment]) -> dict[str, ReleaseSeen]:
-        return {d.release_id: ReleaseSeen(desired=d.desired, image=d.image,
-                                          error=self._backend_error)
-                for d in deployments}  # fmt: skip
+        return {
+            d.release_id: ReleaseSeen(desired=d.desired, image=d.image, error=self._backend_error)
+            for d in deployments
+        }
 
     async def _perform(
         self, actions: list[Action], deployments: list[Deployment], machines: dict[str, Machine]
     ) -> dict[str, ReleaseSeen]:
         """Perform ``actions`` in order; return what the pass saw and did per release."""
-        seen = {d.release_id: ReleaseSeen(
-                    desired=d.desired, image=d.image,
-                    boot_refused=self.watch.why_died.get((d.release_id, d.image)))
-                for d in deployments}  # fmt: skip
+        seen = {
+            d.release_id: ReleaseSeen(
+                desired=d.desired,
+                image=d.image,
+                boot_refused=self.watch.why_died.get((d.release_id, d.image)),
+            )
+            for d in deployments
+        }
         failed: set[str] = set()  # releases whose actions stopped at a backend error
         counted: set[str] = set()  # releases whose tally was taken
         for action in actions:
@@ -186,17 +208,20 @@ class Reconciler:
             except BackendError as exc:
                 if isinstance(action, Destroy) and not _retry_after_s(exc):
                     said.error = _also(said.error, str(exc))
-                    log.error("scaler.action_failed", release_id=release_id,
-                              machine=action.machine_id, error=str(exc),
-                              action="replace" if action.replaced else "destroy")  # fmt: skip
+                    log.error(
+                        "scaler.action_failed",
+                        release_id=release_id,
+                        machine=action.machine_id,
+                        error=str(exc),
+                        action="replace" if action.replaced else "destroy",
+                    )
                     continue
                 failed.add(release_id)
                 said.error = str(exc)
                 log.error("scaler.backend_failed", release_id=release_id, error=str(exc))
                 after_s = _retry_after_s(exc)
                 if after_s:  # rate limited: the next passes leave the backend alone meanwhile
-                    self._backend_retry_at = max(self._backend_retry_at,
-                                                 time.monotonic() + after_s)  # fmt: skip
+                    self._backend_retry_at = max(self._backend_retry_at, time.monotonic() + after_s)
                     self._backend_error = str(exc)
                 continue
             if isinstance(action, Tally):
@@ -236,12 +261,26 @@ class Reconciler:
             case Create():
                 await self._create(seen, action)
             case Stop():
-                await self._act(seen, action.release_id, "stopped", machines[action.machine_id],
-                                action.reason, stop=True, destroy=False)  # fmt: skip
+                await self._act(
+                    seen,
+                    action.release_id,
+                    "stopped",
+                    machines[action.machine_id],
+                    action.reason,
+                    stop=True,
+                    destroy=False,
+                )
             case Destroy():
                 verb = "replaced" if action.replaced else "destroyed"
-                await self._act(seen, action.release_id, verb, machines[action.machine_id],
-                                action.reason, stop=action.stop_first, destroy=True)  # fmt: skip
+                await self._act(
+                    seen,
+                    action.release_id,
+                    verb,
+                    machines[action.machine_id],
+                    action.reason,
+                    stop=action.stop_first,
+                    destroy=True,
+                )
 
     async def _create(self, seen: ReleaseSeen, action: Create) -> None:
         release_id, image, reason = action.release_id, action.image, action.reason
@@ -249,8 +288,9 @@ class Reconciler:
         # Remembered before it is sent: a scaler cut off mid-create still counts it.
         key = secrets.token_hex(8)
         registry = self.store.registry
-        await self.db.run(lambda c: registry.create_sent(c, key=key, release_id=release_id,
-                                                         image=image))  # fmt: skip
+        await self.db.run(
+            lambda c: registry.create_sent(c, key=key, release_id=release_id, image=image)
+        )
         try:
             made = await self.backend.create(release_id, image)
         except BackendError:
@@ -264,13 +304,25 @@ class Reconciler:
         seen.actions.append(f"created {made.machine_id}")
         detail = {"machine": made.machine_id, "image": image, "reason": reason}
         await self._record(release_id, "machine_created", detail)
-        log.info("scaler.machine_created", release_id=release_id, machine=made.machine_id,
-                 image=image, reason=reason)  # fmt: skip
+        log.info(
+            "scaler.machine_created",
+            release_id=release_id,
+            machine=made.machine_id,
+            image=image,
+            reason=reason,
+        )
 
     async def _act(
-        self, seen: ReleaseSeen, release_id: str, action: str, m: Machine, reason: str, *,
-        stop: bool, destroy: bool,
-    ) -> None:  # fmt: skip
+        self,
+        seen: ReleaseSeen,
+        release_id: str,
+        action: str,
+        m: Machine,
+        reason: str,
+        *,
+        stop: bool,
+        destroy: bool,
+    ) -> None:
         """Stop and/or destroy ``m``; record why."""
         await self.guard()
         if stop:
@@ -279,11 +331,18 @@ class Reconciler:
         if destroy:
             await self.backend.destroy(m)
         seen.actions.append(f"{action} {m.machine_id}")
-        await self._record(release_id, f"machine_{action}",
-                           {"machine": m.machine_id, "reason": reason,
-                            "exitCode": m.exit_code})  # fmt: skip
-        log.info(f"scaler.machine_{action}", release_id=release_id, machine=m.machine_id,
-                 reason=reason, exit_code=m.exit_code)  # fmt: skip
+        await self._record(
+            release_id,
+            f"machine_{action}",
+            {"machine": m.machine_id, "reason": reason, "exitCode": m.exit_code},
+        )
+        log.info(
+            f"scaler.machine_{action}",
+            release_id=release_id,
+            machine=m.machine_id,
+            reason=reason,
+            exit_code=m.exit_code,
+        )
 
     async def _record(self, release_id: str, action: str, detail: dict[str, Any]) -> None:
         await self.db.run(

@@ -94,36 +94,48 @@ class ScalerMetrics(Metrics):
     def __init__(self) -> None:
         super().__init__()
         self.machines_desired = Gauge(
-            "lane_worker_scaler_machines_desired", "Machines a release should run now.",
-            ["release"], registry=self.registry,
-        )  # fmt: skip
+            "lane_worker_scaler_machines_desired",
+            "Machines a release should run now.",
+            ["release"],
+            registry=self.registry,
+        )
         self.machines_running = Gauge(
-            "lane_worker_scaler_machines_running", "Machines of a release the backend runs.",
-            ["release"], registry=self.registry,
-        )  # fmt: skip
+            "lane_worker_scaler_machines_running",
+            "Machines of a release the backend runs.",
+            ["release"],
+            registry=self.registry,
+        )
         self.machines_unlisted = Gauge(
             "lane_worker_scaler_machines_unlisted",
             "Machines the scaler created that the backend does not list (a listing that is "
             "wrong: the release gets no new machine until it is right).",
-            ["release"], registry=self.registry,
-        )  # fmt: skip
-        self.actions = Counter(
-            "lane_worker_scaler_actions", "Machines created, stopped, destroyed or replaced.",
-            ["action"], registry=self.registry,
-        )  # fmt: skip
-        self.errors = Counter(
-            "lane_worker_scaler_errors", "Passes or backend calls that failed.",
+            ["release"],
             registry=self.registry,
-        )  # fmt: skip
+        )
+        self.actions = Counter(
+            "lane_worker_scaler_actions",
+            "Machines created, stopped, destroyed or replaced.",
+            ["action"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "lane_worker_scaler_errors",
+            "Passes or backend calls that failed.",
+            registry=self.registry,
+        )
 
 
 class Scaler:
     """The scaler process: standby until it holds the lock, then a pass every ``PASS_S``."""
 
     def __init__(
-        self, client: LaneClient, backend: Backend, *, health_port: int,
+        self,
+        client: LaneClient,
+        backend: Backend,
+        *,
+        health_port: int,
         secrets: Sequence[str] = (),
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.client, self.backend, self.health_port = client, backend, health_port
         # Masked in what the scaler writes for `releases` and the page to show (a
         # backend's error may quote an answer that echoed the token).
@@ -143,8 +155,7 @@ class Scaler:
     async def run(self, url: str) -> int:
         health = HealthServer(self.health_port, self.metrics, self._readiness)
         port = await health.start()
-        log.info("scaler.started", backend=self.backend.name, health_port=port,
-                 holder=self.holder)  # fmt: skip
+        log.info("scaler.started", backend=self.backend.name, health_port=port, holder=self.holder)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._signals, tg)
@@ -173,10 +184,14 @@ class Scaler:
             try:
                 # The server ends the session (and frees the lock) when it is idle
                 # for LEASE_S: the active scaler hung.
-                conn = await asyncpg.connect(url, timeout=10, server_settings={
-                    "idle_session_timeout": str(int(LEASE_S * 1000)),
-                    "application_name": "lane-worker-scaler-lock",
-                })  # fmt: skip
+                conn = await asyncpg.connect(
+                    url,
+                    timeout=10,
+                    server_settings={
+                        "idle_session_timeout": str(int(LEASE_S * 1000)),
+                        "application_name": "lane-worker-scaler-lock",
+                    },
+                )
                 if not await conn.fetchval("select pg_try_advisory_lock($1)", key):
                     if not said_standby:
                         log.info("scaler.standby", detail="another scaler is active")

@@ -45,9 +45,15 @@ class Store:
         self.registry = RegistryQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
         self.q = {
-            **self.runs.sql, **self.attempts.sql, **self.lanes.sql, **self.report.sql,
-            **self.api.sql, **self.ledger.sql, **self.sandboxes.sql, **self.registry.sql,
-        }  # fmt: skip
+            **self.runs.sql,
+            **self.attempts.sql,
+            **self.lanes.sql,
+            **self.report.sql,
+            **self.api.sql,
+            **self.ledger.sql,
+            **self.sandboxes.sql,
+            **self.registry.sql,
+        }
 
     async def migrate(self, conn: Connection) -> MigrationReport:
         """Apply this build's missing store migrations (see ``worker/db/schema.py``)."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
+from worker.db.store.rows import args_of
 from worker.errors import IdempotencyConflict, InvalidRequestError, RunNotFoundError
 
 T = TypeVar("T")
@@ -41,6 +43,18 @@ async def refusals(call: Awaitable[T]) -> T:
         raise
 
 
+@dataclass(frozen=True, slots=True)
+class _SubmitRun:
+    """``submit_run``'s parameters, in its order ($1 ... $6)."""
+
+    play: str
+    input: Any
+    release_id: str
+    idempotency_key: str | None
+    runtime_api: dict[str, Any] | None
+    max_attempts: int | None
+
+
 class ApiQueries(Queries):
     """``submit_run(s)``, ``signal_run``, ``cancel_run``, ``run_status``, runner results."""
 
@@ -58,10 +72,15 @@ class ApiQueries(Queries):
         max_attempts: int | None,
     ) -> dict[str, Any]:
         """Submit a run; ``created`` False when the key names an earlier run (nothing written)."""
-        result: dict[str, Any] = await refusals(
-            self._value(conn, "submit_run", play, input, release_id, idempotency_key,
-                        runtime_api, max_attempts)
-        )  # fmt: skip
+        params = _SubmitRun(
+            play=play,
+            input=input,
+            release_id=release_id,
+            idempotency_key=idempotency_key,
+            runtime_api=runtime_api,
+            max_attempts=max_attempts,
+        )
+        result: dict[str, Any] = await refusals(self._value(conn, "submit_run", *args_of(params)))
         return result
 
     async def submit_many(self, conn: Connection, items: list[dict[str, Any]]) -> list[Any]:

@@ -32,7 +32,8 @@ class CheckpointWrite:
 class CompletionWrite:
     """A completing attempt, alone (``complete``) or as one of a set (``write_sets``).
 
-    Its fields are ``write_sets``' completion arrays, in their order ($8 ... $13).
+    Its fields are ``write_sets``' completion arrays, in their order ($8 ... $13),
+    and ``complete_attempt``'s parameters ($1 ... $6).
     """
 
     queue: str
@@ -110,11 +111,7 @@ class AttemptQueries(Queries):
         (a newer claim owns the run) or the engine's own error, which
         ``engine.fenced`` translates.
         """
-        w = write
-        await self._run(
-            conn, "complete_attempt", w.queue, w.engine_run_id, w.output, w.run_id, w.attempt_id,
-            w.fact,
-        )  # fmt: skip
+        await self._run(conn, "complete_attempt", *args_of(write))
 
     async def write_sets(
         self,

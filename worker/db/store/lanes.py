@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from worker.db.pool import Connection
@@ -14,7 +15,25 @@ from worker.db.store.rows import (
     PlayOnLane,
     PrunableLane,
     RegistryLane,
+    args_of,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _Heartbeat:
+    """``heartbeat``'s parameters, in its order ($1 ... $11)."""
+
+    worker_id: str
+    release_id: str
+    queue: str
+    hostname: str
+    pid: int
+    concurrency: int
+    plays: list[str]
+    machine_id: str | None
+    ready: bool
+    version: str | None
+    not_claiming: list[dict[str, Any]]
 
 
 class LaneQueries(Queries):
@@ -121,10 +140,20 @@ class LaneQueries(Queries):
         not_claiming: list[dict[str, Any]] | None = None,
     ) -> None:
         """Record (or refresh) a live worker: its plays, machine, build and loops not claiming."""
-        await self._run(
-            conn, "heartbeat", worker_id, release_id, queue, hostname, pid, concurrency, plays,
-            machine_id, ready, version, not_claiming or [],
-        )  # fmt: skip
+        params = _Heartbeat(
+            worker_id=worker_id,
+            release_id=release_id,
+            queue=queue,
+            hostname=hostname,
+            pid=pid,
+            concurrency=concurrency,
+            plays=plays,
+            machine_id=machine_id,
+            ready=ready,
+            version=version,
+            not_claiming=not_claiming or [],
+        )
+        await self._run(conn, "heartbeat", *args_of(params))
 
     async def for_maintenance(self, conn: Connection) -> list[MaintainedLane]:
         """The lanes a maintenance pass reconciles, each with whether its engine queue exists."""

@@ -16,9 +16,15 @@ class RegistryQueries(Queries):
     FILE = "registry.sql"
 
     async def deploy(
-        self, conn: Connection, *, release_id: str, image: str, desired: int, actor: str,
+        self,
+        conn: Connection,
+        *,
+        release_id: str,
+        image: str,
+        desired: int,
+        actor: str,
         action: str = "deployed",
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Record a release as current (its image, its machines); the former current is previous."""
         said: dict[str, Any] = await refusals(
             self._value(conn, "deploy_release", release_id, image, desired, actor, action)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from worker.db.pool import Connection
@@ -15,10 +16,40 @@ from worker.db.store.rows import (
     RunPageRow,
     RunRow,
     StepRow,
+    args_of,
     row_of,
 )
 
 _LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
+
+
+@dataclass(frozen=True, slots=True)
+class _InsertRun:
+    """``insert_run``'s parameters, in its order ($1 ... $9)."""
+
+    run_id: uuid.UUID
+    play: str
+    input: Any
+    launch: dict[str, Any]
+    release_id: str
+    queue: str
+    idempotency_key: str | None
+    max_attempts: int
+    retry_of: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class _SettleRun:
+    """``settle_run``'s parameters, in its order ($1 ... $8)."""
+
+    run_id: uuid.UUID
+    attempt_id: int | None  # the fence; None: unfenced
+    status: str
+    output: Any
+    error: Any
+    fact_type: str
+    fact: dict[str, Any]
+    own_attempt_id: int | None
 
 
 class RunQueries(Queries):
@@ -41,10 +72,18 @@ class RunQueries(Queries):
         retry_of: uuid.UUID | None = None,
     ) -> uuid.UUID | None:
         """Insert a launch row; None when its idempotency key names another run already."""
-        inserted: uuid.UUID | None = await self._value(
-            conn, "insert_run", run_id, play, input, launch, release_id, queue,
-            idempotency_key, max_attempts, retry_of,
-        )  # fmt: skip
+        params = _InsertRun(
+            run_id=run_id,
+            play=play,
+            input=input,
+            launch=launch,
+            release_id=release_id,
+            queue=queue,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            retry_of=retry_of,
+        )
+        inserted: uuid.UUID | None = await self._value(conn, "insert_run", *args_of(params))
         return inserted
 
     async def spawn_task(
@@ -136,11 +175,17 @@ class RunQueries(Queries):
         run's other attempts that recorded no end are closed as lost leases
         (see settle_run), except ``own_attempt_id``, which the caller ends.
         """
-        settled = await self._value(
-            conn, "settle_run", run_id, attempt_id, status, output, error, fact["type"], fact,
-            own_attempt_id,
-        )  # fmt: skip
-        return settled is not None
+        params = _SettleRun(
+            run_id=run_id,
+            attempt_id=attempt_id,
+            status=status,
+            output=output,
+            error=error,
+            fact_type=fact["type"],
+            fact=fact,
+            own_attempt_id=own_attempt_id,
+        )
+        return await self._value(conn, "settle_run", *args_of(params)) is not None
 
     async def page(self, conn: Connection, *, run_id: uuid.UUID) -> RunPageRow | None:
         """What the run page shows beside ``run_status``; None for an unknown run."""

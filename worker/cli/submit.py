@@ -1,0 +1,164 @@
+"""The ``submit`` command: one run of a play, or every line of a file (``--from``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from worker.cli.bulk import read_submits, submit_from
+from worker.cli.connect import with_client
+from worker.cli.exits import Failure
+from worker.cli.output import emit, one_line
+from worker.cli.params import (
+    IDEMPOTENCY_KEY,
+    INPUT,
+    PLAY,
+    RUNTIME_API,
+    SUFFIX,
+    Seconds,
+    json_option,
+)
+from worker.cli.root import cli
+from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport
+from worker.config import settings
+
+
+@cli.command()
+@click.argument("play", type=PLAY, required=False)
+@click.option(
+    "--from",
+    "from_file",
+    metavar="FILE|-",
+    help="Submit one run per line of FILE (- for stdin), all in one transaction: "
+    "each line a JSON object with play, and optionally input, "
+    "idempotencyKey, queueSuffix, runtimeApi. Prints one run id per line "
+    '(--json: {"runs": [...]}); a bad line is refused by its number and '
+    "nothing is submitted.",
+)
+@click.option(
+    "--input",
+    "input_",
+    type=INPUT,
+    metavar="JSON|@FILE|-",
+    help="The play's input: a JSON object inline, from @FILE, or - for stdin "
+    "(default {}; at most 1 MiB).",
+)
+@click.option(
+    "--idempotency-key",
+    type=IDEMPOTENCY_KEY,
+    metavar="KEY",
+    help="At most one run per KEY (at most 255 characters).",
+)
+@click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
+@click.option(
+    "--runtime-api",
+    type=RUNTIME_API,
+    metavar="@FILE|-",
+    help="Deliver the run's ledger facts to this runtime API: a JSON object with "
+    "baseUrl and executorToken (integrationMode, vercelProtectionBypassToken, "
+    "runtimeTestFaultHeader optional). Pass it as @FILE or - (stdin): it "
+    "holds a token, which a command line shows to every user of the "
+    "machine.",
+)
+@click.option("--wait", is_flag=True, help="Wait for the end; exit 1 unless it completed.")
+@click.option(
+    "--timeout",
+    type=Seconds(),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long --wait waits.",
+)
+@json_option
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    play: str | None,
+    from_file: str | None,
+    input_: Any,
+    idempotency_key: str | None,
+    queue_suffix: str | None,
+    runtime_api: dict[str, Any] | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Submit a run of PLAY on this release's lane and print its run id (or runs: --from)."""
+    if from_file is not None:
+        given = [
+            name
+            for name, value in (
+                ("PLAY", play),
+                ("--input", input_),
+                ("--idempotency-key", idempotency_key),
+                ("--queue-suffix", queue_suffix),
+                ("--runtime-api", runtime_api),
+                ("--wait", wait or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise click.UsageError(
+                f"--from takes every submit from its lines, not from {', '.join(given)}: "
+                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi."
+            )
+        _submit_from(from_file, as_json)
+        return
+    if play is None:
+        raise click.UsageError("Missing argument 'PLAY' (or --from FILE).")
+    if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
+        raise click.UsageError("--timeout only applies together with --wait.")
+
+    async def action(client: LaneClient) -> tuple[dict[str, Any], RunReport | None]:
+        run = await client.submit(
+            play,
+            input_,
+            idempotency_key=idempotency_key,
+            queue_suffix=queue_suffix,
+            runtime_api=runtime_api,
+        )
+        if not as_json:
+            click.echo(run.run_id)  # before waiting, so an operator can follow the run
+        report = dict(
+            runId=run.run_id, releaseId=run.release_id, queue=run.queue, created=run.created
+        )
+        return report, (await client.wait(run.run_id, timeout) if wait else None)
+
+    check = (settings.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
+    report, final = with_client(action, check=check)
+    if final is None:
+        if as_json:
+            emit(True, report)
+        return
+    report |= dict(
+        status=final.status, output=final.output, error=final.error, timedOut=not final.finished
+    )
+    done = final.status == "completed"
+    output = [f"output: {json.dumps(final.output, default=str)}"] if done else []
+    emit(as_json, report, f"status: {final.status}", *output)
+    if not final.finished:
+        raise Failure(
+            f"run {final.run_id} did not finish within {timeout:g} s; it is {final.status} "
+            "and goes on (see lane-worker status)."
+        )
+    if not done:
+        why = f": {one_line(final.error)}" if final.error is not None else "."
+        raise Failure(f"run {final.run_id} {final.status}{why}")
+
+
+def _submit_from(source: str, as_json: bool) -> None:
+    numbers, requests = read_submits(source)
+    own_lane = any(r.queue_suffix is None for r in requests)
+    check = SUBMIT_VARIABLES if own_lane else (settings.MAX_ATTEMPTS_ENV,)
+    made = with_client(lambda client: submit_from(client, source, numbers, requests), check=check)
+    reports = [
+        dict(runId=run.run_id, releaseId=run.release_id, queue=run.queue, created=run.created)
+        for run in made
+    ]
+    if as_json:
+        emit(True, {"runs": reports})
+    elif made:
+        emit(False, None, *(run.run_id for run in made))
