@@ -101,9 +101,14 @@ class SandboxCleanups:
     """Executes claimed ``daytona-sandbox-cleanup`` tasks (no play code, no launch row)."""
 
     def __init__(
-        self, db: Database, store: Store, *, deleter: SandboxDeleter | None, why_not: str | None,
+        self,
+        db: Database,
+        store: Store,
+        *,
+        deleter: SandboxDeleter | None,
+        why_not: str | None,
         lease_s: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.db, self.store, self.deleter = db, store, deleter
         self.why_not = why_not
         # Well inside the lease: two calls and the store writes fit in it.
@@ -131,9 +136,10 @@ class SandboxCleanups:
             if not self._said_why_not:
                 self._said_why_not = True
                 bound.warning(
-                    "sandbox.cleanup_unavailable", reason=self.why_not,
+                    "sandbox.cleanup_unavailable",
+                    reason=self.why_not,
                     detail="this worker leaves sandbox cleanups queued for a worker that can",
-                )  # fmt: skip
+                )
             await self.db.run(lambda c: engine.schedule_in(c, q, run, NOT_CONFIGURED_RETRY_S))
             return Outcome.DEFERRED
         try:
@@ -150,9 +156,13 @@ class SandboxCleanups:
         return Outcome.COMPLETED
 
     async def _failed(
-        self, claimed: engine.ClaimedRun, run_id: uuid.UUID, sandbox_id: str,
-        exc: Exception, bound: Any,
-    ) -> Outcome:  # fmt: skip
+        self,
+        claimed: engine.ClaimedRun,
+        run_id: uuid.UUID,
+        sandbox_id: str,
+        exc: Exception,
+        bound: Any,
+    ) -> Outcome:
         # The class and the SDK's sentence, masked (an echoed request carries the key).
         error = {
             "name": type(exc).__name__,
