@@ -8,7 +8,10 @@ store row another session holds locked, and a task without a store row (not
 lane-worker's: never handed out). The
 same claim is made with each version in one transaction, rolled back after
 each, on the engine's clock held still: both must hand out the same runs with
-the same facts, begin the same ones, and leave the same rows.
+the same facts, begin the same ones, and leave the same rows. The loops' static
+statements are held to claim_next_v2 over the same history: the own loop's
+(own_claim.sql), and a continuation loop's (adopt_claim.sql, with two runs of
+the history parked and woken and their lane retired).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import pytest
 
-from worker.db.engine_claims import _ClaimNext, _OwnClaim
+from worker.db.engine_claims import _AdoptClaim, _ClaimNext, _OwnClaim
 from worker.db.sql import engine_query, named_queries, query
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite, _BeginAttempt
 from worker.db.store.rows import args_of, columns_of
@@ -22,6 +22,10 @@ def _own_claim() -> str:
     return query("engine", "own_claim.sql", "own_claim", schema="s", queue="q")
 
 
+def _adopt_claim() -> str:
+    return query("engine", "adopt_claim.sql", "adopt_claim", schema="s", queue="q")
+
+
 def _store(name: str) -> str:
     return named_queries("store", "attempts.sql", schema="s")[name]
 
@@ -30,12 +34,13 @@ def _store(name: str) -> str:
     ("sql", "count"),
     [
         (_own_claim(), len(fields(_OwnClaim))),
+        (_adopt_claim(), len(fields(_AdoptClaim))),
         (engine_query("claim_next"), len(fields(_ClaimNext))),
         (_store("begin_attempt"), len(fields(_BeginAttempt))),
         # lock_wait_ms, then the checkpoints' arrays, then the completions'.
         (_store("write_sets"), 1 + len(fields(CheckpointWrite)) + len(fields(CompletionWrite))),
     ],
-    ids=["own_claim", "claim_next", "begin_attempt", "write_sets"],
+    ids=["own_claim", "adopt_claim", "claim_next", "begin_attempt", "write_sets"],
 )
 def test_a_params_dataclass_has_a_field_per_parameter(sql: str, count: int) -> None:
     assert _parameters(sql) == count
