@@ -8,7 +8,8 @@
 -- of deploys every retired queue with open runs has one such loop per machine.
 -- Its meaning is claim_next_v2's, statement for statement (claim_v1.sql's
 -- claim_lane_v1, lane_filter_v1 and next_due_in_v1; tests/integration/
--- test_claim_sets.py and test_claim_rule.py make both claims and compare):
+-- test_claim_continuations.py, test_claim_sets.py and test_claim_rule.py make
+-- both claims and compare):
 --   the claimer's lane row share-locked first (claim_v1.sql says why);
 --   the mode as claim_mode_v1 serves it: 'drain' while the claimer's lane is
 --   retired, whatever it asked, else the one asked ($7);
