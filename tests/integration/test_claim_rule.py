@@ -11,6 +11,12 @@ facts the store gives for it (``lane_state``, ``play_on_lane``, as
 ``Runtime._decide`` reads them). Where the design hands out more, or less, than
 ``decide()`` would execute, the table says so in ``EXCUSES``, quoting why.
 
+Each seat claims twice: through the loops' static statements (``own_claim.sql``
+for the own loop's usual claim, ``adopt_claim.sql`` for a continuation loop adopting
+or draining) and through ``claim_next_v2`` alone (``engine.claim(static=False)``);
+both are held to the table, and to each other run by run, due time included (the
+engine's clock held still).
+
 Size: 10 wait states x 6 adopters x 6 plays x 2 stamps on 4 queues (2,880 runs,
 ``support.claim_rule``), claimed by 8 seats: 5,760 rows, built in a few seconds.
 """
@@ -246,14 +252,32 @@ def unknown_wait_kind(row: Row, world: World) -> bool:
 KNOWN = {"unknown wait kind": unknown_wait_kind}
 
 
-@pytest.fixture(scope="module")
-def rows(pg_databases: DatabaseFactory) -> Iterator[tuple[list[Row], World]]:
-    """The table, built once for this module's tests (its database is dropped after)."""
+PATHS = ("static", "claim_next_v2")  # engine.claim's static statements, or the function alone
 
-    async def build(url: str) -> tuple[list[Row], World]:
+
+@dataclass(frozen=True)
+class Claimed:
+    """Every seat's table rows and claim batch (attempt ids and send times left out)."""
+
+    rows: list[Row]
+    batches: dict[str, engine.ClaimBatch]
+
+
+@pytest.fixture(scope="module")
+def claimed(pg_databases: DatabaseFactory) -> Iterator[tuple[dict[str, Claimed], World]]:
+    """The table on both paths, built once for this module's tests (its database is dropped
+    after)."""
+
+    async def build(url: str) -> tuple[dict[str, Claimed], World]:
         world = await build_world(url)
         try:
-            return await claim_every_seat(world), world
+            # One instant for every claim: the two paths' due times are then comparable.
+            held = await world.conn.fetchval("select now()::text")
+            paths = {
+                path: await claim_every_seat(world, static=path == "static", now=held)
+                for path in PATHS
+            }
+            return paths, world
         finally:
             await world.close()
 
@@ -261,8 +285,30 @@ def rows(pg_databases: DatabaseFactory) -> Iterator[tuple[list[Row], World]]:
         yield asyncio.run(build(url))
 
 
-async def claim_every_seat(world: World) -> list[Row]:
+@pytest.fixture(params=PATHS)
+def rows(
+    request: pytest.FixtureRequest, claimed: tuple[dict[str, Claimed], World]
+) -> tuple[list[Row], World]:
+    """The table as one path's claims give it."""
+    paths, world = claimed
+    return paths[request.param].rows, world
+
+
+def _comparable(batch: engine.ClaimBatch) -> engine.ClaimBatch:
+    runs = tuple(
+        dataclasses.replace(
+            r,
+            sent_s=0.0,
+            begun=dataclasses.replace(r.begun, attempt_id=0) if r.begun is not None else None,
+        )
+        for r in batch.runs
+    )
+    return dataclasses.replace(batch, runs=runs)
+
+
+async def claim_every_seat(world: World, *, static: bool, now: str) -> Claimed:
     rows: list[Row] = []
+    batches: dict[str, engine.ClaimBatch] = {}
     conn = world.conn
     for spec in SEATS:
         rt = world.runtimes[spec.release]
@@ -274,6 +320,7 @@ async def claim_every_seat(world: World) -> list[Row]:
         claiming = conn.transaction()  # rolled back: every seat sees the same queues
         await claiming.start()
         try:
+            await conn.execute("select set_config('absurd.fake_now', $1, true)", now)
             # As Runtime.claim does, on this connection so it can be rolled back.
             batch = await engine.claim(
                 conn, queue, rt.worker_id_for(queue), lease_s=30, qty=100_000,
@@ -281,10 +328,12 @@ async def claim_every_seat(world: World) -> list[Row]:
                 plays=rt.plays, with_lanes=own,
                 begin=engine.BeginOwn(rt.release_id, rt.worker_id_for(queue), STEP_KEYS_CURRENT)
                 if own else None,
+                static=static,
             )  # fmt: skip
         finally:
             await claiming.rollback()
         assert batch.swept == 0
+        batches[spec.name] = _comparable(batch)
         handed = {r.task_id for r in batch.runs}
         begun = {r.task_id for r in batch.runs if r.begun is not None}
         seat = decide.Seat(rt.release_id, rt.queue, frozenset(rt.app.plays), own)
@@ -306,7 +355,19 @@ async def claim_every_seat(world: World) -> list[Row]:
             rows.append(Row(spec.name, case, facts, verdict, task_id in handed, task_id in begun))
             handed.discard(task_id)
         assert not handed, f"{spec.name} handed out a run of no case"
-    return rows
+    return Claimed(rows, batches)
+
+
+def test_the_static_claims_hand_out_what_claim_next_v2_does(
+    claimed: tuple[dict[str, Claimed], World],
+) -> None:
+    """Every seat: the same runs, facts, begun attempts and due time on both paths."""
+    paths, _ = claimed
+    static, function = paths["static"].batches, paths["claim_next_v2"].batches
+    for spec in SEATS:
+        assert static[spec.name] == function[spec.name], spec.name
+        # qty is larger than the queue: each claim also said when the next run is due
+        assert static[spec.name].due_known, spec.name
 
 
 def describe(row: Row) -> str:

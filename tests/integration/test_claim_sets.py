@@ -8,7 +8,10 @@ store row another session holds locked, and a task without a store row (not
 lane-worker's: never handed out). The
 same claim is made with each version in one transaction, rolled back after
 each, on the engine's clock held still: both must hand out the same runs with
-the same facts, begin the same ones, and leave the same rows.
+the same facts, begin the same ones, and leave the same rows. The loops' static
+statements are held to claim_next_v2 over the same history: the own loop's
+(own_claim.sql), and a continuation loop's (adopt_claim.sql, with two runs of
+the history parked and woken and their lane retired).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import asyncpg
+import pytest
 
 from support.runtime import SCHEMA, connect, eventually, one_step_app, open_client, open_runtime
 from worker.db.sql import query
@@ -183,3 +187,87 @@ async def test_the_static_own_claim_hands_out_and_begins_what_v2_does(database_u
     assert sum(r["begun_attempt_id"] is not None for r in rows3) == 5
     assert comparable(rows3, ranks(rows3)) == comparable(rows2, ranks(rows2))
     assert written3 == written2
+
+
+OTHER_QUEUE = "runs_rel_other"  # the newer lane whose continuation loop claims QUEUE
+CONTINUATION = f"claim-sets-worker:{QUEUE}:continuations"
+
+
+async def continuation_claim(conn: Conn, static: bool, mode: str) -> list[dict[str, Any]]:
+    """rel-other's continuation loop on QUEUE: adopt_claim.sql, or claim_next_v2 (its columns)."""
+    if static:
+        text = query("engine", "adopt_claim.sql", "adopt_claim", schema=SCHEMA, queue=QUEUE)
+        rows = await conn.fetch(text, QUEUE, CONTINUATION, 30, 16, OTHER_QUEUE, ["one"], mode)
+        return [dict(r) for r in rows]
+    rows = await conn.fetch(
+        "select * from lane_worker.claim_next_v2($1, $2, 30, 16, $3, $4, $5, array['one'],"
+        " false, null, null, null)",
+        QUEUE, CONTINUATION, SCHEMA, OTHER_QUEUE, mode,
+    )  # fmt: skip
+    shared = ("run_id", "task_id", "attempt", "task_name", "params", "max_attempts",
+              "wake_event", "event_payload", "swept", "due_known", "due_in_s")  # fmt: skip
+    # no store facts, no begun attempts on a continuation loop
+    assert all(v is None for r in rows for k, v in r.items() if k not in shared)
+    return [{k: r[k] for k in shared} for r in rows]
+
+
+@pytest.mark.parametrize(("mode", "claimer"), [("adopt", "claiming"), ("drain", "retired")])
+async def test_the_static_continuation_claim_hands_out_what_v2_does(
+    database_url: str, mode: str, claimer: str
+) -> None:
+    """rel-cs retired; rel-other's continuation loop claims its queue both ways: same rows written.
+
+    Two runs of the history parked and woken (a sleep, an event), the first
+    adopted by rel-other; in 'adopt' both are taken, in 'drain' (rel-other
+    retired too) its adoptees: the first, and the history's fresh adoptee.
+    """
+    async with history(database_url) as (_, conn):
+        outer = conn.transaction()
+        await outer.start()
+        try:
+            await conn.execute(f"set local absurd.fake_now = '{NOW}'")
+            await conn.execute(
+                f"insert into {SCHEMA}.releases (queue, status, created_at)"
+                " values ($1, 'retired', now() - interval '1 hour'), ($2, $3, now())"
+                " on conflict (queue) do update"
+                "   set status = excluded.status, created_at = excluded.created_at",
+                QUEUE, OTHER_QUEUE, claimer,
+            )  # fmt: skip
+            # input n=1 slept and n=2 waited for an event that came; n=1 adopted by rel-other
+            await conn.execute(
+                f"update {SCHEMA}.runs set status = 'waiting',"
+                "   current_wait = jsonb_build_object('kind', case input->>'n' when '1'"
+                "     then 'sleep' else 'integration_event' end, 'boundaryId', 'b'),"
+                "   adopted_release_id = case input->>'n' when '1' then 'rel-other' end,"
+                "   adopted_queue = case input->>'n' when '1' then $1 end"
+                " where input->>'n' in ('1', '2')",
+                OTHER_QUEUE,
+            )  # fmt: skip
+            await conn.execute(
+                f'update absurd."r_{QUEUE}" r set'
+                "   state = case s.input->>'n' when '1' then 'sleeping' else 'pending' end,"
+                "   event_payload = case s.input->>'n' when '2' then '{\"ok\": 1}'::jsonb end,"
+                "   available_at = now() - interval '1 second'"
+                f"  from {SCHEMA}.runs s"
+                "  where s.task_id = r.task_id and s.input->>'n' in ('1', '2')"
+            )
+            inputs = f"select run_id::text, input->>'n' as n from {SCHEMA}.runs"
+            n_of = {r["run_id"]: r["n"] for r in await conn.fetch(inputs)}
+            results = []
+            for static in (False, True):
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    rows = await continuation_claim(conn, static, mode)
+                    results.append((rows, await written(conn)))
+                finally:
+                    await tx.rollback()
+        finally:
+            await outer.rollback()
+    (rows2, written2), (rows_static, written_static) = results
+    assert rows_static == rows2
+    assert written_static == written2
+    claimed = [r for r in rows2 if r["run_id"] is not None]
+    expected = ["1", "2"] if mode == "adopt" else ["1", "adopted"]
+    assert sorted(n_of[r["params"]["runId"]] for r in claimed) == expected
+    assert [r["due_known"] for r in rows2 if r["run_id"] is None] == [True]

@@ -1,10 +1,11 @@
 """Break the functions a claim loop calls, as an older build's install did, and restore them.
 
-The continuation loops' function is found by name in their query (``claim_next``
-in ``worker/sql/engine/queries.sql``), so a rename of it moves the breakage
-along. The own loop's static statement (``sql/engine/own_claim.sql``) calls no
-contract function an older build could replace; it fails here through the
-engine clock it reads first, ``absurd.current_time``.
+The function the claims fall back to is found by name in their query
+(``claim_next`` in ``worker/sql/engine/queries.sql``), so a rename of it moves
+the breakage along. The loops' static statements (the own loop's
+``sql/engine/own_claim.sql``, a continuation loop's ``adopt_claim.sql``) call no
+contract function an older build could replace; they fail here through the
+engine clock each reads first, ``absurd.current_time``.
 """
 
 from __future__ import annotations
@@ -25,20 +26,26 @@ def claim_function() -> str:
     return found[1]
 
 
-def own_claim_opening() -> str:
-    """Return how the own loop's static claim statement begins (its first line)."""
-    text = query("engine", "own_claim.sql", "own_claim", schema="s", queue="q")
-    first = text.splitlines()[0]
-    assert "absurd.current_time()" in text.split("\n", 2)[1], "own_claim reads the clock first"
+STATIC_CLAIMS = (("own_claim.sql", "own_claim"), ("adopt_claim.sql", "adopt_claim"))
+
+
+def static_claim_opening() -> str:
+    """Return how the loops' static claim statements begin (their one first line)."""
+    openings = set()
+    for file, name in STATIC_CLAIMS:
+        text = query("engine", file, name, schema="s", queue="q")
+        assert "absurd.current_time()" in text.split("\n", 2)[1], f"{name} reads the clock first"
+        openings.add(text.splitlines()[0])
+    (first,) = openings  # one opening: the broken clock matches every static claim
     return first
 
 
 async def break_claims(conn: Any, reason: str = BROKEN_REASON) -> list[str]:
     """Make every claim fail with ``reason``; return what ``restore_claims`` puts back.
 
-    The continuation loops' claim function is replaced with one that raises. The
-    own loop's static statement calls no contract function; the engine clock it
-    reads first raises instead, only inside that statement (submits still work).
+    The claim function the loops fall back to is replaced with one that raises.
+    The static statements call no contract function; the engine clock they read
+    first raises instead, only inside them (submits still work).
     """
     schema, name = claim_function().split(".")
     originals: list[str] = [
@@ -56,7 +63,7 @@ async def break_claims(conn: Any, reason: str = BROKEN_REASON) -> list[str]:
     for definition in originals:
         header = definition.split("\n LANGUAGE ")[0]
         if "current_time" in header:  # pg_get_functiondef quotes the keyword
-            opening = own_claim_opening().replace("'", "''")
+            opening = static_claim_opening().replace("'", "''")
             body = (
                 f"begin if position('{opening}' in current_query()) > 0 then"
                 f" raise exception '{quoted}'; end if;"

@@ -8,7 +8,7 @@ from dataclasses import fields
 
 import pytest
 
-from worker.db.engine_claims import _ClaimNext, _OwnClaim
+from worker.db.engine_claims import _AdoptClaim, _ClaimNext, _OwnClaim
 from worker.db.sql import engine_query, named_queries, query
 from worker.db.store.api import _SubmitRun
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite, _BeginAttempt
@@ -25,6 +25,10 @@ def _own_claim() -> str:
     return query("engine", "own_claim.sql", "own_claim", schema="s", queue="q")
 
 
+def _adopt_claim() -> str:
+    return query("engine", "adopt_claim.sql", "adopt_claim", schema="s", queue="q")
+
+
 def _store(name: str, file: str = "attempts.sql") -> str:
     return named_queries("store", file, schema="s")[name]
 
@@ -33,6 +37,7 @@ def _store(name: str, file: str = "attempts.sql") -> str:
     ("sql", "count"),
     [
         (_own_claim(), len(fields(_OwnClaim))),
+        (_adopt_claim(), len(fields(_AdoptClaim))),
         (engine_query("claim_next"), len(fields(_ClaimNext))),
         (_store("begin_attempt"), len(fields(_BeginAttempt))),
         # lock_wait_ms, then the checkpoints' arrays, then the completions'.
@@ -45,6 +50,7 @@ def _store(name: str, file: str = "attempts.sql") -> str:
     ],
     ids=[
         "own_claim",
+        "adopt_claim",
         "claim_next",
         "begin_attempt",
         "write_sets",

@@ -1,7 +1,8 @@
 """Claims on the engine's queues: ``claim`` and when a queue's next run is due.
 
 The engine's own claim, ``lane_worker.claim_lane_v1``'s modes (through
-``claim_next``) and the own loop's static statement (``own_claim.sql``); the
+``claim_next``) and the loops' static statements (the own loop's
+``own_claim.sql``, a continuation loop's ``adopt_claim.sql``); the
 runs come with their store facts and begun attempts when asked. ``engine.py``
 re-exports every name here: callers say ``engine.claim``.
 """
@@ -89,6 +90,19 @@ class _OwnClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class _AdoptClaim:
+    """``adopt_claim.sql``'s parameters, in its order ($1 ... $7)."""
+
+    queue: str  # another lane's
+    worker_id: str  # ending in :continuations
+    lease_s: int
+    qty: int
+    own_queue: str  # the claimer's
+    plays: list[str]
+    mode: str  # CLAIM_ADOPT or CLAIM_DRAIN, as asked
+
+
+@dataclass(frozen=True, slots=True)
 class _ClaimNext:
     """``lane_worker.claim_next_v2``'s parameters, in its order ($1 ... $12, claim_v2.sql)."""
 
@@ -127,6 +141,7 @@ async def claim(
     plays: list[str] | None = None,
     with_lanes: bool = False,
     begin: BeginOwn | None = None,
+    static: bool = True,
 ) -> ClaimBatch:
     """Claim up to ``qty`` runs from ``queue``.
 
@@ -138,7 +153,10 @@ async def claim(
     ``with_lanes`` (and the store's schema), each run comes with its store facts
     (``ClaimedRun.lane``), read in the same round trip; with ``begin`` too, the
     attempts of the runs its own loop will certainly own are begun as well
-    (``ClaimedRun.begun``).
+    (``ClaimedRun.begun``). The loops' usual claims are static statements
+    (``own_claim.sql``, ``adopt_claim.sql``) meaning what ``claim_next_v2``
+    does; ``static=False`` always calls ``claim_next_v2`` (the tests that hold
+    the two to each other).
     """
     if (with_lanes or mode is not None) and store_schema is None:
         raise ValueError("a lane claim, or a claim with lane facts, needs the store's schema")
@@ -146,7 +164,7 @@ async def claim(
     # Taken before the statement that answers (the runs' clock reads the
     # database's time after it): a fallback statement takes it again.
     sent_s = time.monotonic()
-    if mode is None and with_lanes and begin is not None and queue == own_queue:
+    if static and mode is None and with_lanes and begin is not None and queue == own_queue:
         # The own loop's usual claim: one static statement for this queue, whose
         # plan the server keeps (sql/engine/own_claim.sql).
         assert store_schema is not None
@@ -165,6 +183,33 @@ async def claim(
         if any(r["retired"] for r in rows):
             rows = None  # a retired lane's worker: claim_next serves it as 'drain'
             sent_s = time.monotonic()
+    if (
+        static
+        and mode in (CLAIM_ADOPT, CLAIM_DRAIN)
+        and not with_lanes
+        and begin is None
+        and own_queue is not None
+        and queue != own_queue
+        and worker_id.endswith(":continuations")
+    ):
+        # A continuation loop's claim, adopting or draining: one static statement
+        # for this queue (sql/engine/adopt_claim.sql). Everything else keeps
+        # claim_next_v2: mode 'mine' (a lane claiming again, rare), and the calls
+        # claim_lane_v1 refuses (another lane's queue without a :continuations
+        # worker id, 'adopt' on the own queue), so the refusal stays its.
+        assert store_schema is not None
+        assert mode is not None
+        adopt = _AdoptClaim(
+            queue=queue,
+            worker_id=worker_id,
+            lease_s=lease_s,
+            qty=qty,
+            own_queue=own_queue,
+            plays=plays or [],
+            mode=mode,
+        )
+        sql = query("engine", "adopt_claim.sql", "adopt_claim", schema=store_schema, queue=queue)
+        rows = await conn.fetch(sql, *args_of(adopt))
     if rows is None and (with_lanes or mode is not None):
         params = _ClaimNext(
             queue=queue,
