@@ -74,7 +74,7 @@ async def take(
 async def stage(
     c: asyncpg.Connection[asyncpg.Record], queue: str, *, foreign: bool = False
 ) -> None:
-    """Write the same history of fourteen tasks to ``queue``.
+    """Write the same history of fifteen tasks to ``queue``.
 
     With ``foreign``, another system's tasks too (no store row), first in line:
     fresh, with a due cancellation policy, and with a lease that expired.
@@ -91,6 +91,12 @@ async def stage(
         await spawn(c, queue, "foreign-fresh")
         await spawn(c, queue, "foreign-delay-due", cancellation={"max_delay": 30})
         _, foreign_leased = await spawn(c, queue, "foreign-lease-expired")
+    # Its lease expired and its cancellation is due, first in the upkeep's order:
+    # cancelled, not swept (the sweep comes after the upkeep, as in the engine's).
+    await at(c, t(0.4))
+    _, dur_expired = await spawn(
+        c, queue, "duration-due-lease-expired", cancellation={"max_duration": 20}
+    )
     await at(c, t(0.5))
     await spawn(c, queue, "delay-cancelled", cancellation={"max_delay": 30})
     await at(c, t(0.6))
@@ -142,6 +148,7 @@ async def stage(
         'select absurd.fail_run($1, $2, \'{"name": "Boom"}\'::jsonb, null)', queue, failing
     )
     await take(c, queue, expired, 30)  # lease ends at t(50)
+    await take(c, queue, dur_expired, 30)  # lease ends at t(50), cancellation due at t(40)
     if foreign:
         await take(c, queue, foreign_leased, 30)
     await take(c, queue, live, 300)  # lease ends at t(320)

@@ -5,7 +5,8 @@
 -- call (about 1.2 ms a claim); this text names its tables, so the worker
 -- prepares it once per connection and the server keeps its plan. Its meaning
 -- is claim_next_v2's, statement for statement (tests/integration/
--- test_own_claim.py makes both claims over one history and compares):
+-- test_claim_sets.py makes both claims over one history and compares, and
+-- test_claim_all.py drains with it against absurd.claim_task):
 --   the claimer's lane row share-locked first (claim_v1.sql says why);
 --   a retired lane claims nothing here (retired: true): its worker then claims
 --   with claim_next_v2, which serves it as 'drain';
@@ -69,7 +70,11 @@ with clock as materialized (
     from (select r.run_id, r.claimed_by, r.claim_expires_at, r.attempt
             from {runs} r
             join {tasks} t on t.task_id = r.task_id
-           where not (select yes from retired)
+           -- After the upkeep, as the engine's claim orders them: a run whose task
+           -- it just cancelled is no lease to sweep (its row, written after this
+           -- statement's snapshot, is skipped by the lock).
+           where (select count(*) from cancelled) >= 0
+             and not (select yes from retired)
              and r.state = 'running' and r.claim_expires_at is not null
              and r.claim_expires_at <= (select now from clock)
              and coalesce((select true from {schema}.runs s where s.task_id = r.task_id),
