@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import traceback
 from collections.abc import Callable
+from types import ModuleType
 
 from worker.run.context import PlayFn
 
 __all__ = ["App", "PlayFn", "load_app"]
+
+
+def _is_async(fn: object) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def``, wrapped or bound or not.
+
+    A decorator's wrapper counts by what it wraps (``functools.wraps``), and an
+    object by its ``__call__``; ``functools.partial`` and methods ``inspect`` sees through.
+    """
+    target = inspect.unwrap(fn) if callable(fn) else fn
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target):
+        return True
+    if inspect.isroutine(fn) or not callable(fn):
+        return False
+    return inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _described(fn: object) -> str:
+    """Name what was registered as a play, for the refusal: ``a plain function greet``."""
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return f"a plain function {fn.__qualname__}"
+    return f"a {type(fn).__name__} object"
 
 
 class App:
@@ -20,17 +43,35 @@ class App:
         self.plays: dict[str, PlayFn] = {}
 
     def play(self, name: str) -> Callable[[PlayFn], PlayFn]:
-        """Register the decorated async function as play ``name``."""
+        """Register the decorated ``async def`` function as play ``name``.
+
+        A plain ``def`` is refused here, at import: awaiting what it returns would
+        fail only once a run reached it, after its body had already run. (A step's
+        function may be plain: ``ctx.step`` runs it in a thread.)
+        """
         if not name or not name.strip():
             raise ValueError("a play needs a non-blank name")
 
         def register(fn: PlayFn) -> PlayFn:
+            if not _is_async(fn):
+                raise TypeError(
+                    f"play {name!r}: plays must be async def (got {_described(fn)}); "
+                    "write it as `async def ...(ctx, params)`"
+                )
             if name in self.plays:
                 raise ValueError(f"play {name!r} is registered twice")
             self.plays[name] = fn
             return fn
 
         return register
+
+
+def _apps_in(module: ModuleType) -> str:
+    """Say which ``App`` objects ``module`` has at its top level, for a wrong attribute."""
+    names = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    if not names:
+        return "it has no App object (make one with `app = App()`)"
+    return "it has App objects: " + ", ".join(names)
 
 
 def load_app(spec: str) -> App:
@@ -61,7 +102,11 @@ def load_app(spec: str) -> App:
         raise ImportError(
             f"importing {module_name} raised {type(exc).__name__}: {exc} (traceback above)"
         ) from exc
-    app = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise ValueError(f"module {module_name} has no attribute {attr!r}; {_apps_in(module)}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        raise ValueError(f"{spec} is not a lane-worker App (found {type(app).__name__})")
+        raise ValueError(
+            f"{spec} is not a lane-worker App (found {type(app).__name__}); {_apps_in(module)}"
+        )
     return app

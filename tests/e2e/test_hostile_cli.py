@@ -54,6 +54,8 @@ TYPO_SCHEMA = "runtime_scheduler_typo"
 LONG_RELEASE = "a" * 201
 LONG_KEY = "k" * 256
 FIVE_THOUSAND_DIGITS = "9" * 5000
+# `run` needs --app (without it: 78 before the environment is read).
+RUN_DEMO = ("run", "--app", "worker.demo:app")
 DEEP_3000 = "[" * 3000 + "]" * 3000  # 6 KB of JSON text
 MIGRATE_PHRASE = "run `lane-worker migrate` first"
 ISOLATED_PHRASE = (
@@ -348,7 +350,7 @@ def _cases() -> Iterator[Case]:
         ("submit", ("submit", "p")),
         ("submit-suffix", ("submit", "p", "--queue-suffix", "pr-1")),
         ("migrate", ("migrate",)),
-        ("run", ("run",)),
+        ("run", RUN_DEMO),
     ]:
         yield Case(f"typo-schema-{name}", args, 78, (f"'{TYPO_SCHEMA}'", ISOLATED_PHRASE), env=typo)
 
@@ -581,7 +583,7 @@ def _cases() -> Iterator[Case]:
         ),
         (
             "concurrency-5000-digits-run",
-            ("run",),
+            RUN_DEMO,
             {"LANE_WORKER_CONCURRENCY": FIVE_THOUSAND_DIGITS},
             "LANE_WORKER_CONCURRENCY=",
         ),
@@ -593,7 +595,7 @@ def _cases() -> Iterator[Case]:
         ),
         (
             "deploy-version-dev-run",
-            ("run",),
+            RUN_DEMO,
             {"DEEPLINE_RUNTIME_DEPLOY_VERSION": " dev "},
             "unset it to serve the dev lane",
         ),
@@ -618,12 +620,12 @@ def _cases() -> Iterator[Case]:
         ("port-abc", lambda u: with_port(u, "abc"), PORT_PHRASE),
         ("sslmode-bogus", lambda u: with_query(u, "sslmode=bogus"), SSLMODE_PHRASE),
     ]:
-        for command in (("lanes",), ("submit", "p"), ("migrate",), ("run",)):
+        for command in (("lanes",), ("submit", "p"), ("migrate",), RUN_DEMO):
             yield Case(
                 f"url-{name}-{command[0]}", command, 78, (says,), url=change, quick=True,
             )  # fmt: skip
     # A server without TLS and sslmode=require: a configuration refusal, at once.
-    for command in (("lanes",), ("status", "{run}"), ("submit", "p"), ("migrate",), ("run",)):
+    for command in (("lanes",), ("status", "{run}"), ("submit", "p"), ("migrate",), RUN_DEMO):
         yield Case(
             f"url-sslmode-require-{command[0]}",
             command,

@@ -197,7 +197,7 @@ DB_COMMANDS: list[tuple[str, ...]] = [
     ("lanes", "retire", "r"),
     ("lanes", "activate", "r"),
     ("migrate",),
-    ("run",),
+    ("run", "--app", "worker.demo:app"),
 ]
 
 

@@ -275,15 +275,15 @@ def test_a_fly_machine_environment_boots_without_errors_or_warnings(
 def test_image_cmd_and_fly_process_run_the_daemon_with_a_loadable_app(
     fly: dict[str, Any], image: Stage
 ) -> None:
-    """The final CMD (and fly's process command, which overrides it) runs `lane-worker run`."""
+    """The final CMD (and fly's process command, which overrides it) runs `run --app APP`."""
     assert not image.all("ENTRYPOINT"), "an ENTRYPOINT would wrap the CMD"
     commands = {"Dockerfile CMD": exec_form(image.last("CMD"))}
     for group, command in fly.get("processes", {}).items():
         commands[f"fly [processes] {group}"] = shlex.split(command)
     for where, argv in commands.items():
         assert argv[:2] == ["lane-worker", "run"], f"{where}: {argv}"
-        app_spec = argv[argv.index("--app") + 1] if "--app" in argv else "worker.demo:app"
-        load_app(app_spec)  # raises if the image's app spec names nothing
+        assert "--app" in argv, f"{where}: {argv} (run refuses to start without --app)"
+        load_app(argv[argv.index("--app") + 1])  # raises if the image's app spec names nothing
 
 
 def test_image_user_is_not_root(image: Stage) -> None:

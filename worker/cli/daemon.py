@@ -9,26 +9,35 @@ from pathlib import Path
 
 import click
 
-from worker.cli.exits import daemon_exit
+from worker.cli.exits import ConfigRefused, daemon_exit
 from worker.cli.params import APP_SPEC
 from worker.cli.root import cli
 
 DEFAULT_APP = "worker.demo:app"
 
 
+# Said when `run` is given no --app: a release worker serving the demo's plays
+# instead of the app's would claim nothing, or fail the app's runs as unknown plays.
+NO_APP = (
+    "run needs --app, the App whose plays this worker serves (module:attribute), for "
+    "example `lane-worker run --app myproj.plays:app`; only `lane-worker dev` serves "
+    f"the built-in demo ({DEFAULT_APP}) without it."
+)
+
+
 @cli.command()
 @click.option(
     "--app",
-    default=DEFAULT_APP,
-    show_default=True,
     type=APP_SPEC,
-    help="The App whose plays to run, as module:attribute.",
+    help=f"The App whose plays to run, as module:attribute (required; the demo is {DEFAULT_APP}).",
 )
-def run(app: str) -> None:
+def run(app: str | None) -> None:
     """Run the worker daemon for this release's lane until SIGTERM.
 
     With LANE_WORKER_PROCESSES=N above 1, N daemons under one supervisor process.
     """
+    if app is None:
+        raise ConfigRefused(NO_APP)  # 78, before the environment: nothing else can help
     from worker.daemon.processes import run_processes, wanted_processes
 
     if wanted_processes(os.environ) > 1:
