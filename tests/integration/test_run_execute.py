@@ -31,7 +31,7 @@ ENV_A3 = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "3"}
 
 
 def without_traceback(error: dict[str, Any]) -> dict[str, Any]:
-    """The error's name and message (its traceback: ``test_tracebacks.py``)."""
+    """The error's name and message (its traceback: ``test_run_tracebacks_shown.py``)."""
     return {k: v for k, v in error.items() if k != "traceback"}
 
 
@@ -94,7 +94,9 @@ async def test_play_raising_a_base_exception_fails_the_attempt_and_the_runtime_g
     assert without_traceback(retrying.error) == expected
     assert failed.status == "failed"
     assert without_traceback(failed.error) == expected
-    assert f"in raiser\n    raise error\n{type(error).__name__}" in failed.error["traceback"]
+    assert failed.error["traceback"].startswith("Traceback (most recent call last):\n  File ")
+    assert ", in raiser\n    raise error\n" in failed.error["traceback"]
+    assert failed.error["traceback"].endswith(f"{type(error).__name__}: {error}\n")
     assert failed.facts == ("run.failed",)
     assert [(a["outcome"], without_traceback(a["error"])) for a in attempts] == [
         ("retrying", expected),

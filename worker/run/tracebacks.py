@@ -11,8 +11,10 @@ no cut can leave part of one behind.
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Sequence
+from types import TracebackType
 
 from worker.config.dburl import mask_secrets
 from worker.errors import printable
@@ -27,7 +29,19 @@ MAX_PART_CHARS = 1000
 # What the cut's own line takes, so the whole stays within MAX_CHARS.
 _MARKER_ROOM = 80
 
+# This package: the worker's code that runs a play, around the play's own frames.
+_RUNNER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
 _HEADER = "Traceback (most recent call last):\n"
+
+
+def _from_the_play(tb: TracebackType | None) -> TracebackType | None:
+    """Skip the frames of the worker's code that runs a play (execute, lease): the
+    traceback starts where the play's code does (all of it when none is the play's)."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_RUNNER_DIR):
+        tb = tb.tb_next
+    return tb or first
 
 
 def _kept(part: str, secrets: Sequence[str]) -> str:
@@ -41,11 +55,12 @@ def _kept(part: str, secrets: Sequence[str]) -> str:
 
 def bounded_traceback(exc: BaseException, secrets: Sequence[str]) -> str:
     """Return ``exc``'s traceback as Python prints it, bounded and with ``secrets`` masked."""
+    tb = _from_the_play(exc.__traceback__)
     try:
-        lines = traceback.format_exception(exc, limit=-MAX_FRAMES)
+        lines = traceback.format_exception(type(exc), exc, tb, limit=-MAX_FRAMES)
     except Exception as broken:  # a broken __str__ or __repr__ must not stop the failure
         lines = [f"(the traceback could not be formatted: {type(broken).__name__})\n"]
-    frames = sum(1 for _ in traceback.walk_tb(exc.__traceback__))
+    frames = sum(1 for _ in traceback.walk_tb(tb))
     if frames > MAX_FRAMES and _HEADER in lines:
         # The error's own frames are the last header's (the chain comes first).
         at = len(lines) - lines[::-1].index(_HEADER)
