@@ -19,7 +19,7 @@ from types import TracebackType
 from worker.config.dburl import mask_secrets
 from worker.errors import printable
 
-# README "Errors": the innermost 20 frames, and at most 8,000 characters.
+# The bounds README states (what a failed attempt's error holds).
 MAX_FRAMES = 20
 MAX_CHARS = 8000
 # A long message (the error's ``message`` keeps 8,000 characters of it) must not push
