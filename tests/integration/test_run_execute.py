@@ -30,6 +30,11 @@ ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
 ENV_A3 = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "3"}
 
 
+def without_traceback(error: dict[str, Any]) -> dict[str, Any]:
+    """The error's name and message (its traceback: ``test_run_tracebacks_shown.py``)."""
+    return {k: v for k, v in error.items() if k != "traceback"}
+
+
 # -- a play's BaseException fails the attempt, not the daemon -------------------------------
 
 
@@ -86,11 +91,14 @@ async def test_play_raising_a_base_exception_fails_the_attempt_and_the_runtime_g
         assert await work_once_contained(rt) == ["completed"]
         other_status = await client.status(other.run_id)
     assert retrying.status == "retrying"
-    assert retrying.error == expected
+    assert without_traceback(retrying.error) == expected
     assert failed.status == "failed"
-    assert failed.error == expected
+    assert without_traceback(failed.error) == expected
+    assert failed.error["traceback"].startswith("Traceback (most recent call last):\n  File ")
+    assert ", in raiser\n    raise error\n" in failed.error["traceback"]
+    assert failed.error["traceback"].endswith(f"{type(error).__name__}: {error}\n")
     assert failed.facts == ("run.failed",)
-    assert [(a["outcome"], a["error"]) for a in attempts] == [
+    assert [(a["outcome"], without_traceback(a["error"])) for a in attempts] == [
         ("retrying", expected),
         ("failed", expected),
     ]
@@ -221,7 +229,11 @@ async def test_an_error_whose_message_is_not_utf8_fails_the_attempt(database_url
         run = await client.submit("missing-file")
         assert await work_once(rt) == ["retrying"]
         status = await client.status(run.run_id)
-    assert status.error == {"name": "FileNotFoundError", "message": "no such file: caf\\udcff.txt"}
+    assert without_traceback(status.error) == {
+        "name": "FileNotFoundError",
+        "message": "no such file: caf\\udcff.txt",
+    }
+    assert "FileNotFoundError: no such file: caf\\udcff.txt" in status.error["traceback"]
 
 
 async def test_a_database_password_in_a_play_error_is_masked_before_it_is_stored(
@@ -247,4 +259,5 @@ async def test_a_database_password_in_a_play_error_is_masked_before_it_is_stored
             "select error::text from runtime_scheduler.attempts where run_id = $1::uuid", run.run_id
         )
     assert status.error["message"] == "could not connect with *** (***)"
+    assert "RuntimeError: could not connect with *** (***)" in status.error["traceback"]
     assert "S3cret" not in stored

@@ -125,7 +125,11 @@ async def test_failing_step_retries_with_backoff_then_fails_once(database_url: s
         )
     assert calls == Counter({"fine": 1, "boom": 3})
     assert status.status == "failed"
-    assert status.error == {"name": "RuntimeError", "message": "upstream down (call 3)"}
+    assert {k: status.error[k] for k in ("name", "message")} == {
+        "name": "RuntimeError",
+        "message": "upstream down (call 3)",
+    }
+    assert "in boom\n" in status.error["traceback"]
     assert [a.outcome for a in status.attempts] == ["retrying", "retrying", "failed"]
     assert [a.attempt for a in status.attempts] == [1, 2, 3]
     assert status.facts == ("run.failed",)

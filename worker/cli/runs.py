@@ -146,7 +146,17 @@ def status(run_id: str, as_json: bool) -> None:
         delivery = fact.get("delivery")
         said = "recorded" if delivery is None else _delivery_line(delivery)
         rows.append((f"  fact {fact['type']}", said))
-    emit(as_json, now.as_json(), *columns(rows))
+    emit(as_json, now.as_json(), *columns(rows), *_traceback_lines(now.error))
+
+
+def _traceback_lines(error: Any) -> list[str]:
+    """The failure's traceback (stored bounded and masked), indented under its own heading."""
+    text = error.get("traceback") if isinstance(error, dict) else None
+    if not isinstance(text, str):  # none kept (an older build, an operator's fail)
+        return []
+    # A line of the app's text with a control character must not drive the terminal.
+    lines = (line if line.isprintable() else repr(line)[1:-1] for line in text.splitlines())
+    return ["traceback", *(f"  {line}" for line in lines)]
 
 
 def _delivery_line(delivery: dict[str, Any]) -> str:

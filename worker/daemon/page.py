@@ -58,6 +58,7 @@ tr.stranded td{background:#fde8e8}.stranded-note{color:#990000;font-weight:600}
  white-space:normal}
 ul{margin:0;padding-left:1rem}
 code{font-size:12px}
+pre{font-size:12px;margin:0;white-space:pre-wrap;overflow-wrap:anywhere}
 """
 COUNT_COLUMNS = (
     ("inFlight", "in flight"),

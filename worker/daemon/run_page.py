@@ -111,6 +111,15 @@ def _value(value: Any, what: str) -> str:
     return f"<code>{escape(text)}</code>"
 
 
+def _error(error: Any) -> list[tuple[str, str]]:
+    """The error's row, and its traceback's (kept bounded and masked) as preformatted text."""
+    text = error.get("traceback") if isinstance(error, dict) else None
+    if not isinstance(text, str):
+        return [("error", _value(error, "the error"))]
+    rest = {k: v for k, v in error.items() if k != "traceback"}
+    return [("error", _value(rest, "the error")), ("traceback", f"<pre>{escape(text)}</pre>")]
+
+
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], field: str) -> str:
     """A table of already escaped cells; ``field`` names it for readers of the DOM."""
     if not rows:
@@ -162,7 +171,7 @@ def render_run(view: RunView) -> str:
     if said["output"] is not None:
         facts.append(("output", _value(said["output"], "the output")))
     if said["error"] is not None:
-        facts.append(("error", _value(said["error"], "the error")))
+        facts += _error(said["error"])
     rows = "".join(
         f'<tr><th>{escape(name)}</th><td data-field="{escape(name)}">{cell}</td></tr>'
         for name, cell in facts

@@ -33,6 +33,7 @@ from worker.run import facts
 from worker.run.deferral import Streak, count_deferral, report_streak
 from worker.run.handback import give_back
 from worker.run.handle import RunHandle
+from worker.run.tracebacks import bounded_traceback
 from worker.run.transition import (
     CancelObserved,
     Complete,
@@ -392,9 +393,11 @@ class Attempt:
     # -- helpers -------------------------------------------------------------
 
     def reason(self, exc: BaseException) -> dict[str, Any]:
-        """Return how ``exc`` is stored, with the database URL's secrets masked."""
+        """Return how ``exc`` is stored, with the database URL's secrets masked: its name,
+        message and (bounded) traceback."""
         reason = facts.error_reason(exc)
         reason["message"] = mask_secrets(reason["message"], self._owner.secrets)
+        reason["traceback"] = bounded_traceback(exc, self._owner.secrets)
         return reason
 
     async def _settle(

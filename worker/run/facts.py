@@ -63,6 +63,10 @@ def completed(run_id: uuid.UUID, output: Any) -> TerminalFact:
 
 
 def failed(run_id: uuid.UUID, error: Any, *, source: Source = "worker") -> TerminalFact:
+    """The ``run.failed`` fact: the error as the app's fact has it, without the traceback
+    (the store, ``status`` and the logs keep that; the app's shape is name and message)."""
+    if isinstance(error, dict) and "traceback" in error:
+        error = {k: v for k, v in error.items() if k != "traceback"}
     return TerminalFact(RunStatus.FAILED, run_id, error=error, source=source)
 
 
