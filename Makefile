@@ -5,7 +5,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 VENV := .venv
 
-.PHONY: test lint typecheck unit install chromium dev clean bench
+.PHONY: test lint typecheck unit install chromium dev clean bench dist
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -53,5 +53,13 @@ dev: install
 bench: install
 	$(VENV)/bin/python bench/all.py $(BENCH_ARGS)
 
+# The wheel and the sdist a user installs (README "Install"), in $(DIST_DIR) (ignored by git).
+# uv builds the sdist, then the wheel from the sdist: a file the sdist lacks fails the build.
+DIST_DIR ?= dist
+
+dist: $(UV)
+	rm -f $(DIST_DIR)/lane_worker-*.whl $(DIST_DIR)/lane_worker-*.tar.gz
+	$(UV) build --out-dir $(DIST_DIR) .
+
 clean:
-	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TOOLS) dist .mypy_cache .ruff_cache .pytest_cache .hypothesis
