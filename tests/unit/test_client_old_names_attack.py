@@ -1,9 +1,9 @@
 """The client's renamed result class under its old name, where the class itself lived.
 
 A review of issue 30 item 8 (``RunStatus`` -> ``RunReport``): the old name still
-imports from ``worker.client`` with a ``DeprecationWarning`` (README), but no
-longer from ``worker.client.results``, the module that defined it (its
-``__module__``, what type hints and reprs named): such an import now fails.
+imports from ``worker.client`` with a ``DeprecationWarning`` (README); it must
+from ``worker.client.results`` too, the module that defined it (its
+``__module__``, what type hints and reprs named): such an import failed.
 """
 
 from __future__ import annotations
@@ -13,11 +13,6 @@ import importlib
 import pytest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.client.results.RunStatus (the old class's own module) no longer imports:"
-    " ImportError, where worker.client.RunStatus warns and answers RunReport",
-)
 def test_the_old_name_imports_from_the_module_that_defined_it() -> None:
     results = importlib.import_module("worker.client.results")
     with pytest.warns(DeprecationWarning, match="RunReport"):

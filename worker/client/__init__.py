@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from worker import lanes
+from worker.client import results
 from worker.client.bulk import SubmitRequest as SubmitRequest  # public API
 from worker.client.bulk import submit_items
 from worker.client.operator import OperatorCalls
@@ -72,21 +72,11 @@ CONNECT_VARIABLES = (
 SUBMIT_VARIABLES = (lanes.RELEASE_ID_ENV, settings.MAX_ATTEMPTS_ENV)
 
 if TYPE_CHECKING:
-    # Deprecated: ``RunReport``'s old name, kept so code written against it still imports
-    # and type-checks (``worker.states.RunStatus`` is the status enum).
-    RunStatus = RunReport
+    from worker.client.results import RunStatus as RunStatus  # deprecated: RunReport
 
 
 def __getattr__(name: str) -> Any:
-    """Answer ``RunStatus`` (deprecated) with ``RunReport`` and a ``DeprecationWarning``."""
-    if name == "RunStatus":
-        warnings.warn(
-            "worker.client.RunStatus is deprecated: use worker.client.RunReport (the same class)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return RunReport
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return results.deprecated_name(__name__, name)
 
 
 class LaneClient(OperatorCalls):

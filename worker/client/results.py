@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.states import TERMINAL_STATUSES
 
@@ -175,3 +176,26 @@ class RunnerReport:
             "woke": self.woke,
             "reason": self.reason,
         }
+
+
+if TYPE_CHECKING:
+    # Deprecated: ``RunReport``'s old name, kept so code written against it still imports
+    # and type-checks, from here or from ``worker.client`` (``worker.states.RunStatus``
+    # is the status enum).
+    RunStatus = RunReport
+
+
+def deprecated_name(module: str, name: str) -> Any:
+    """Answer ``RunStatus`` (deprecated) with ``RunReport`` and a ``DeprecationWarning``."""
+    if name == "RunStatus":
+        warnings.warn(
+            f"{module}.RunStatus is deprecated: use {module}.RunReport (the same class)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return RunReport
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_name(__name__, name)

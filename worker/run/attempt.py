@@ -136,7 +136,14 @@ class Attempt:
         h = self.handle
         # Checked by json_problem when the step returned (context._step_at).
         state = None if result is None else encode_checked(result)
-        write = CheckpointWrite(h.queue, h.task_id, key, state, h.engine_run_id, h.lease_s)
+        write = CheckpointWrite(
+            queue=h.queue,
+            task_id=h.task_id,
+            name=key,
+            state=state,
+            engine_run_id=h.engine_run_id,
+            extend_s=h.lease_s,
+        )
         await self._owner.group_commit.write(write)
 
     async def save_envelope(self, conn: Connection, envelope: dict[str, Any]) -> None:
@@ -194,7 +201,12 @@ class Attempt:
         fact = facts.completed(h.run_id, output).as_json()
         encoded = None if output is None else encode_checked(output)
         write = CompletionWrite(
-            h.queue, h.engine_run_id, encoded, h.run_id, self.attempt_id, encode_checked(fact)
+            queue=h.queue,
+            engine_run_id=h.engine_run_id,
+            output=encoded,
+            run_id=h.run_id,
+            attempt_id=self.attempt_id,
+            fact=encode_checked(fact),
         )
         try:
             await self._owner.group_commit.write(write)
