@@ -333,7 +333,9 @@ async def test_dev_ctrl_c_drains_and_exits_zero(database_url: str, devs: DevRunn
     assert signalled, dev.tail()
     assert "signal=SIGINT" in signalled[0], dev.tail()
     assert [line for line in dev.lines() if "worker.stopped" in line], dev.tail()
-    assert "Traceback" not in dev.output, dev.tail()
+    # No exception escaped (its traceback starts a line); the demo's flaky play logs
+    # its attempt's traceback inside run.attempt_failed's error, on purpose.
+    assert not [line for line in dev.lines() if line.startswith("Traceback")], dev.tail()
 
     conn = await asyncpg.connect(database_url)
     try:
