@@ -57,3 +57,32 @@ def test_secrets_are_masked_in_structlog_and_stdlib_lines(log_format: str) -> No
         assert first["nested"] == {"why": ["***"]}
         assert second["error"] == "pw ***"
     assert "RuntimeError: connect to" in result.stderr  # the traceback is printed, masked
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_an_attempts_traceback_is_a_field_in_json_and_indented_below_in_a_terminal(
+    log_format: str,
+) -> None:
+    """JSON keeps the error as stored; the console prints its traceback under the line."""
+    tb = 'Traceback (most recent call last):\n  File "p.py", line 3, in play\nE: boom\n'
+    program = textwrap.dedent(
+        f"""
+        import structlog
+        from worker.daemon import logs
+        logs.configure({log_format!r})
+        error = {{"name": "E", "message": "boom", "traceback": {tb!r}}}
+        structlog.get_logger("t").warning("run.attempt_failed", error=error, attempt=1)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    if log_format == "json":
+        (line,) = result.stdout.splitlines()
+        assert json.loads(line)["error"] == {"name": "E", "message": "boom", "traceback": tb}
+        return
+    first, *below = result.stdout.splitlines()
+    assert "run.attempt_failed" in first
+    assert "'message': 'boom'" in first
+    assert "traceback" not in first
+    assert below == ["    " + x for x in tb.rstrip("\n").splitlines()]

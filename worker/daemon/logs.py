@@ -129,6 +129,20 @@ class _ScrubFilter(logging.Filter):
         return True
 
 
+def _traceback_below(_logger: Any, _method: str, event: Any) -> Any:
+    """Print an attempt's traceback under its line, indented (a terminal's log only).
+
+    In the error's dict it would be one long escaped string; indented, no line of it
+    reads as an exception that escaped the process.
+    """
+    error = event.get("error") if isinstance(event, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("traceback"), str):
+        shown = {k: v for k, v in error.items() if k != "traceback"}
+        lines = error["traceback"].rstrip("\n").splitlines()
+        event = {**event, "error": shown, "exception": "\n".join("    " + x for x in lines)}
+    return event
+
+
 def configure(
     log_format: Literal["json", "console", "auto"],
     *,
@@ -165,6 +179,7 @@ def configure(
             _stamp,
             structlog.processors.format_exc_info,
             scrub_secrets,
+            *([_traceback_below] if use_console else []),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
