@@ -141,10 +141,10 @@ async def test_terminal_fact_is_written_once(conn: asyncpg.Connection[asyncpg.Re
     store = Store(SCHEMA)
     run_id = await insert_run(store, conn, None)
     assert run_id is not None
-    fact = {"type": "run.completed", "runId": str(run_id)}
-    assert await store.runs.settle(conn, run_id, status="completed", fact=fact, attempt_id=None)
+    settle = store.runs.settle
+    assert await settle(conn, run_id, status="completed", source="worker", attempt_id=None)
+    assert not await settle(conn, run_id, status="failed", source="worker", attempt_id=None)
     failed = {"type": "run.failed", "runId": str(run_id)}
-    assert not await store.runs.settle(conn, run_id, status="failed", fact=failed, attempt_id=None)
     facts = await store.runs.facts(conn, run_id=run_id)
     assert [f.type for f in facts] == ["run.completed"]
     # Even a direct second insert is refused by the index.

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from worker import checkpoint, lanes
+from worker import lanes
 from worker.db import engine
 from worker.db.store import Store
 from worker.db.store.rows import LaneRow, RunRow
@@ -139,15 +139,10 @@ class Remedies:
             row = await self._locked_run(conn, run_id)
             if row.status in TERMINAL_STATUSES:
                 return False
-            fact = checkpoint.terminal_ledger_event(
-                {"status": "failed", "runId": str(row.run_id), "output": None, "error": error}
-            )
-            assert fact is not None
-            fact["source"] = "operator"
             if row.task_id is not None:
                 await engine.cancel(conn, row.queue, row.task_id)
             return await self.store.runs.settle(
-                conn, row.run_id, status="failed", fact=fact, attempt_id=None, error=error
+                conn, row.run_id, status="failed", source="operator", attempt_id=None, error=error
             )
 
         await self.check_schemas()

@@ -29,7 +29,7 @@ from worker.db.store.attempts import CheckpointWrite, CompletionWrite
 from worker.db.tasks import notify
 from worker.errors import LeaseLostError
 from worker.jsonvalue import encode_checked
-from worker.run import facts
+from worker.run import reasons
 from worker.run.deferral import Streak, count_deferral, report_streak
 from worker.run.handback import give_back
 from worker.run.handle import RunHandle
@@ -196,9 +196,8 @@ class Attempt:
 
     async def _complete(self, output: Any) -> Outcome:
         h = self.handle
-        # The output was checked by json_problem (execute); the fact holds it and our
-        # own strings and numbers.
-        fact = facts.completed(h.run_id, output).as_json()
+        # The output was checked by json_problem (execute). It is sent once: the
+        # store builds the run.completed fact that holds it (migration 0032).
         encoded = None if output is None else encode_checked(output)
         write = CompletionWrite(
             queue=h.queue,
@@ -206,7 +205,6 @@ class Attempt:
             output=encoded,
             run_id=h.run_id,
             attempt_id=self.attempt_id,
-            fact=encode_checked(fact),
         )
         try:
             await self._owner.group_commit.write(write)
@@ -232,7 +230,7 @@ class Attempt:
                         engine_run_id=h.engine_run_id,
                     )
                 if final:
-                    await self._settle(conn, facts.failed(h.run_id, reason), error=reason)
+                    await self._settle(conn, RunStatus.FAILED, error=reason)
                 else:
                     await self.store.attempts.retrying(
                         conn, run_id=h.run_id, attempt_id=h.attempt_id, error=reason
@@ -250,7 +248,7 @@ class Attempt:
             reason = {
                 "name": type(exc).__name__,
                 "message": f"(the error's details could not be stored: {unstorable!r})"[
-                    : facts.MAX_ERROR_MESSAGE_CHARS
+                    : reasons.MAX_ERROR_MESSAGE_CHARS
                 ],
             }
             ended = await self._unless_lost(outcome, reason, failing(reason))
@@ -267,7 +265,7 @@ class Attempt:
         async def fail(conn: Connection) -> None:
             # The fenced store write first: a stale attempt must not cancel the
             # task that a newer claim now owns.
-            if not await self._settle(conn, facts.failed(h.run_id, reason), error=reason):
+            if not await self._settle(conn, RunStatus.FAILED, error=reason):
                 raise LeaseLostError(
                     "run settled or taken by a newer claim", engine_run_id=h.engine_run_id
                 )
@@ -321,12 +319,10 @@ class Attempt:
         return parked
 
     async def _observe_cancel(self) -> Outcome:
-        h = self.handle
-
         async def settle(conn: Connection) -> None:
             # Fenced: only while this attempt is the run's (a cancel command, `runs
             # fail` or a move settled or restamped it already, and wrote its fact).
-            await self._settle(conn, facts.cancelled(h.run_id, "worker"))
+            await self._settle(conn, RunStatus.CANCELLED)
 
         await self._end(Outcome.CANCELLED, transition=settle)
         self.log.info("run.cancelled")
@@ -335,7 +331,7 @@ class Attempt:
     async def _lose(self, reason: dict[str, Any] | BaseException) -> Outcome:
         if isinstance(reason, BaseException):
             self.log.warning("run.lease_lost", detail=str(reason))
-            reason = facts.error_reason(reason)
+            reason = reasons.error_reason(reason)
         await self._end(Outcome.LEASE_LOST, reason)
         return Outcome.LEASE_LOST
 
@@ -407,21 +403,19 @@ class Attempt:
     def reason(self, exc: BaseException) -> dict[str, Any]:
         """Return how ``exc`` is stored, with the database URL's secrets masked: its name,
         message and (bounded) traceback."""
-        reason = facts.error_reason(exc)
+        reason = reasons.error_reason(exc)
         reason["message"] = mask_secrets(reason["message"], self._owner.secrets)
         reason["traceback"] = bounded_traceback(exc, self._owner.secrets)
         return reason
 
-    async def _settle(
-        self, conn: Connection, fact: facts.TerminalFact, *, output: Any = None, error: Any = None
-    ) -> bool:
+    async def _settle(self, conn: Connection, status: RunStatus, *, error: Any = None) -> bool:
+        """Settle the run fenced by this attempt; the store writes its terminal fact."""
         return await self.store.runs.settle(
             conn,
-            fact.run_id,
-            status=str(fact.status),
-            fact=fact.as_json(),
+            self.handle.run_id,
+            status=str(status),
+            source="worker",
             attempt_id=self.attempt_id,
-            output=output,
             error=error,
         )
 

@@ -19,7 +19,7 @@ from worker.db import engine
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.metrics import Metrics
-from worker.run import facts
+from worker.states import RunStatus
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -61,13 +61,12 @@ async def count_deferral(
         f"(LANE_WORKER_DEFER_FAIL_AFTER={fail_after_s:g}): no release that may run it took it",
         "fatal": True,
     }
-    fact = facts.failed(run_id, reason)
     # Unfenced (no attempt of ours runs it), but this claim holds the engine run.
     if await store.runs.settle(
         conn,
         run_id,
-        status=str(fact.status),
-        fact=fact.as_json(),
+        status=str(RunStatus.FAILED),
+        source="worker",
         attempt_id=None,
         error=reason,
         own_attempt_id=attempt_id,

@@ -78,7 +78,7 @@ def _size(write: BatchWrite) -> int:
     """Return the bytes of JSON ``write`` carries."""
     if isinstance(write, CheckpointWrite):
         return len(write.state or "")
-    return len(write.output or "") + len(write.fact)
+    return len(write.output or "")
 
 
 @dataclass(eq=False)

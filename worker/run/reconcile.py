@@ -7,7 +7,6 @@ import structlog
 from worker.db import engine
 from worker.db.pool import Connection, Database
 from worker.db.store import Store
-from worker.run import facts
 from worker.states import RunStatus
 
 log = structlog.get_logger("lane_worker.reconcile")
@@ -55,16 +54,11 @@ async def settle_batch(
                 "name": "EngineTaskMissing",
                 "message": "the engine task is gone (cleaned up) before the run settled",
             }
-        fact = (
-            facts.cancelled(run_id, "reconciler")
-            if status == RunStatus.CANCELLED
-            else facts.TerminalFact(status, run_id, output=output, error=error)
-        )
         if await store.runs.settle(
             conn,
             run_id,
             status=str(status),
-            fact=fact.as_json(),
+            source="reconciler",
             attempt_id=None,
             output=output,
             error=error,

@@ -32,8 +32,8 @@ class CheckpointWrite:
 class CompletionWrite:
     """A completing attempt, alone (``complete``) or as one of a set (``write_sets``).
 
-    Its fields are ``write_sets``' completion arrays, in their order ($8 ... $13),
-    and ``complete_attempt``'s parameters ($1 ... $6).
+    Its fields are ``write_sets``' completion arrays, in their order ($8 ... $12),
+    and ``complete_attempt``'s parameters ($1 ... $5): no fact, the store builds it.
     """
 
     queue: str
@@ -41,7 +41,6 @@ class CompletionWrite:
     output: str | None  # JSON, encoded once by its writer; None is SQL null
     run_id: uuid.UUID
     attempt_id: int
-    fact: str  # the terminal fact's JSON
 
 
 @dataclass(frozen=True, slots=True)

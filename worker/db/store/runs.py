@@ -23,6 +23,10 @@ from worker.db.store.rows import (
 _LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
 
 
+# Who settled a run, as its terminal fact's ``source`` says.
+FactSource = Literal["worker", "reconciler", "client", "operator"]
+
+
 @dataclass(frozen=True, slots=True)
 class _InsertRun:
     """``insert_run``'s parameters, in its order ($1 ... $9)."""
@@ -40,15 +44,14 @@ class _InsertRun:
 
 @dataclass(frozen=True, slots=True)
 class _SettleRun:
-    """``settle_run``'s parameters, in its order ($1 ... $8)."""
+    """``settle_run_by``'s parameters, in its order ($1 ... $7)."""
 
     run_id: uuid.UUID
     attempt_id: int | None  # the fence; None: unfenced
     status: str
     output: Any
     error: Any
-    fact_type: str
-    fact: dict[str, Any]
+    source: str
     own_attempt_id: int | None
 
 
@@ -162,13 +165,16 @@ class RunQueries(Queries):
         run_id: uuid.UUID,
         *,
         status: str,
-        fact: dict[str, Any],
+        source: FactSource,
         attempt_id: int | None,
         output: Any = None,
         error: Any = None,
         own_attempt_id: int | None = None,
     ) -> bool:
         """Move a run to a terminal status and append its one terminal fact.
+
+        The store builds the fact (``terminal_fact``, migration 0032) from the
+        status, output and error; ``source`` says who settled the run.
 
         Returns False (and writes nothing) when the fence does not match or the
         run is already terminal: whoever settled it first wrote the fact. The
@@ -181,8 +187,7 @@ class RunQueries(Queries):
             status=status,
             output=output,
             error=error,
-            fact_type=fact["type"],
-            fact=fact,
+            source=source,
             own_attempt_id=own_attempt_id,
         )
         return await self._value(conn, "settle_run", *args_of(params)) is not None

@@ -55,21 +55,23 @@ select * from {schema}.begin_attempt($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1
 
 -- name: complete_attempt
 -- The engine's complete, the settle and the attempt's end in one statement
--- (migration 0016); LW001 when a newer claim owns the run. The output ($3) and
--- the fact ($6) are JSON text, encoded once by the writer (as a batch sends them).
-select {schema}.complete_attempt($1, $2, $3::text::jsonb, $4, $5, $6::text::jsonb);
+-- (migration 0016); LW001 when a newer claim owns the run. The output ($3) is
+-- JSON text, encoded once by the writer (as a batch sends it); the store builds
+-- the run.completed fact from it (a null fact, migration 0032).
+select {schema}.complete_attempt($1, $2, $3::text::jsonb, $4, $5, null);
 
 -- name: write_sets
 -- A batch's checkpoints and completions as typed arrays (migration 0027), one
 -- statement: the kind and position of each write that failed, undone alone.
--- JSON values come encoded, once, by their writer ($5, $10, $13).
+-- JSON values come encoded, once, by their writer ($5, $10); the store builds
+-- each run.completed fact from its output (null facts, migration 0032).
 select 'checkpoint' as kind, write_at, error_code
   from {schema}.write_checkpoints($1, $2::text[], $3::uuid[], $4::text[],
                                   $5::text[]::jsonb[], $6::uuid[], $7::integer[])
 union all
 select 'complete', write_at, error_code
   from {schema}.write_completions($1, $8::text[], $9::uuid[], $10::text[]::jsonb[],
-                                  $11::uuid[], $12::bigint[], $13::text[]::jsonb[]);
+                                  $11::uuid[], $12::bigint[], null);
 
 -- name: finish_attempt
 update {schema}.attempts

@@ -103,9 +103,10 @@ select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
 
 -- name: settle_run
 -- Terminal state for a run and its one terminal fact, fenced by attempt $2
--- unless that is null: the store's settle_run (migration 0008), shared with
--- cancel_run. Null when nothing was settled.
-select {schema}.settle_run($1, $2, $3, $4, $5, $6, $7, $8);
+-- unless that is null: settle_run (migration 0008, shared with cancel_run),
+-- the fact built by the store from the status and source $6 (0032). Null when
+-- nothing was settled.
+select {schema}.settle_run_by($1, $2, $3, $4, $5, $6, $7);
 
 -- name: spawn_run_task
 -- The engine task of run $1 (written in this transaction) on queue $2, and the
