@@ -14,9 +14,14 @@ import tempfile
 from html.parser import HTMLParser
 from typing import Any
 
+import pytest
+
+from support import REPO
 from worker.daemon.page import COUNT_COLUMNS
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Debian's chromium on PATH (`make chromium` installs it as root or with sudo), else the
+# copy `scripts/chromium-local.sh` unpacks without root, run with its own libraries.
+LOCAL_CHROMIUM = REPO / ".tools" / "chromium"
 # What this machine's closed network needs (see the environment notes): no
 # background connections, no sandbox as root, a fresh profile.
 CHROMIUM_FLAGS = (
@@ -64,15 +69,39 @@ class LaneRows(HTMLParser):
             text[self._field] = text.get(self._field, "") + data
 
 
+def chromium() -> tuple[str, dict[str, str]]:
+    """Return the Chromium to run and its environment; fail saying how to get one."""
+    found = shutil.which("chromium")
+    if found is not None:
+        return found, dict(os.environ)
+    local = LOCAL_CHROMIUM / "usr" / "lib" / "chromium" / "chromium"
+    if local.exists():
+        libs = [
+            LOCAL_CHROMIUM / d
+            for d in (
+                "usr/lib/x86_64-linux-gnu",
+                "lib/x86_64-linux-gnu",
+                "usr/lib/aarch64-linux-gnu",
+                "usr/lib/chromium",
+            )
+        ]
+        path = ":".join([*map(str, libs), os.environ.get("LD_LIBRARY_PATH", "")])
+        return str(local), {**os.environ, "LD_LIBRARY_PATH": path}
+    pytest.fail(
+        "the page's browser tests need Chromium, and there is none: `make chromium` installs "
+        "Debian's package (as root or with sudo) or, without root, unpacks it under "
+        ".tools/chromium (scripts/chromium-local.sh)",
+        pytrace=False,
+    )
+
+
 def dump_dom(url: str) -> str:
     """Return the DOM headless Chromium built for ``url``."""
-    assert os.path.exists(CHROMIUM), (
-        f"{CHROMIUM} is missing: `make chromium` (Debian's chromium package) installs it"
-    )
+    browser, env = chromium()
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
-            capture_output=True, text=True, timeout=60, check=False,
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
