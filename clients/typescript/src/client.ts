@@ -29,20 +29,20 @@ export interface Queryable {
 
 export interface LaneClientOptions {
   /** The store schema the SQL API lives in (`LANE_WORKER_STORE_SCHEMA` of the workers). */
-  schema?: string;
+  schema?: string | undefined;
   /** The release `submit` uses when a request names none (e.g. your deploy version). */
-  releaseId?: string;
+  releaseId?: string | undefined;
   /** How often `wait` reads the run's status, in milliseconds (default 200). */
-  pollIntervalMs?: number;
+  pollIntervalMs?: number | undefined;
 }
 
 export interface WaitOptions {
   /** Give up after this many milliseconds: `wait` then throws WaitTimeoutError. */
   timeoutMs: number;
   /** Overrides the client's `pollIntervalMs` for this wait. */
-  pollIntervalMs?: number;
+  pollIntervalMs?: number | undefined;
   /** Aborts the wait (it rejects with the signal's reason). */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
 }
 
 /** The SQL types the API's arguments are sent as. */

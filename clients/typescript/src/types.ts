@@ -36,25 +36,25 @@ export interface RuntimeApi {
   baseUrl: string;
   /** Sent as `Authorization: Bearer <executorToken>`. */
   executorToken: string;
-  integrationMode?: string | null;
+  integrationMode?: string | null | undefined;
   /** Sent as `x-vercel-protection-bypass`. */
-  vercelProtectionBypassToken?: string | null;
+  vercelProtectionBypassToken?: string | null | undefined;
   /** Sent as `x-runtime-test-fault`. */
-  runtimeTestFaultHeader?: string | null;
+  runtimeTestFaultHeader?: string | null | undefined;
 }
 
 /** One run to submit (`submit_run`'s arguments; an item of `submit_runs`). */
 export interface SubmitRequest {
   play: string;
   /** A JSON object; omitted or null is `{}`. */
-  input?: JsonObject | null;
+  input?: JsonObject | null | undefined;
   /** The release whose lane runs it; omitted: the client's `releaseId`. */
-  releaseId?: string;
+  releaseId?: string | undefined;
   /** A repeat of the key answers the run it names (`created: false`). */
-  idempotencyKey?: string | null;
-  runtimeApi?: RuntimeApi | null;
+  idempotencyKey?: string | null | undefined;
+  runtimeApi?: RuntimeApi | null | undefined;
   /** The engine's attempts, 1..1000; omitted or null: 5. */
-  maxAttempts?: number | null;
+  maxAttempts?: number | null | undefined;
 }
 
 /** `submit_run`'s result (and each of `submit_runs`'). */
