@@ -22,6 +22,7 @@ from support.tsclient import CLIENT, built_client, node_env
 
 TOKEN = "node-exec-token-51c2"  # looked for in every output
 RELEASE = "rel-ts-app"
+DETACHED_APP = "support.apps.detached:app"  # the basic plays and a detached runner
 # Hang guards only: a test fails on what the scripts print, never on how long they took.
 SCRIPT_TIMEOUT_S = 900
 # The session's first test builds the client: `npm ci` on a clean clone, over the network.
@@ -122,24 +123,38 @@ async def test_node_makes_every_call_through_the_client(node: str, database_url:
     assert cancelled["status"] == "cancelled"
 
 
-async def test_a_daemon_completes_what_the_client_submits_signals_and_waits_for(
+async def test_a_daemon_completes_what_the_client_submits_signals_reports_and_waits_for(
     node: str, database_url: str
 ) -> None:
-    """The client submits, signals and waits; a real worker of the release runs both plays."""
+    """The client submits, signals, reports a runner's result and waits; a real worker runs them."""
     async with Daemons(database_url) as pool:
-        daemon = pool.start(RELEASE)
+        daemon = pool.start(RELEASE, app=DETACHED_APP)
         await daemon.ready()
         seen = await run_script(node, "daemon_run.js", database_url, RELEASE_ID=RELEASE)
 
-    plain, waiter = seen["plainEnded"], seen["waiterEnded"]
+    plain, waiter, detached = seen["plainEnded"], seen["waiterEnded"], seen["detachedEnded"]
     assert (plain["runId"], plain["status"]) == (seen["plain"]["runId"], "completed")
     assert plain["output"]["input"] == {"hello": "from-node"}
     assert seen["signalled"]["deliveredTo"] == seen["waiter"]["runId"]
     assert (waiter["status"], waiter["output"]["resumed"], waiter["output"]["by"]) == (
         "completed", True, "node",
     )  # fmt: skip
-    for report in (plain, waiter):
+    assert seen["reported"] == {
+        "runId": seen["detached"]["runId"], "runnerAttempt": 1, "recorded": True,
+        "duplicate": False, "woke": True, "reason": None,
+    }  # fmt: skip
+    assert (seen["reportedAgain"]["duplicate"], seen["reportedAgain"]["woke"]) == (True, False)
+    assert detached["status"] == "completed"
+    assert (detached["output"]["result"], detached["output"]["timedOut"]) == (
+        {"built": "from-node"}, False,
+    )  # fmt: skip
+    for report in (plain, waiter, detached):
         row = await run_row(database_url, report["runId"])
         assert (row["status"], row["output"]) == ("completed", report["output"])
         attempts = await attempt_rows(database_url, report["runId"])
         assert {a["worker_id"] for a in attempts} == {daemon.worker_id}
+    runner = await fetch(
+        database_url, f"select result from {SCHEMA}.runner_attempts where run_id = $1",
+        uuid.UUID(detached["runId"]),
+    )  # fmt: skip
+    assert [r["result"] for r in runner] == [{"built": "from-node"}]
