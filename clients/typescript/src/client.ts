@@ -109,7 +109,7 @@ function jsonText(value: unknown, what: string): string | null {
   try {
     return JSON.stringify(value);
   } catch (err) {
-    // The reason names a type or a property, never the value.
+    // JSON.stringify's reasons (a circle, a BigInt) name a type or a property, not a value.
     const reason = err instanceof Error ? err.message.split('\n')[0] : 'it is not JSON';
     throw new BadInputError(`${what} cannot be sent as JSON: ${reason}`);
   }
@@ -119,9 +119,11 @@ export class LaneClient {
   readonly schema: string;
   readonly releaseId: string | undefined;
   readonly pollIntervalMs: number;
-  private readonly db: Queryable;
-  private readonly ownPool: pg.Pool | undefined;
-  private readonly secrets: string[];
+  // Private in JavaScript too (#): a logged client shows neither the connection
+  // string nor the pool's options.
+  readonly #db: Queryable;
+  readonly #ownPool: pg.Pool | undefined;
+  readonly #secrets: string[];
 
   /**
    * A client over `db`: a pg Pool (or Client) you own and end, or a connection
@@ -132,22 +134,22 @@ export class LaneClient {
     this.releaseId = options.releaseId;
     this.pollIntervalMs = options.pollIntervalMs ?? DEFAULT_POLL_MS;
     if (typeof db === 'string') {
-      this.secrets = connectionSecrets(db);
-      this.ownPool = new pg.Pool({ connectionString: db });
+      this.#secrets = connectionSecrets(db);
+      this.#ownPool = new pg.Pool({ connectionString: db });
       // An idle connection that breaks is dropped by the pool and the next query
       // opens another; without a listener Node would end the process instead.
-      this.ownPool.on('error', () => undefined);
-      this.db = this.ownPool;
+      this.#ownPool.on('error', () => undefined);
+      this.#db = this.#ownPool;
     } else {
-      this.secrets = [];
-      this.ownPool = undefined;
-      this.db = db;
+      this.#secrets = [];
+      this.#ownPool = undefined;
+      this.#db = db;
     }
   }
 
   /** End the pool the client opened for a connection string (a given pool is yours to end). */
   async close(): Promise<void> {
-    await this.ownPool?.end();
+    await this.#ownPool?.end();
   }
 
   /**
@@ -175,13 +177,13 @@ export class LaneClient {
       types[i] === 'jsonb' ? jsonText(value, `${fn}'s argument ${i + 1}`) : (value ?? null),
     );
     try {
-      const { rows } = await this.db.query(
+      const { rows } = await this.#db.query(
         `select "${this.schema}".${fn}(${params}) as result`,
         sent,
       );
       return (rows[0] as { result: T }).result;
     } catch (err) {
-      throw fromDatabase(err, [...this.secrets, ...secrets]);
+      throw fromDatabase(err, [...this.#secrets, ...secrets]);
     }
   }
 

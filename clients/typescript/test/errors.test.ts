@@ -72,6 +72,17 @@ test('a connection failure names no password', async () => {
   }
 });
 
+test('a logged client shows no password', async () => {
+  const client = new LaneClient(`postgresql://app:${PASSWORD}@127.0.0.1:1/db`);
+  try {
+    await assert.rejects(client.status('6f1c7a52-8a4e-4d8e-9d55-2f1b0c3e4a5b'));
+    const shown = `${inspect(client, { depth: 10, showHidden: true })} ${JSON.stringify(client)}`;
+    assert.ok(!shown.includes(PASSWORD), shown);
+  } finally {
+    await client.close();
+  }
+});
+
 test('an unusable connection string is refused without echoing it', async () => {
   const client = new LaneClient(`postgresql://app:${PASSWORD}@127.0.0.1:notaport/db`);
   try {
