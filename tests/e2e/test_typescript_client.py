@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import REPO
 from support.daemon import Daemons
 from support.db import attempt_rows, fetch, run_row
 from support.runtime import SCHEMA
-from support.tsclient import CLIENT, built_client, node_env
+from support.tsclient import CLIENT, built_client, node_env, typecheck_snippets
 
 TOKEN = "node-exec-token-51c2"  # looked for in every output
 RELEASE = "rel-ts-app"
@@ -158,3 +161,15 @@ async def test_a_daemon_completes_what_the_client_submits_signals_reports_and_wa
         uuid.UUID(detached["runId"]),
     )  # fmt: skip
     assert [r["result"] for r in runner] == [{"built": "from-node"}]
+
+
+def test_the_readmes_typescript_compiles_against_the_client(node: str, tmp_path: Path) -> None:
+    """Every ```ts block of the two READMEs type-checks against the client (strict tsc)."""
+    blocks = [
+        block
+        for readme in (REPO / "README.md", CLIENT / "README.md")
+        for block in re.findall(r"```ts\n(.*?)```", readme.read_text(), re.DOTALL)
+    ]
+    assert len(blocks) >= 3
+    checked = typecheck_snippets(blocks, tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -79,3 +81,52 @@ def built_client() -> str:
 def node_env(database_url: str, schema: str, **more: str) -> Mapping[str, str]:
     """Return the environment of a client script on ``database_url``'s store ``schema``."""
     return {**os.environ, "DATABASE_URL": database_url, "STORE_SCHEMA": schema, **more}
+
+
+# What a README snippet may use without defining it (the client of an earlier snippet).
+_SNIPPET_GIVEN = {
+    "lanes": "import type { LaneClient as GivenClient } from '@lane-worker/client';\n"
+    "declare const lanes: GivenClient;\n",
+    "executorToken": "declare const executorToken: string;\n",
+}
+_IMPORTS = re.compile(r"^import\b[^;]*?from '[^']+';\n", re.MULTILINE)
+
+
+def snippet_module(block: str) -> str:
+    """Return a README ```ts block as a module: imports first, the rest in an async function."""
+    imports = "".join(_IMPORTS.findall(block))
+    body = _IMPORTS.sub("", block)
+    given = "".join(
+        text
+        for name, text in _SNIPPET_GIVEN.items()
+        if re.search(rf"\b{name}\b", body) and not re.search(rf"\bconst {name}\b", body)
+    )
+    indented = "".join(f"  {line}\n" if line else "\n" for line in body.splitlines())
+    return f"{imports}{given}\nexport async function example(): Promise<void> {{\n{indented}}}\n"
+
+
+def typecheck_snippets(blocks: list[str], folder: Path) -> subprocess.CompletedProcess[str]:
+    """Compile ``blocks`` (README ```ts code) in ``folder`` against the client's sources."""
+    for i, block in enumerate(blocks):
+        (folder / f"snippet_{i}.ts").write_text(snippet_module(block))
+    config = {
+        "extends": str(CLIENT / "tsconfig.json"),
+        "compilerOptions": {
+            "noEmit": True,
+            "rootDir": "/",
+            "typeRoots": [str(CLIENT / "node_modules" / "@types")],
+            "paths": {"@lane-worker/client": [str(CLIENT / "src" / "index.ts")]},
+        },
+        "include": ["*.ts"],
+    }
+    (folder / "tsconfig.json").write_text(json.dumps(config))
+    tsc = CLIENT / "node_modules" / "typescript" / "bin" / "tsc"
+    node = shutil.which("node") or "node"
+    return subprocess.run(
+        [node, str(tsc), "-p", str(folder)],
+        cwd=CLIENT,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
