@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from support import REPO
+from support.cli import operator_env, run_cli
 from support.daemon import Daemons
 from support.db import attempt_rows, fetch, run_row
 from support.runtime import SCHEMA
@@ -70,6 +71,26 @@ async def test_the_clients_own_tests_pass_against_the_store(node: str, database_
     assert "# fail 0" in out, out[-2000:]
     runs = await fetch(database_url, f"select count(*) as n from {SCHEMA}.runs")
     assert runs[0]["n"] > 0  # they wrote through the real API, not around it
+
+
+async def test_the_clients_tests_pass_on_a_store_schema_of_its_own(
+    node: str, empty_database_url: str
+) -> None:
+    """With `schema`, every call goes to that store (LANE_WORKER_STORE_SCHEMA's), none elsewhere."""
+    own = "lane_worker_store"
+    migrated = run_cli(operator_env(empty_database_url, LANE_WORKER_STORE_SCHEMA=own), "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    code, out, err = await run_node(
+        node, ["--test", "build/test/client.test.js"], dict(node_env(empty_database_url, own))
+    )
+    assert code == 0, out[-6000:] + err[-2000:]
+    runs = await fetch(empty_database_url, f"select count(*) as n from {own}.runs")
+    assert runs[0]["n"] > 0
+    schemas = await fetch(
+        empty_database_url,
+        "select nspname from pg_namespace where nspname = 'runtime_scheduler'",
+    )
+    assert schemas == []
 
 
 async def test_node_makes_every_call_through_the_client(node: str, database_url: str) -> None:
