@@ -80,9 +80,12 @@ function connectionSecrets(connectionString: string): string[] {
   const secrets = [connectionString];
   try {
     const password = new URL(connectionString).password;
-    if (password !== '') secrets.push(password, decodeURIComponent(password));
+    if (password !== '') {
+      secrets.push(password);
+      secrets.push(decodeURIComponent(password));
+    }
   } catch {
-    // Not a URL: the whole string stays masked.
+    // Not a URL, or a password that decodes to nothing: what was found stays masked.
   }
   return secrets;
 }
@@ -134,6 +137,12 @@ export class LaneClient {
     this.releaseId = options.releaseId;
     this.pollIntervalMs = options.pollIntervalMs ?? DEFAULT_POLL_MS;
     if (typeof db === 'string') {
+      if (db.trim() === '') {
+        // pg would quietly fall back to PGHOST or localhost: an unset variable shows here.
+        throw new BadInputError(
+          'LaneClient needs a connection string (postgresql://...), got a blank one.',
+        );
+      }
       this.#secrets = connectionSecrets(db);
       this.#ownPool = new pg.Pool({ connectionString: db });
       // An idle connection that breaks is dropped by the pool and the next query
@@ -141,6 +150,12 @@ export class LaneClient {
       this.#ownPool.on('error', () => undefined);
       this.#db = this.#ownPool;
     } else {
+      if (typeof (db as Partial<Queryable> | null | undefined)?.query !== 'function') {
+        throw new BadInputError(
+          'LaneClient needs a connection string or a pg Pool or Client, ' +
+            `got ${db === null ? 'null' : typeof db}.`,
+        );
+      }
       this.#secrets = [];
       this.#ownPool = undefined;
       this.#db = db;

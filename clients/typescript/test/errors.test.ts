@@ -97,6 +97,23 @@ test('an unusable connection string is refused without echoing it', async () => 
   }
 });
 
+test('a missing connection string or pool is refused in one sentence', () => {
+  for (const [db, says] of [
+    [undefined, /got undefined\.$/],
+    [null, /got null\.$/],
+    ['', /got a blank one\.$/],
+    ['  ', /got a blank one\.$/],
+    [{}, /got object\.$/],
+  ] as const) {
+    assert.throws(() => new LaneClient(db as never), (err) => {
+      assert.ok(err instanceof BadInputError);
+      assert.match(err.message, /^LaneClient needs a connection string/);
+      assert.match(err.message, says);
+      return true;
+    });
+  }
+});
+
 test('the store schema must be a plain lower-case name of its own', () => {
   assert.equal(checkedSchema('lane_worker_store'), 'lane_worker_store');
   for (const bad of ['Runtime', 'a"b', 'x; drop table runs', '1abc', '', 'public', 'absurd',
