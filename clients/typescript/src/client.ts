@@ -249,7 +249,7 @@ export class LaneClient {
     );
   }
 
-  /** Cancel a run (`cancel_run`); a run that already ended is left as it is (`cancelled: false`). */
+  /** Cancel a run (`cancel_run`); a run that already ended stays as it is (`cancelled: false`). */
   async cancel(runId: string, reason?: string): Promise<CancelResult> {
     return this.callFunction<CancelResult>(
       'cancel_run',

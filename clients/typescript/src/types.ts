@@ -4,7 +4,13 @@
 // the strings Postgres writes into JSON (`2026-12-07T15:13:16.123456+00:00`).
 
 /** Any JSON value. */
-export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+export type JsonValue =
+  | string
+  | number
+  | boolean
+  | null
+  | JsonValue[]
+  | { [key: string]: JsonValue };
 
 /** A JSON object (a run's input must be one). */
 export type JsonObject = { [key: string]: JsonValue };

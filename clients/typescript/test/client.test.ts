@@ -75,7 +75,9 @@ test('a request the API refuses is a BadInputError with the reason', async () =>
 
 test('a runtime API refused never shows its token', async () => {
   await assert.rejects(
-    client.submit('greet', {}, { runtimeApi: { baseUrl: 'ftp://app.example', executorToken: TOKEN } }),
+    client.submit('greet', {}, {
+      runtimeApi: { baseUrl: 'ftp://app.example', executorToken: TOKEN },
+    }),
     (err) => {
       assert.ok(err instanceof BadInputError);
       assert.match(err.message, /baseUrl must be an http:\/\/ or https:\/\/ URL/);

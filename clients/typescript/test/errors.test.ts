@@ -123,7 +123,7 @@ test('the store schema must be a plain lower-case name of its own', () => {
   }
 });
 
-test('a run id that is no UUID and a runner attempt that is no whole number are refused first', async () => {
+test('a run id that is no UUID, a runner attempt that is no whole number: refused', async () => {
   // Nothing answers on port 1: a refusal before sending is the only way to pass.
   const client = new LaneClient('postgresql://127.0.0.1:1/db');
   try {

@@ -66,7 +66,8 @@ async function main(): Promise<Record<string, unknown>> {
     seen.noSuchRun = await refusal(() => client.status('00000000-0000-4000-8000-000000000000'));
     seen.noRunner = await refusal(() => client.reportRunnerResult(runId, 1, { ok: true }));
     seen.other = await client.submit('greet');
-    seen.cancelled = await client.cancel((seen.other as { runId: string }).runId, 'changed my mind');
+    const other = (seen.other as { runId: string }).runId;
+    seen.cancelled = await client.cancel(other, 'changed my mind');
     seen.many = await client.submitMany([
       { play: 'greet', input: { name: 'from-node' }, idempotencyKey: 'node-order-1' },
       { play: 'greet', input: { n: 2 } },
