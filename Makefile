@@ -69,3 +69,4 @@ dist: $(UV)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) dist .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf clients/typescript/node_modules clients/typescript/dist clients/typescript/build

@@ -17,6 +17,7 @@ daemon started by :mod:`support.daemon` gets the same directory on ``PYTHONPATH`
 - :mod:`support.apps`: the apps the daemons of the e2e tests run.
 - :mod:`support.deployfiles`: the Dockerfile, fly.toml and shell scripts, read as their tools do.
 - :mod:`support.example_app`: the example app (``examples/app``) and its image's build, replayed.
+- :mod:`support.tsclient`: the TypeScript client (``clients/typescript``), built for Node.
 """
 
 from pathlib import Path
