@@ -13,6 +13,7 @@ from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
+from worker.errors import counted
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import RolloutState
 
@@ -139,7 +140,7 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [
         f"release {said['releaseId']} is current (queue {said['queue']}, "
-        f"{said['desired']} machines); superseded: {previous}."
+        f"{counted(said['desired'], 'machine')}); superseded: {previous}."
     ]
     if wait:
         ran = (

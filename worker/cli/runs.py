@@ -20,7 +20,7 @@ from worker.cli.params import (
 )
 from worker.cli.root import cli
 from worker.client import AttemptView, LaneClient, RunReport
-from worker.errors import printable
+from worker.errors import counted, printable
 from worker.jsonvalue import unreadable_in
 from worker.ops.lanes_text import aligned
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
@@ -205,7 +205,9 @@ def _attempts_line(claims: Sequence[Any]) -> str:
     back = len(claims) - ran
     if not claims:
         return "(none yet)"
-    return f"{ran}" + (f" (and {back} claim(s) put back without an attempt)" if back else "")
+    return f"{ran}" + (
+        f" (and {counted(back, 'claim')} put back without an attempt)" if back else ""
+    )
 
 
 @cli.group("runs", invoke_without_command=True)
