@@ -1,7 +1,9 @@
-"""`lane-worker releases` shows each process machine's health port and log (issue 31).
+"""`lane-worker releases` shows each process machine's health port and log; the scaler's
+/metrics has its own families only (issue 31).
 
 The process backend's machines each pick a free health port: without it shown, an
-operator had to read a machine's log to find its page.
+operator had to read a machine's log to find its page. The scaler served every
+family of a worker's too (claims, attempts, lanes), never set: zeros on a dashboard.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import aiohttp
 from support.cli import lane_worker, lane_worker_json
 from support.machines import destroy_all
 from support.runtime import eventually, open_client
-from support.scaler import machine_health_port, start_scaler
+from support.scaler import events, machine_health_port, start_scaler
 from worker.scaler.process import health_port_in
 
 APP = "support.apps.basic:app"
@@ -53,10 +55,31 @@ async def test_releases_shows_each_machines_health_port_and_logs(
                 f"{machine['healthPort']}; logs: {machine['logs']}"
             )
             assert line in text.stdout.splitlines(), text.stdout
+            metrics = await scaler_metrics(tmp_path / "scaler.log")
+            families = {
+                line.split()[2] for line in metrics.splitlines() if line.startswith("# TYPE")
+            }
+            assert "lane_worker_scaler_machines_running" in families, families
+            assert f'lane_worker_scaler_machines_running{{release="{RELEASE}"}} 1.0' in metrics
+            worker_only = {"lane_worker_claims", "lane_worker_attempts", "lane_worker_lanes",
+                           "lane_worker_lane_open_runs", "lane_worker_runs_in_flight"}  # fmt: skip
+            assert not families & worker_only, families
+            assert families - {"lane_worker_build_info"} == {
+                f for f in families if f.startswith("lane_worker_scaler_")
+            }, families
     finally:
         scaler.send_signal(signal.SIGTERM)
         scaler.wait(timeout=30)
         await destroy_all(state)
+
+
+async def scaler_metrics(log: Path) -> str:
+    """The scaler's /metrics page (its port from its `scaler.started` line)."""
+    port = next(e["health_port"] for e in events(log) if e.get("event") == "scaler.started")
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200
+        return await response.text()
 
 
 def test_the_port_is_read_from_a_json_or_a_console_log(tmp_path: Path) -> None:
