@@ -20,6 +20,11 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def counted(n: int, noun: str) -> str:
+    """Return ``n`` and ``noun``, the noun plural unless ``n`` is 1 ("1 machine", "2 machines")."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def shown(value: str) -> str:
     """Quote a value someone typed for a message: at most 100 characters of it, as shown.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from worker.version import VERSION
@@ -10,18 +12,30 @@ from worker.version import VERSION
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
 
 
+class Registered(Protocol):
+    """What a health server serves on /metrics: a process's own registry."""
+
+    registry: CollectorRegistry
+
+
+def build_info(registry: CollectorRegistry) -> Gauge:
+    """Register ``lane_worker_build_info`` (the worker's and the scaler's): 1, by version."""
+    gauge = Gauge(
+        "lane_worker_build_info",
+        "The running build: always 1, labelled with its version.",
+        ["version"],
+        registry=registry,
+    )
+    gauge.labels(_version()).set(1)
+    return gauge
+
+
 class Metrics:
     """The daemon's metrics, in a registry of their own (no process-global state)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.build_info = Gauge(
-            "lane_worker_build_info",
-            "The running build: always 1, labelled with its version.",
-            ["version"],
-            registry=self.registry,
-        )
-        self.build_info.labels(_version()).set(1)
+        self.build_info = build_info(self.registry)
         self.claims = Counter(
             "lane_worker_claims",
             "Runs claimed, by loop kind and lane disposition.",

@@ -191,7 +191,7 @@ def _external_server(url: str) -> PgServer:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise DatabaseUnavailableError(
-            f"{ENV_VAR} must be a postgresql:// URL, got {redact(url)!r}"
+            f"{ENV_VAR} must be a postgres:// or postgresql:// URL, got {redact(url)!r}"
         )
     server = PgServer(admin_url=url, kind="external")
     try:

@@ -36,7 +36,7 @@ def columns(rows: list[tuple[str, str]]) -> list[str]:
 def cell(name: str, value: str) -> str:
     """Return ``value`` cut to its column's limit, as ``repr`` when it is not printable."""
     # URLs and errors run long; an error quoting a URL must keep its masked part.
-    limit = 3 * SHOWN_CHARS if name in ("database", "error") else SHOWN_CHARS
+    limit = 3 * SHOWN_CHARS if name.strip() in ("database", "error", "reason") else SHOWN_CHARS
     if len(value) > limit:
         value = value[:limit] + "..."
     return value if value.isprintable() else repr(value)

@@ -13,8 +13,9 @@ from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
+from worker.errors import counted
 from worker.ops.lanes_text import aligned
-from worker.ops.releases import RolloutState
+from worker.ops.releases import ReleaseView, RolloutState
 
 
 @cli.group("releases", invoke_without_command=True)
@@ -51,7 +52,23 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
     if scaler is not None:
         seen = {"holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s}
     report = {"releases": [v.as_json() for v in views], "scaler": seen}
-    emit(as_json, report, *(aligned(rows) if views else ["no release deployed yet"]), scaler_line)
+    lines = aligned(rows) if views else ["no release deployed yet"]
+    emit(as_json, report, *lines, *_machine_lines(views), scaler_line)
+
+
+def _machine_lines(views: list[ReleaseView]) -> list[str]:
+    """Each machine the scaler last listed: its state, health port (the process backend's
+    machines each pick a free one) and where its logs are."""
+    lines = []
+    for v in views:
+        for m in v.scaler.get("machines") or []:
+            if not isinstance(m, dict):
+                continue
+            port = f", health port {m['healthPort']}" if m.get("healthPort") else ""
+            said = f"{m.get('state')}{port}; logs: {m.get('logs')}"
+            line = f"{v.release_id} machine {m.get('id')}: {said}"
+            lines.append(line if line.isprintable() else repr(line))
+    return lines
 
 
 def _scaler_sees(said: dict[str, Any]) -> str:
@@ -139,7 +156,7 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [
         f"release {said['releaseId']} is current (queue {said['queue']}, "
-        f"{said['desired']} machines); superseded: {previous}."
+        f"{counted(said['desired'], 'machine')}); superseded: {previous}."
     ]
     if wait:
         ran = (

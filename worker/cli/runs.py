@@ -19,8 +19,8 @@ from worker.cli.params import (
     json_option,
 )
 from worker.cli.root import cli
-from worker.client import LaneClient, RunReport
-from worker.errors import printable
+from worker.client import AttemptView, LaneClient, RunReport
+from worker.errors import counted, printable
 from worker.jsonvalue import unreadable_in
 from worker.ops.lanes_text import aligned
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
@@ -123,12 +123,13 @@ def status(run_id: str, as_json: bool) -> None:
         ("queue", now.queue),
         ("attempts", _attempts_line(now.attempts)),
     ]
-    for a in now.attempts:
-        did = f"{a.disposition} by {a.worker_id} (release {a.release_id})"
-        rows.append((f"  #{a.attempt}", f"{did} -> {a.outcome or 'in progress'}"))
+    for n, a in enumerate(now.attempts, start=1):
+        rows += _claim_rows(a.claim or n, a)
     for step in now.steps:
-        by = f"release {step.release_id} (attempt #{step.attempt})" if step.release_id else "?"
-        rows.append((f"  step {step.name}", f"committed by {by}"))
+        by = f"release {step.release_id} (attempt {step.attempt})" if step.release_id else "?"
+        # A durable wait (an event's, a runner's, a sleep's) ends once: listed as a step is.
+        kind = "step" if step.name.startswith("step:") else "wait"
+        rows.append((f"  {kind} {step.name}", f"committed by {by}"))
     if now.retry_of is not None:
         rows.append(("retry of", now.retry_of))
     if now.output is not None:
@@ -147,6 +148,27 @@ def status(run_id: str, as_json: bool) -> None:
         said = "recorded" if delivery is None else _delivery_line(delivery)
         rows.append((f"  fact {fact['type']}", said))
     emit(as_json, now.as_json(), *columns(rows), *_traceback_lines(now.error))
+
+
+def _claim_rows(n: int, a: AttemptView) -> list[tuple[str, str]]:
+    """One claim, numbered once (``attempt`` is the engine's, which a put-back or a
+    resumed park repeats), and what it stored: a put-back's reason, a failure's error."""
+    ran = a.disposition in ("own", "adopt")
+    where = f"release {a.release_id}" + (f", machine {a.machine_id}" if a.machine_id else "")
+    did = f"{a.disposition} by {a.worker_id} ({where})"
+    said = f"{f'attempt {a.attempt}: ' if ran else ''}{did} -> {a.outcome or 'in progress'}"
+    rows = [(f"  claim {n}", said)]
+    error = a.error
+    unreadable = unreadable_in("the claim's error", error)
+    if unreadable is not None:
+        rows.append(("    error", unreadable))
+    elif isinstance(error, dict) and isinstance(error.get("reason"), str):
+        rows.append(("    reason", one_line(error["reason"], limit=1000)))
+    elif isinstance(error, dict) and isinstance(error.get("name"), str):
+        rows.append(("    error", f"{error['name']}: {one_line(error, limit=1000)}"))
+    elif error is not None:
+        rows.append(("    error", one_line(error, limit=1000)))
+    return rows
 
 
 def _traceback_lines(error: Any) -> list[str]:
@@ -183,7 +205,9 @@ def _attempts_line(claims: Sequence[Any]) -> str:
     back = len(claims) - ran
     if not claims:
         return "(none yet)"
-    return f"{ran}" + (f" (and {back} claim(s) put back without an attempt)" if back else "")
+    return f"{ran}" + (
+        f" (and {counted(back, 'claim')} put back without an attempt)" if back else ""
+    )
 
 
 @cli.group("runs", invoke_without_command=True)

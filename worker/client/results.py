@@ -22,13 +22,20 @@ class SubmittedRun:
 
 @dataclass(frozen=True)
 class AttemptView:
-    """One claim of a run."""
+    """One claim of a run: ``claim`` numbers them 1, 2, ... once each; ``attempt`` is the
+    engine's attempt number, which a defer, a hand-back or a resumed park repeats."""
 
     attempt: int
     worker_id: str
     release_id: str
     disposition: str
     outcome: str | None
+    claim: int = 0  # 0: read from a run_status object, which has no claim numbers
+    claimed_at: datetime | None = None
+    finished_at: datetime | None = None
+    machine_id: str | None = None  # the worker's machine (FLY_MACHINE_ID, the process backend's)
+    # As stored: a failure's name, message and traceback, or a put-back's {"reason": ...}.
+    error: Any = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,16 @@ class RunReport:
             queue=said["queue"],
             attempts=tuple(
                 AttemptView(
-                    a["attempt"], a["workerId"], a["releaseId"], a["disposition"], a["outcome"]
+                    a["attempt"],
+                    a["workerId"],
+                    a["releaseId"],
+                    a["disposition"],
+                    a["outcome"],
+                    claim=a.get("claim", 0),
+                    claimed_at=_time(a.get("claimedAt")),
+                    finished_at=_time(a.get("finishedAt")),
+                    machine_id=a.get("machineId"),
+                    error=a.get("error"),
                 )
                 for a in said["attempts"]
             ),
@@ -111,10 +127,15 @@ class RunReport:
             "attempts": [
                 {
                     "attempt": a.attempt,
+                    "claim": a.claim,
                     "workerId": a.worker_id,
+                    "machineId": a.machine_id,
                     "releaseId": a.release_id,
                     "disposition": a.disposition,
                     "outcome": a.outcome,
+                    "claimedAt": a.claimed_at and a.claimed_at.isoformat(),
+                    "finishedAt": a.finished_at and a.finished_at.isoformat(),
+                    "error": a.error,
                 }
                 for a in self.attempts
             ],
@@ -134,6 +155,10 @@ class RunReport:
             ],
             "facts": list(self.ledger),
         }
+
+
+def _time(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def url_problem(url: str) -> str | None:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         named = f"scheme {scheme!r}" if sep and _SCHEME.fullmatch(scheme) else "no scheme"
-        return f"is not a postgresql:// URL ({named}): {_FORM}"
+        return f"is not a postgres:// or postgresql:// URL ({named}): {_FORM}"
     if _CONTROL.search(url) or not is_utf8(url):
         return "holds a control character or invalid text (a line break, a tab?): remove it"
     if "#" in rest:

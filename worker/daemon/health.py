@@ -24,7 +24,7 @@ from worker.daemon import page, run_page
 from worker.errors import (
     HealthPortError,
 )
-from worker.metrics import Metrics
+from worker.metrics import Metrics, Registered
 from worker.ops.lane_view import LaneView
 from worker.ops.lanes_text import lanes_table
 from worker.states import LaneState
@@ -304,7 +304,7 @@ class HealthServer:
     def __init__(
         self,
         port: int,
-        metrics: Metrics,
+        metrics: Registered,  # the worker's Metrics, or the scaler's own
         readiness: ReadinessCheck,
         lanes: LanesReport | None = None,
         *,
@@ -424,7 +424,7 @@ class HealthServer:
         return web.json_response({"lanes": [v.as_json() for v in shown], **paging})
 
     async def _metrics_page(self, _request: web.Request) -> web.Response:
-        if self._lanes is not None:
+        if self._lanes is not None and isinstance(self._metrics, Metrics):
             views = await self._report()  # single flight, reused briefly (report_cache)
             if not isinstance(views, str):  # a database that is away keeps the last values
                 lane_gauges(self._metrics, views)

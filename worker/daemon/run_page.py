@@ -1,8 +1,9 @@
 """The run page (``/runs/<runId>`` on the health port): one run, as an operator reads it.
 
-What ``lane-worker status`` prints (status, play, releases, attempts with their
-disposition and outcome, steps with the release that committed each, ledger
-facts), plus what the wait it is parked in waits for and its drain-report bucket.
+What ``lane-worker status`` prints (status, play, releases, each claim numbered once
+with its disposition, outcome, release, worker, machine and put-back reason or
+error, steps and waits with the release that committed each, ledger facts), plus
+its input, what the wait it is parked in waits for and its drain-report bucket.
 Every value is escaped: plays, outputs and errors come from the app.
 """
 
@@ -120,6 +121,18 @@ def _error(error: Any) -> list[tuple[str, str]]:
     return [("error", _value(rest, "the error")), ("traceback", f"<pre>{escape(text)}</pre>")]
 
 
+def _claim_error(error: Any) -> str:
+    """A claim's put-back reason, or its failure's name and message (the run's error row
+    shows the last failure's traceback)."""
+    if error is None:
+        return ""
+    if isinstance(error, dict) and isinstance(error.get("reason"), str):
+        return escape(_cut(error["reason"]))
+    if isinstance(error, dict) and isinstance(error.get("name"), str):
+        return escape(_cut(f"{error['name']}: {error.get('message', '')}"))
+    return _value(error, "the claim's error")
+
+
 def _table(head: tuple[str, ...], rows: list[tuple[str, ...]], field: str) -> str:
     """A table of already escaped cells; ``field`` names it for readers of the DOM."""
     if not rows:
@@ -168,6 +181,7 @@ def render_run(view: RunView) -> str:
                 f"{escape(str(said['retryOf']))}</a>",
             )
         )
+    facts.append(("input", _value(row.input, "the input")))
     if said["output"] is not None:
         facts.append(("output", _value(said["output"], "the output")))
     if said["error"] is not None:
@@ -177,19 +191,24 @@ def render_run(view: RunView) -> str:
         for name, cell in facts
     )
     attempts = _table(
-        ("#", "disposition", "outcome", "release", "worker"),
+        ("claim", "disposition", "outcome", "release", "worker", "machine", "engine attempt",
+         "reason or error"),
         [
             (
-                escape(str(a["attempt"])),
+                escape(str(a.get("claim", n))),
                 escape(str(a["disposition"])),
                 escape(str(a["outcome"] or "in progress")),
                 escape(str(a["releaseId"])),
                 f"<code>{escape(str(a['workerId']))}</code>",
+                f"<code>{escape(str(a.get('machineId') or ''))}</code>",
+                # A put-back ran nothing: the engine's number it repeats would mislead.
+                escape(str(a["attempt"])) if a["disposition"] in ("own", "adopt") else "",
+                _claim_error(a.get("error")),
             )
-            for a in said["attempts"]
+            for n, a in enumerate(said["attempts"], start=1)
         ],
         "attempts",
-    )
+    )  # fmt: skip
     steps = _table(
         ("checkpoint", "committed by release", "attempt", "worker", "when"),
         [

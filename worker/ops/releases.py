@@ -22,7 +22,7 @@ from typing import Any
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ScalerState
-from worker.errors import InvalidRequestError
+from worker.errors import InvalidRequestError, counted
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
@@ -187,7 +187,8 @@ class Releases:
             return RolloutState(False, f"a machine refused to boot: {said['bootRefused']}")
         if said.get("outdated") and said.get("ready", 0) >= mine.desired:
             return RolloutState(
-                False, f"{said['outdated']} machine(s) on the replaced image still stopping"
+                False,
+                f"{counted(said['outdated'], 'machine')} on the replaced image still stopping",
             )
         ready = said.get("ready", mine.ready_workers)
         return RolloutState(False, f"machines not ready ({ready} of {mine.desired} ready)")

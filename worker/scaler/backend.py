@@ -53,6 +53,7 @@ class Machine:
     age_s: float  # since it was created
     exit_code: int | None = None  # how its worker exited, when the backend knows
     stopping_s: float | None = None  # since its stop was sent, when the backend knows
+    health_port: int | None = None  # its worker's health port on this host, when the backend knows
 
     @property
     def running(self) -> bool:

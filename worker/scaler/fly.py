@@ -1,26 +1,25 @@
 """The Fly backend: machines are Fly Machines, through the Machines REST API.
 
-``FLY_API_TOKEN`` (sent as ``Authorization: Bearer``; never logged, never given to
-a machine), ``FLY_APP_NAME``, ``FLY_REGION`` and ``LANE_WORKER_FLY_API_URL`` (the
-API's address without ``/v1``; default Fly's public one). A machine is created
-with the release's image, ``DEEPLINE_RUNTIME_DEPLOY_VERSION`` set to the release
-in its env, the ``lane_worker_release`` metadata, an HTTP check on ``/readyz``,
-``stop_config`` with SIGTERM and a timeout above the worker's longest stop, and
-no restart policy (the scaler replaces a machine that died). Secrets such as the
-database URL reach machines as the app's own secrets (``fly secrets``).
-Calls are retried with tenacity on 429 (honouring ``Retry-After`` up to
-``MAX_RETRY_WAIT_S``), 5xx and timeouts; a 429 asking for a longer wait is
-``RateLimited`` at once (the scaler leaves the API alone that long, at most
-``MAX_RETRY_AFTER_S``, and its passes go on saying so); a 401, 403 or 404 is
-one clear error (the pass records it and the next pass tries again), never a
-crash. What is kept of an answer is masked (``worker.masking``): a refusal may
-echo the token. A create is idempotent: it carries a name and a key of its own,
-and before it is sent again (after a 5xx, a timeout, or a name already taken)
-the listing is searched for it for ``_CREATE_FIND_S`` (a new machine may be
-listed seconds late, and an API that does not keep names unique would make a
-twin). A listing
-is read page by page when the API answers with a cursor, and a machine it names
-twice is one machine.
+``FLY_API_TOKEN`` (sent as ``Authorization: Bearer``; never logged, never given to a
+machine), ``FLY_APP_NAME`` (or ``LANE_WORKER_FLY_APP``, which wins: the workers' app,
+for a scaler running in an app of its own), ``FLY_REGION`` and
+``LANE_WORKER_FLY_API_URL`` (the API's address without ``/v1``; default Fly's public
+one). A machine is created with the release's image,
+``DEEPLINE_RUNTIME_DEPLOY_VERSION`` set to the release in its env, the
+``lane_worker_release`` metadata, an HTTP check on ``/readyz``, ``stop_config`` with
+SIGTERM and a timeout above the worker's longest stop, and no restart policy (the
+scaler replaces a machine that died). Secrets such as the database URL reach machines
+as the app's own secrets (``fly secrets``). Calls are retried with tenacity on 429
+(honouring ``Retry-After`` up to ``MAX_RETRY_WAIT_S``), 5xx and timeouts; a 429 asking
+for a longer wait is ``RateLimited`` at once (the scaler leaves the API alone that
+long, at most ``MAX_RETRY_AFTER_S``, and its passes go on saying so); a 401, 403 or
+404 is one clear error (the pass records it and the next pass tries again), never a
+crash. What is kept of an answer is masked (``worker.masking``): a refusal may echo
+the token. A create is idempotent: it carries a name and a key of its own, and before
+it is sent again (after a 5xx, a timeout, or a name already taken) the listing is
+searched for it for ``_CREATE_FIND_S`` (a new machine may be listed seconds late, and
+an API that does not keep names unique would make a twin). A listing is read page by
+page when the API answers with a cursor, and a machine it names twice is one machine.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from tenacity import (
 )
 
 from worker.config.dburl import url_secrets
-from worker.config.env import DATABASE_URL_ENV
+from worker.config.env import DATABASE_URL_ENV, FLY_APP_ENV
 from worker.errors import LaneConfigError
 from worker.masking import joined, mask_response, secret_forms
 from worker.scaler.backend import (
@@ -70,6 +69,9 @@ API_URL_ENV, TOKEN_ENV, APP_ENV, REGION_ENV = (
     "FLY_APP_NAME",
     "FLY_REGION",
 )
+# The workers' app, for a scaler that runs in an app of its own: Fly sets FLY_APP_NAME
+# in every machine to the app it runs in, so the scaler's own app cannot name another.
+WORKER_APP_ENV = FLY_APP_ENV
 HEALTH_PORT = 8080  # the image's LANE_WORKER_HEALTH_PORT (Dockerfile, fly.toml)
 _STATES = {
     "started": STARTED,
@@ -159,8 +161,9 @@ class FlyBackend:
     @classmethod
     def from_env(cls, env: Mapping[str, str], region: str | None = None) -> FlyBackend:
         token = (env.get(TOKEN_ENV) or "").strip()
-        app = (env.get(APP_ENV) or "").strip()
-        for name, value in ((TOKEN_ENV, token), (APP_ENV, app)):
+        app_env = WORKER_APP_ENV if (env.get(WORKER_APP_ENV) or "").strip() else APP_ENV
+        app = (env.get(app_env) or "").strip()
+        for name, value in ((TOKEN_ENV, token), (app_env, app)):
             if not value:
                 raise LaneConfigError(
                     f"{name} is not set: the fly backend needs it (`fly tokens create deploy`, "

@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from worker.errors import EXIT_CONFIG  # a worker that refused its configuration
+from worker.errors import EXIT_CONFIG, counted  # a worker that refused its configuration
 from worker.scaler.actions import (
     Action,
     Backoff,
@@ -362,9 +362,9 @@ def _start_missing(
             Say(
                 r.release_id,
                 "scaler.create_bound",
-                f"this scaler made {made} machines of this release on {r.image} that still run, "
-                f"yet the backend lists {listed} of {target} on it: no machine is created "
-                f"for this release above {ceiling} (is the listing wrong?)",
+                f"this scaler made {counted(made, 'machine')} of this release on {r.image} "
+                f"still running, yet the backend lists {listed} of {target} on it: no machine "
+                f"is created for this release above {ceiling} (is the listing wrong?)",
                 (("made", made), ("listed", listed), ("target", target)),
             )
         ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -43,6 +44,10 @@ from worker.scaler.backend import (
 
 # A machine recorded this long ago whose wrapper never said its pid did not start.
 START_GRACE_S = 15.0
+# Where `worker.ready` is looked for in a machine's log (its first lines: boot's).
+LOG_HEAD_BYTES = 256 * 1024
+# Its port, as the JSON (`"health_port": 8123`) and the console (`health_port=8123`) logs say it.
+_READY_PORT = re.compile(rb'health_port"?\s*[:=]\s*([0-9]{1,5})\b')
 
 # What a machine inherits from the scaler: the database and the store, not the
 # scaler's own settings (a machine's release, machine id and port are its own),
@@ -71,6 +76,7 @@ class ProcessBackend:
         # Machines inherit the scaler's drain window: a margin above their longest stop.
         self.stop_deadline_s = machine_stop_s(self.env) + 30.0
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._ports: dict[str, int] = {}  # a machine's health port, once its log said it
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def _record(self, machine_id: str) -> Path:
@@ -136,7 +142,17 @@ class ProcessBackend:
             age_s=age_s,
             exit_code=exit_code,
             stopping_s=stopping_s,
+            health_port=self._health_port(machine_id) if state in (STARTED, STOPPING) else None,
         )
+
+    def _health_port(self, machine_id: str) -> int | None:
+        """The port its worker listens on: each machine picks a free one (port 0)."""
+        port = self._ports.get(machine_id)
+        if port is None:
+            port = health_port_in(self.state_dir / f"{machine_id}.log")
+            if port is not None:
+                self._ports[machine_id] = port
+        return port
 
     def _stopping_s(self, machine_id: str) -> float | None:
         """Seconds since the machine's stop was sent; None if it never was."""
@@ -230,12 +246,28 @@ class ProcessBackend:
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await anyio.to_thread.run_sync(lambda: child.wait(timeout=5))
+        self._ports.pop(machine.machine_id, None)
         # The log stays (a machine that failed to boot is explained there).
         for suffix in (".json", ".exit", ".pids", ".stopping"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
 
     def where_logs(self, machine_id: str) -> str:
         return str(self.state_dir / f"{machine_id}.log")
+
+
+def health_port_in(log: Path) -> int | None:
+    """The health port a worker's `worker.ready` line names in ``log``; None before it."""
+    try:
+        with log.open("rb") as f:
+            head = f.read(LOG_HEAD_BYTES)
+    except OSError:
+        return None
+    for line in head.splitlines():
+        if b"worker.ready" in line:
+            found = _READY_PORT.search(line)
+            if found is not None and 0 < int(found.group(1)) <= 65_535:
+                return int(found.group(1))
+    return None
 
 
 def _alive(pid: int | None, machine_id: str) -> bool:

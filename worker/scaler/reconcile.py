@@ -84,6 +84,8 @@ class ReleaseSeen:
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     boot_refused: str | None = None
+    # Its machines as the backend listed them: id, state, health port, where their logs are.
+    machines: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +100,7 @@ class ReleaseSeen:
             "actions": self.actions,
             "error": self.error,
             "bootRefused": self.boot_refused,
+            "machines": self.machines,
         }
 
 
@@ -190,6 +193,16 @@ class Reconciler:
             )
             for d in deployments
         }
+        for m in machines.values():
+            if m.release_id in seen:
+                seen[m.release_id].machines.append(
+                    {
+                        "id": m.machine_id,
+                        "state": m.state,
+                        "healthPort": m.health_port,
+                        "logs": self.backend.where_logs(m.machine_id),
+                    }
+                )
         failed: set[str] = set()  # releases whose actions stopped at a backend error
         counted: set[str] = set()  # releases whose tally was taken
         for action in actions:

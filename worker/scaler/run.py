@@ -27,13 +27,13 @@ from typing import Any
 import anyio
 import asyncpg
 import structlog
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from worker.client import LaneClient
 from worker.config.stopping import Phase, Role, StopAction, handled_signals, stop_action
 from worker.daemon.health import HealthServer
 from worker.masking import mask_value
-from worker.metrics import Metrics
+from worker.metrics import build_info
 from worker.ops.releases import actor
 from worker.scaler.backend import Backend
 from worker.scaler.reconcile import Reconciler
@@ -88,11 +88,13 @@ class _Lease:
             await anyio.sleep(LEASE_S / 6)
 
 
-class ScalerMetrics(Metrics):
-    """The worker's metrics registry, with the scaler's own."""
+class ScalerMetrics:
+    """The scaler's own metrics and its build: none of a worker's families (claims,
+    attempts, lanes), which a scaler never sets and a dashboard would read as zeros."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self.registry = CollectorRegistry()
+        self.build_info = build_info(self.registry)
         self.machines_desired = Gauge(
             "lane_worker_scaler_machines_desired",
             "Machines a release should run now.",

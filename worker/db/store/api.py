@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -134,4 +135,13 @@ class ApiQueries(Queries):
                 fact["delivery"] = fact["delivery"] | {"error": error}
             facts.append(fact)
         result["facts"] = facts
+        # Numbered once each (`attempt` is the engine's: a defer or a resumed
+        # park repeats it), with the claim's error or put-back reason.
+        attempts = zip(result["attempts"], row["claims"], row["attempt_errors"], strict=True)
+        for n, (attempt, claim, error) in enumerate(attempts, start=1):
+            attempt.update(claim=n, **claim, error=error)
+        result["steps"] = sorted(
+            [*result["steps"], *row["sleeps"]],
+            key=lambda s: datetime.fromisoformat(s["committedAt"]),
+        )
         return result

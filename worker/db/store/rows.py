@@ -288,6 +288,7 @@ class RunPageRow:
     """What the run page shows beside ``run_status`` (``run_page``)."""
 
     run_id: uuid.UUID
+    input: Any  # stored JSON (Unreadable when this process cannot decode it)
     current_wait: Any  # stored JSON: an object, or Unreadable, or (written past the API) anything
     attempts: int
     max_attempts: int

@@ -25,7 +25,46 @@ select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
        array(select f #- '{delivery,error}' from jsonb_array_elements(s -> 'facts')
                       with ordinality as e(f, n) order by n) as facts,
        array(select f #> '{delivery,error}' from jsonb_array_elements(s -> 'facts')
-                      with ordinality as e(f, n) order by n) as delivery_errors
+                      with ordinality as e(f, n) order by n) as delivery_errors,
+       -- What `status` shows beside the function's object (issue 31; the
+       -- function is unchanged): each claim's stored error (a put-back's reason),
+       -- times and machine, in the function's order of attempts ...
+       array(select a.error from {schema}.attempts a
+              where a.run_id = $1 order by a.attempt_id) as attempt_errors,
+       array(select jsonb_build_object('claimedAt', a.claimed_at, 'finishedAt', a.finished_at,
+                                       'machineId', w.machine_id)
+               from {schema}.attempts a
+               left join lateral (
+                 select w.machine_id from {schema}.workers w
+                  where w.worker_id in (a.worker_id, regexp_replace(
+                          a.worker_id, ':[^:]*:continuations$', ''))
+                  limit 1) w on true
+              where a.run_id = $1 order by a.attempt_id) as claims,
+       -- ... and the durable sleeps it finished, which its envelope keeps (an
+       -- event's wait is an engine checkpoint, among the steps), with the
+       -- attempt that was running when each ended, as the steps have.
+       array(select jsonb_build_object('name', 'sleep:' || b.key, 'releaseId', a.release_id,
+                                       'attempt', a.attempt, 'workerId', a.worker_id,
+                                       'committedAt', b.at)
+               from (select b.key,
+                            case when jsonb_typeof(b.value -> 'completedAt') = 'number'
+                                  and (b.value ->> 'completedAt')::numeric between 0 and 1e14
+                                 then to_timestamp((b.value ->> 'completedAt')::numeric / 1000)
+                            end as at
+                       from {schema}.runs r,
+                            jsonb_each(case jsonb_typeof(r.checkpoint -> 'resolvedBoundaries')
+                                       when 'object' then r.checkpoint -> 'resolvedBoundaries'
+                                       else '{}' end) b
+                      where r.run_id = $1 and jsonb_typeof(b.value) = 'object'
+                        and b.value ->> 'kind' = 'sleep') b
+               left join lateral (
+                 select a.attempt, a.release_id, a.worker_id
+                   from {schema}.attempts a
+                  where a.run_id = $1 and a.disposition in ('own', 'adopt')
+                    and a.claimed_at <= b.at
+                  order by a.claimed_at desc, a.attempt_id desc
+                  limit 1) a on true
+              where b.at is not null order by b.at, b.key) as sleeps
   from {schema}.run_status($1) s;
 
 -- name: report_runner_result

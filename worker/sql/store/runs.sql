@@ -114,9 +114,10 @@ select {schema}.settle_run_by($1, $2, $3, $4, $5, $6, $7);
 select {schema}.spawn_run_task($1, $2, $3);
 
 -- name: run_page
--- What the run page shows beside run_status: the wait it is parked in, its
--- bucket while it is open (migration 0014), its clock, and the database's now.
-select r.run_id, r.current_wait, r.attempts, r.max_attempts, r.defer_count,
+-- What the run page shows beside run_status: its input, the wait it is parked
+-- in, its bucket while it is open (migration 0014), its clock, and the
+-- database's now.
+select r.run_id, r.input, r.current_wait, r.attempts, r.max_attempts, r.defer_count,
        r.created_at, r.updated_at, r.finished_at, now() as as_of,
        case when r.status not in ('completed', 'failed', 'cancelled')
             then {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait)
