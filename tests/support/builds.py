@@ -32,8 +32,10 @@ BUILD_TIMEOUT_S = 600.0
 # engine-side objects were unversioned (main before contracts), and two older ones the
 # issue names, whose installs broke later builds' claims ("unknown claim mode all",
 # issue 29); 2d22071 is also the oldest build whose app can submit through the store's
-# SQL API, which the test uses. From 0.2.0 on, add every tagged version here.
+# SQL API, which the test uses. From 0.2.0 on, add every release here (its last commit
+# before the next bump of worker/version.py).
 OLDER_BUILDS: dict[str, str] = {
+    "395febb": "main's last commit of 0.2.1: facts built by workers, releases named by segment",
     "a408570": "main's head before versioned engine contracts (unversioned claim functions)",
     "dd1325a": "the operator's view (issue 18): claim_lane without mode 'all'",
     "2d22071": "the app's SQL API: the first build with the store's submit_run",
