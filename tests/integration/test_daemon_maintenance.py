@@ -15,7 +15,8 @@ from support.db import execute, fetch, sql
 from support.runtime import SCHEMA, env_of, open_client, open_runtime, register_worker
 from worker import App, TaskContext
 from worker.client import LaneClient, RunReport
-from worker.daemon.maintenance import maintain
+from worker.daemon import maintenance
+from worker.daemon.maintenance import Rotation, maintain
 from worker.metrics import Metrics
 
 GOOD_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-a"}
@@ -374,3 +375,69 @@ async def test_the_task_a_move_left_on_a_queue_only_the_sql_api_made_is_cleaned(
         assert (await engine_rows(database_url, old_queue))["t"] == set()
     cleaned = [line for line in lines if line["event"] == "maintenance.cleaned"]
     assert [(c["queue"], c["tasks"]) for c in cleaned] == [(old_queue, 1)]
+
+
+# -- lanes pruned by themselves (LANE_WORKER_PRUNE_AFTER) ---------------------------------
+
+
+async def ended_lane(database_url: str, release: str, *, open_run: bool = False) -> str:
+    """A retired lane whose only run ended (cancelled), or is still queued; return its queue."""
+    async with open_client(database_url, env_of(release)) as client:
+        submitted = await client.submit("plain", {})
+        if not open_run:
+            assert await client.cancel(submitted.run_id)
+        await client.retire_release(release)
+    return submitted.queue
+
+
+async def retired_ago(database_url: str, queue: str, seconds: float) -> None:
+    await execute(
+        database_url,
+        f"update {SCHEMA}.releases set retired_at = now() - make_interval(secs => $2::float8)"
+        " where queue = $1",
+        queue, seconds,
+    )  # fmt: skip
+
+
+async def pruned(database_url: str) -> set[str]:
+    rows = await fetch(
+        database_url, f"select queue from {SCHEMA}.releases where pruned_at is not null"
+    )
+    return {r["queue"] for r in rows}
+
+
+async def test_maintenance_prunes_lanes_retired_longer_than_prune_after(
+    database_url: str, monkeypatch: Any
+) -> None:
+    """Retired over LANE_WORKER_PRUNE_AFTER ago with nothing unfinished: pruned by a pass,
+    a bounded number a pass. Recent, with an open run, or with the setting at 0: kept."""
+    day = 86_400.0
+    old_a = await ended_lane(database_url, "prn-a")
+    old_b = await ended_lane(database_url, "prn-b")
+    recent = await ended_lane(database_url, "prn-recent")
+    busy = await ended_lane(database_url, "prn-busy", open_run=True)
+    for queue in (old_a, old_b, busy):
+        await retired_ago(database_url, queue, 2 * day)
+    await retired_ago(database_url, recent, day - 600)
+    async with open_client(database_url, GOOD_ENV) as client:
+        # 0: never, whatever the lanes.
+        assert await maintain(client.db, client.store, worker_id="test", prune_after_s=0.0)
+        assert await pruned(database_url) == set()
+        monkeypatch.setattr(maintenance, "PRUNE_CHECKS_PER_PASS", 1)
+        with capture_logs() as lines:
+            rotation = Rotation()
+            for _ in range(3):
+                assert await maintain(
+                    client.db, client.store, worker_id="test", rotation=rotation,
+                    prune_after_s=day,
+                )  # fmt: skip
+    assert await pruned(database_url) == {old_a, old_b}
+    said = [line["queue"] for line in lines if line["event"] == "lane.pruned"]
+    assert sorted(said) == [old_a, old_b]  # one a pass: each once
+    for queue, exists in ((old_a, False), (old_b, False), (recent, True), (busy, True)):
+        listed = await sql(
+            database_url, "select count(*) from absurd.queues where queue_name = $1", queue
+        )
+        assert bool(listed) == exists, queue
+    passes = [line for line in lines if line["event"] == "maintenance.passed"]
+    assert [p["pruned"] for p in passes] == [1, 1, 0]

@@ -144,6 +144,8 @@ def test_suffix_that_normalizes_to_nothing_is_refused() -> None:
         ("LANE_WORKER_POLL_INTERVAL", "inf"),
         ("LANE_WORKER_POLL_INTERVAL", "0"),
         ("LANE_WORKER_DRAIN_SECONDS", "-5"),
+        ("LANE_WORKER_PRUNE_AFTER", "24h"),
+        ("LANE_WORKER_PRUNE_AFTER", "-1"),
         ("LANE_WORKER_HEALTH_PORT", "65536"),
         ("LANE_WORKER_HEALTH_PORT", "http"),
         ("LANE_WORKER_MAX_ATTEMPTS", "0"),
@@ -173,6 +175,7 @@ def test_tuning_values_are_parsed() -> None:
             "LANE_WORKER_HEALTH_PORT": "0",
             "LANE_WORKER_MAX_ATTEMPTS": "3",
             "LANE_WORKER_LOG_FORMAT": "JSON",
+            "LANE_WORKER_PRUNE_AFTER": "0",
             "LANE_WORKER_DRAIN_SECONDS_IGNORED": "",
         }
     )
@@ -180,6 +183,8 @@ def test_tuning_values_are_parsed() -> None:
     assert (tuning.concurrency, tuning.claim_timeout_s, tuning.poll_interval_s) == (16, 30, 0.25)
     assert (tuning.drain_s, tuning.health_port, tuning.max_attempts) == (0.0, 0, 3)
     assert tuning.log_format == "json"
+    assert tuning.prune_after_s == 0.0
+    assert Settings.from_env({"WORKFLOW_RUNTIME_POSTGRES": DB}).tuning.prune_after_s == 86_400.0
 
 
 def test_blank_tuning_value_means_default() -> None:

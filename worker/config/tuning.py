@@ -30,6 +30,7 @@ from worker.config.env import (
     PGBOUNCER_ENV,
     POLL_INTERVAL_ENV,
     PROCESSES_ENV,
+    PRUNE_AFTER_ENV,
     Problems,
     blank_as_unset,
     decimal_number,
@@ -69,6 +70,9 @@ class Tuning:
     defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
     # How long a booting worker waits for the database before it gives up (exit 1).
     boot_retry_s: float = 60.0
+    # A retired lane with nothing unfinished left this long is pruned by maintenance
+    # (its engine queue dropped, its history kept): a week of deploys does not pile up.
+    prune_after_s: float = 86_400.0  # 0: never (`lanes prune` by hand only)
     # Ledger delivery to the app's runtime API (worker/daemon/relay.py).
     ledger_path: str = "/api/runtime/run-ledger"
     ledger_concurrency: int = 16
@@ -102,6 +106,14 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
         "a number of seconds (0: never)",
     ),
     ("boot_retry_s", BOOT_RETRY_ENV, decimal_number, 0.0, 3600.0, _SECS),
+    (
+        "prune_after_s",
+        PRUNE_AFTER_ENV,
+        decimal_number,
+        0.0,
+        31_536_000.0,
+        "a number of seconds (0: never)",
+    ),
     (
         "ledger_concurrency",
         LEDGER_CONCURRENCY_ENV,

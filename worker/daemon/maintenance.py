@@ -35,6 +35,7 @@ from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import MaintainedLane
 from worker.metrics import Metrics
+from worker.ops.prune import LanePruning
 from worker.run.reconcile import RECONCILE_BATCH, reconcile_queue, settle_batch
 from worker.states import LaneStatus
 
@@ -59,6 +60,9 @@ CLEANUP_PER_PASS = 60
 # the lanes a week of deploys leaves (issue 35).
 RECONCILE_GROUP = 50
 RECONCILE_PER_PASS = 100
+# Retired lanes old enough to prune that a pass looks at (each: three reads, then one
+# transaction if it goes). Drained lanes come at the pace of deploys: ten a minute is plenty.
+PRUNE_CHECKS_PER_PASS = 10
 
 
 @dataclass
@@ -91,8 +95,14 @@ async def maintain(
     worker_id: str,
     metrics: Metrics | None = None,
     rotation: Rotation | None = None,
+    prune_after_s: float = 0.0,
 ) -> bool:
-    """Run one pass; return False when another worker was cleaning (nothing done)."""
+    """Run one pass; return False when another worker was cleaning (nothing done).
+
+    ``prune_after_s`` (``LANE_WORKER_PRUNE_AFTER``; 0: never): retired lanes with
+    nothing unfinished, retired at least that long ago, are pruned as ``lanes
+    prune`` prunes them, at most ``PRUNE_CHECKS_PER_PASS`` looked at a pass.
+    """
     rotation = rotation if rotation is not None else Rotation()
 
     async def read(conn: Connection) -> tuple[list[tuple[str, bool]], list[MaintainedLane]]:
@@ -125,6 +135,7 @@ async def maintain(
     closed = await db.run(lambda c: store.attempts.close_abandoned(c, limit=ATTEMPT_SWEEP_BATCH))
     if closed:
         log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
+    pruned = await _prune(db, store, rotation, prune_after_s, worker_id) if prune_after_s else 0
     # What this pass covered: with more queues than a pass takes, the rest come next.
     log.info(
         "maintenance.passed",
@@ -134,8 +145,34 @@ async def maintain(
         cleaned=cleaned,
         lanes=len(registry),
         reconciled=len(chosen),
+        pruned=pruned,
     )
     return True
+
+
+async def _prune(
+    db: Database, store: Store, rotation: Rotation, prune_after_s: float, worker_id: str
+) -> int:
+    """Prune this pass's share of the lanes retired over ``prune_after_s`` ago; return how many.
+
+    A lane the checks keep (a live worker, an unfinished task of any kind, a
+    pending sandbox cleanup, another system's task or queue) comes round again
+    later: the rotation bounds a pass whatever the number kept.
+    """
+
+    async def nothing() -> None:
+        return None  # the daemon checked the schemas at boot
+
+    pruning = LanePruning(db, store, check_schemas=nothing)
+    candidates = await pruning.candidates(prune_after_s)
+    picked = rotation.take("prune", candidates, PRUNE_CHECKS_PER_PASS)
+    if not picked:
+        return 0
+    pruned = await pruning.prune_lanes(prune_after_s, only=set(picked))
+    rotation.done("prune", picked[-1])
+    for queue in pruned:
+        log.info("lane.pruned", worker_id=worker_id, queue=queue, after_s=prune_after_s)
+    return len(pruned)
 
 
 async def _clean(conn: Connection, store: Store, queues: list[str]) -> list[tuple[str, str]] | None:

@@ -352,6 +352,7 @@ class Supervisor:
                     worker_id=self.worker_id,
                     metrics=self.metrics,
                     rotation=rotation,
+                    prune_after_s=self.settings.tuning.prune_after_s,
                 ),
             ):
                 return

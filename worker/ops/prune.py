@@ -7,7 +7,7 @@ transaction per lane, re-checked under the lane row's lock.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from worker.db import engine
@@ -32,7 +32,13 @@ class LanePruning:
         self.store = store
         self.check_schemas = check_schemas
 
-    async def prune_lanes(self, older_than_s: float, *, dry_run: bool = False) -> list[str]:
+    async def prune_lanes(
+        self,
+        older_than_s: float,
+        *,
+        dry_run: bool = False,
+        only: Collection[str] | None = None,
+    ) -> list[str]:
         """Drop the engine queues of lanes retired over ``older_than_s`` ago with no open run.
 
         The lane rows and every run stay (history: ``status``, ``runs``); only the
@@ -44,8 +50,9 @@ class LanePruning:
         one whose queue holds an unfinished task (``prune_kept_busy``) or any task
         lane-worker did not create, finished or not (``prune_kept_foreign``:
         another system's queue too). One transaction per lane, re-checked under
-        the lane row's lock. Returns the queues pruned (or, with ``dry_run``, that
-        would be).
+        the lane row's lock. ``only``: look at these queues alone (maintenance's
+        bounded share of the candidates). Returns the queues pruned (or, with
+        ``dry_run``, that would be).
         """
         if not older_than_s >= 0:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
@@ -56,7 +63,8 @@ class LanePruning:
         rows = [
             r
             for r in rows
-            if not r.live
+            if (only is None or r.queue in only)
+            and not r.live
             and not await self._not_ours(r.queue)
             and not await self._busy(r.queue)
             and not await self._foreign(r.queue)
@@ -170,6 +178,13 @@ class LanePruning:
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
         return [r.queue for r in rows if r.live]
+
+    async def candidates(self, older_than_s: float) -> list[str]:
+        """The retired lanes old enough and without an open run, before the per-lane checks."""
+        rows = await self.db.run(
+            lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
+        )
+        return [r.queue for r in rows]
 
 
 class _PruneRace(Exception):
