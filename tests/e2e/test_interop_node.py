@@ -58,11 +58,16 @@ async def test_node_submits_signals_reads_and_cancels_through_the_sql_api(
     """Every call the README shows, from Node: results, SQLSTATEs, and the rows they wrote."""
     seen = run_script(node, database_url)
 
+    assert seen["workerRelease"] == {"releaseId": "rel-node", "queue": "runs_rel_node"}
+    assert seen["workerPreview"] == {"releaseId": "dev-pr_7", "queue": "runs_pr_7"}
+    assert seen["workerRefused"]["code"] == "22023"
+    assert "spelled like a dev lane" in seen["workerRefused"]["message"]
     submitted = seen["submitted"]
     assert submitted == {
         "runId": submitted["runId"], "queue": "runs_rel_node", "releaseId": "rel-node",
-        "created": True,
+        "created": True, "served": False, "warning": submitted["warning"],
     }  # fmt: skip
+    assert submitted["warning"].startswith("no worker serves lane runs_rel_node (release ")
     assert seen["resubmitted"] == {**submitted, "created": False}
     assert seen["conflict"]["code"] == "23505"
     assert seen["conflict"]["constraint"] == "idempotency_key"

@@ -1,6 +1,6 @@
 // lane-worker's SQL API, called from Node with the `pg` package the way the
-// TypeScript app calls it: submit, an idempotent re-submit, signal, status,
-// cancel, a bulk submit, and the refusals an app tests by SQLSTATE. Prints one
+// TypeScript app calls it: the release id a worker serves, submit, an idempotent
+// re-submit, signal, status, cancel, a bulk submit, and the refusals an app tests by SQLSTATE. Prints one
 // JSON object of what it saw; tests/e2e/test_interop_node.py checks it against the database.
 //
 // Usage: DATABASE_URL=postgresql://... STORE_SCHEMA=runtime_scheduler node sql_api.mjs
@@ -36,6 +36,11 @@ async function refusal(fn, ...args) {
 const seen = {};
 await client.connect();
 try {
+  // The release id a worker deployed with DEEPLINE_RUNTIME_DEPLOY_VERSION=rel-node
+  // serves (or with DEEPLINE_ABSURD_QUEUE_SUFFIX), so the app never derives it.
+  seen.workerRelease = await call('worker_release_id', null, 'rel-node');
+  seen.workerPreview = await call('worker_release_id', 'PR 7', 'rel-node');
+  seen.workerRefused = await refusal('worker_release_id', null, 'dev-x');
   seen.submitted = await call(
     'submit_run', 'greet', JSON.stringify({ name: 'from-node' }), 'rel-node', 'node-order-1',
     JSON.stringify({ baseUrl: 'https://app.example/api', executorToken: process.env.EXEC_TOKEN }),
