@@ -18,7 +18,7 @@ from typing import Any
 import click
 import pytest
 
-from support.cli import one_error_line, run_cli
+from support.cli import one_error_line, run_cli, submitted_id
 from worker.cli import cli as root_command
 
 RELEASE = "Release-2026.12.02"
@@ -81,7 +81,7 @@ def test_status_before_migrate_says_to_migrate(empty_env: dict[str, str]) -> Non
 
 def test_submit_prints_the_run_id(empty_env: dict[str, str]) -> None:
     """Without --json, submit prints only the new run's UUID (installing the schemas first)."""
-    out = ok(empty_env, "submit", "enrich-company").stdout.strip()
+    out = submitted_id(empty_env, "enrich-company")
     assert str(uuid.UUID(out)) == out
     assert ok_json(empty_env, "status", out)["status"] == "queued"
 
@@ -177,7 +177,7 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
 
 def test_status_text_is_a_readable_summary(env: dict[str, str]) -> None:
     """Without --json, status prints one labelled line per field."""
-    run_id = ok(env, "submit", "enrich").stdout.strip()
+    run_id = submitted_id(env, "enrich")
     out = ok(env, "status", run_id).stdout
     for label, value in [
         ("run", run_id),
@@ -202,7 +202,7 @@ def test_status_of_an_unknown_run_exits_1(migrated: dict[str, str], run_id: str)
 
 def test_signal_then_duplicate_is_ignored(env: dict[str, str]) -> None:
     """The first signal is delivered; a second for the same key says ignored and exits 0."""
-    run_id = ok(env, "submit", "p").stdout.strip()
+    run_id = submitted_id(env, "p")
     first = ok(env, "signal", run_id, "approved", "--data", '{"by": "ops"}').stdout
     assert "delivered" in first
     again = ok(env, "signal", run_id, "approved", "--data", '{"by": "someone else"}').stdout
@@ -214,7 +214,7 @@ def test_signal_then_duplicate_is_ignored(env: dict[str, str]) -> None:
 
 def test_signal_to_an_ended_run_is_kept_for_a_retry(env: dict[str, str]) -> None:
     """A signal to a cancelled run says it ended and is kept for a retry, exits 0; --json too."""
-    run_id = ok(env, "submit", "p").stdout.strip()
+    run_id = submitted_id(env, "p")
     ok(env, "cancel", run_id)
     text = ok(env, "signal", run_id, "approved").stdout
     assert text.startswith(f"kept: run {run_id} has already ended (cancelled)")
@@ -235,7 +235,7 @@ def test_signal_to_an_unknown_run_exits_1(migrated: dict[str, str]) -> None:
 
 def test_cancel_then_status_shows_cancelled(env: dict[str, str]) -> None:
     """cancel ends a queued run; status shows it cancelled; a second cancel says so, exit 0."""
-    run_id = ok(env, "submit", "p").stdout.strip()
+    run_id = submitted_id(env, "p")
     assert ok_json(env, "cancel", run_id) == {
         "runId": run_id,
         "cancelled": True,
@@ -254,7 +254,7 @@ def lane(env: dict[str, str], queue: str) -> dict[str, Any]:
 
 def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
     """retire makes a lane with a queued run draining; activate makes it claiming again."""
-    run_id = ok({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "submit", "p").stdout.strip()
+    run_id = submitted_id({**env, "DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}, "p")
     # No worker registered the lane yet: its open run still shows, never silently.
     assert lane(env, RELEASE_QUEUE)["status"] == "unregistered"
     retired = ok(env, "lanes", "retire", RELEASE)
@@ -469,7 +469,7 @@ def test_runner_result_for_an_attempt_nobody_launched_exits_1_naming_it(
     env: dict[str, str],
 ) -> None:
     """runner-result RUN ATTEMPT: an attempt the run never launched is refused in one sentence."""
-    run_id = ok(env, "submit", "p").stdout.strip()
+    run_id = submitted_id(env, "p")
     refused = run_cli(env, "runner-result", run_id, "2", "--data", '{"ok": true}')
     assert refused.returncode == 1
     assert f"run {run_id} has no runner attempt 2" in one_error_line(refused)

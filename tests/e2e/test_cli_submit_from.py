@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from support.cli import one_error_line, run_cli
+from support.cli import UNSERVED_WARNING, one_error_line, run_cli
 
 RELEASE_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": "rel-b"}
 API = {"baseUrl": "https://app.example/api", "executorToken": "tok-9c2"}
@@ -59,7 +59,11 @@ def test_a_file_submits_one_run_a_line_and_prints_their_ids(
     ))  # fmt: skip
     result = run_cli(env, "submit", "--from", str(path))
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    # Once per lane nobody serves (migration 0029), after the ids.
+    assert [line.split(" (")[0] for line in result.stderr.splitlines()] == [
+        f"{UNSERVED_WARNING}runs_rel_b",
+        f"{UNSERVED_WARNING}runs_pr_7",
+    ]
     ids = result.stdout.splitlines()
     assert [str(uuid.UUID(i)) for i in ids] == ids
     assert len(set(ids)) == 3
@@ -75,7 +79,10 @@ def test_a_file_submits_one_run_a_line_and_prints_their_ids(
     report = json.loads(again.stdout)["runs"]
     assert [r["created"] for r in report] == [True, False, True]
     assert report[1] == {"runId": ids[1], "releaseId": "dev-pr_7", "queue": "runs_pr_7",
-                         "created": False}  # fmt: skip
+                         "created": False, "served": False,
+                         "warning": report[1]["warning"]}  # fmt: skip
+    assert "DEEPLINE_ABSURD_QUEUE_SUFFIX=pr_7" in report[1]["warning"]
+    assert again.stderr == ""  # --json: the warnings are in the report
     assert len(listed(env)) == 5
 
 

@@ -97,11 +97,18 @@ async def test_node_makes_every_call_through_the_client(node: str, database_url:
     """Every call the README shows, through the client: results, error classes, rows written."""
     seen = await run_script(node, "interop.js", database_url, EXEC_TOKEN=TOKEN)
 
+    assert seen["workerRelease"] == {"releaseId": "rel-node", "queue": "runs_rel_node"}
+    assert seen["workerPreview"] == {"releaseId": "dev-pr_7", "queue": "runs_pr_7"}
+    assert (seen["workerRefused"]["error"], seen["workerRefused"]["code"]) == (
+        "BadInputError", "22023",
+    )  # fmt: skip
+    assert "spelled like a dev lane" in seen["workerRefused"]["message"]
     submitted = seen["submitted"]
     assert submitted == {
         "runId": submitted["runId"], "queue": "runs_rel_node", "releaseId": "rel-node",
-        "created": True,
+        "created": True, "served": False, "warning": submitted["warning"],
     }  # fmt: skip
+    assert submitted["warning"].startswith("no worker serves lane runs_rel_node (release ")
     assert seen["resubmitted"] == {**submitted, "created": False}
     assert seen["conflict"]["error"] == "IdempotencyConflictError"
     assert seen["conflict"]["code"] == "23505"

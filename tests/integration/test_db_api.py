@@ -63,6 +63,9 @@ async def test_submit_returns_the_run_and_wakes_its_lane(
         "queue": "runs_rel_1",
         "releaseId": "rel-1",
         "created": True,
+        # No worker serves rel-1 (migration 0029: test_lane_served.py).
+        "served": False,
+        "warning": made["warning"],
     }
     assert await asyncio.wait_for(heard.get(), 10) == made["runId"]
     row = await conn.fetchrow(

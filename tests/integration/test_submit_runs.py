@@ -261,7 +261,8 @@ async def test_submit_run_still_answers_as_before(conn: asyncpg.Connection[async
     """Redefined by 0025 to call checked_submit: the same result and stored run."""
     made = await call(conn, "submit_run", "greet", None, " rel-1 ", None, API, 7)
     assert made == {"runId": made["runId"], "queue": "runs_rel_1", "releaseId": "rel-1",
-                    "created": True}  # fmt: skip
+                    "created": True, "served": False,  # 0029: no worker serves rel-1
+                    "warning": made["warning"]}  # fmt: skip
     row = await run_row(conn, made["runId"])
     assert (row["input"], row["max_attempts"], row["api"]) == ({}, 7, API)
     assert row["task_id"] is not None

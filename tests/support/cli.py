@@ -132,6 +132,22 @@ async def lane_worker_json(database_url: str, *args: str, exit_code: int = 0) ->
     return await cli_json(operator_env(database_url), *args, exit_code=exit_code, quiet=True)
 
 
+UNSERVED_WARNING = "lane-worker: warning: no worker serves lane "
+
+
+def submitted_id(env: Mapping[str, str], *args: str) -> str:
+    """Run ``lane-worker submit ARGS`` (text mode) that must succeed; return the run id.
+
+    On stderr only the warning that no worker serves the lane, if any (migration 0029).
+    """
+    result = run_cli(env, "submit", *args)
+    assert result.returncode == 0, result.stderr
+    assert all(line.startswith(UNSERVED_WARNING) for line in result.stderr.splitlines()), (
+        result.stderr
+    )
+    return result.stdout.strip()
+
+
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     """Return the single ``lane-worker: ...`` line a failed command printed on stderr."""
     lines = result.stderr.splitlines()

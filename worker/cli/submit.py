@@ -22,8 +22,9 @@ from worker.cli.params import (
     json_option,
 )
 from worker.cli.root import cli
-from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport
+from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport, SubmittedRun
 from worker.config import settings
+from worker.errors import printable
 
 
 @cli.command()
@@ -122,10 +123,8 @@ def submit(
         )
         if not as_json:
             click.echo(run.run_id)  # before waiting, so an operator can follow the run
-        report = dict(
-            runId=run.run_id, releaseId=run.release_id, queue=run.queue, created=run.created
-        )
-        return report, (await client.wait(run.run_id, timeout) if wait else None)
+            warn_unserved([run])
+        return run.as_json(), (await client.wait(run.run_id, timeout) if wait else None)
 
     check = (settings.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
     report, final = with_client(action, check=check)
@@ -154,11 +153,17 @@ def _submit_from(source: str, as_json: bool) -> None:
     own_lane = any(r.queue_suffix is None for r in requests)
     check = SUBMIT_VARIABLES if own_lane else (settings.MAX_ATTEMPTS_ENV,)
     made = with_client(lambda client: submit_from(client, source, numbers, requests), check=check)
-    reports = [
-        dict(runId=run.run_id, releaseId=run.release_id, queue=run.queue, created=run.created)
-        for run in made
-    ]
     if as_json:
-        emit(True, {"runs": reports})
+        emit(True, {"runs": [run.as_json() for run in made]})
     elif made:
         emit(False, None, *(run.run_id for run in made))
+        warn_unserved(made)
+
+
+def warn_unserved(runs: list[SubmittedRun]) -> None:
+    """Say on stderr, once per lane, that nothing serves it (the run ids stay on stdout)."""
+    said: set[str] = set()
+    for run in runs:
+        if not run.served and run.queue not in said:
+            said.add(run.queue)
+            click.echo(printable(f"lane-worker: warning: {run.warning}"), err=True)

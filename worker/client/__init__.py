@@ -33,6 +33,7 @@ from worker.client.results import RunReport as RunReport  # public API
 from worker.client.results import SignalResult as SignalResult
 from worker.client.results import StepView as StepView
 from worker.client.results import SubmittedRun as SubmittedRun  # public API
+from worker.client.results import WorkerRelease as WorkerRelease
 from worker.config import settings
 from worker.config.dburl import url_problem
 from worker.db import engine, engine_schema
@@ -285,7 +286,7 @@ class LaneClient(OperatorCalls):
             # spawn: the next call makes it again (a pruned lane that gets work
             # is a lane again), once.
             made = await self.db.run(submit)
-        return SubmittedRun(made["runId"], made["releaseId"], made["queue"], made["created"])
+        return SubmittedRun.from_json(made)
 
     async def submit_many(self, requests: Iterable[SubmitRequest]) -> list[SubmittedRun]:
         """Submit every request in one transaction: all runs are made, or none.
@@ -308,7 +309,7 @@ class LaneClient(OperatorCalls):
             made = await self.db.run(submit)
         except asyncpg.UndefinedTableError:
             made = await self.db.run(submit)  # a queue pruned meanwhile: as submit does
-        return [SubmittedRun(m["runId"], m["releaseId"], m["queue"], m["created"]) for m in made]
+        return [SubmittedRun.from_json(m) for m in made]
 
     def _submit_release(self, queue_suffix: str | None) -> str:
         """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
@@ -329,6 +330,29 @@ class LaneClient(OperatorCalls):
         release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
         self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         return release_id
+
+    async def worker_release_id(
+        self, queue_suffix: str | None = None, deploy_version: str | None = None
+    ) -> WorkerRelease:
+        """The release id a worker started with this suffix / deploy version serves, and its queue.
+
+        One call of the store's ``worker_release_id`` (the lane rules, in SQL, for
+        every language): a suffix outranks the deploy version (``dev-<suffix>``);
+        else the deploy version as deployed; else ``dev``. ``InvalidRequestError``
+        for what such a worker would refuse to boot with.
+        """
+        for name, value in (("queue_suffix", queue_suffix), ("deploy_version", deploy_version)):
+            if value is not None and not isinstance(value, str):
+                raise InvalidRequestError(
+                    f"{name} must be a string (or None), not {type(value).__name__}."
+                )
+        await self.check_schemas()
+        said = await self.db.run(
+            lambda c: self.store.api.worker_release(
+                c, queue_suffix=queue_suffix, deploy_version=deploy_version
+            )
+        )
+        return WorkerRelease(said["releaseId"], said["queue"])
 
     async def signal(self, run_id: str, event_key: str, data: Any = None) -> SignalResult:
         """Deliver integration event ``event_key`` to a run; a duplicate is ignored (first wins).

@@ -12,12 +12,52 @@ from worker.states import TERMINAL_STATUSES
 
 @dataclass(frozen=True)
 class SubmittedRun:
-    """A submitted run: its id, the release it was stamped with, its queue."""
+    """A submitted run: its id, the release it was stamped with, its queue.
+
+    ``served`` is False when nothing serves its lane (no worker registered it or
+    is live there, and it is not the registry's current release): the run waits
+    until a worker of that release starts; ``warning`` then says which would.
+    """
 
     run_id: str
     release_id: str
     queue: str
     created: bool = True
+    served: bool = True
+    warning: str | None = None
+
+    @classmethod
+    def from_json(cls, said: dict[str, Any]) -> SubmittedRun:
+        """Read one result of the store's ``submit_run`` / ``submit_runs``."""
+        return cls(
+            said["runId"],
+            said["releaseId"],
+            said["queue"],
+            said["created"],
+            said["served"],
+            said.get("warning"),  # only when not served
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """Return ``submit --json``'s fields: the store's result (``warning`` when not served)."""
+        said: dict[str, Any] = {
+            "runId": self.run_id,
+            "releaseId": self.release_id,
+            "queue": self.queue,
+            "created": self.created,
+            "served": self.served,
+        }
+        if self.warning is not None:
+            said["warning"] = self.warning
+        return said
+
+
+@dataclass(frozen=True)
+class WorkerRelease:
+    """The release id a worker serves (as deployed: what a submit passes) and its queue."""
+
+    release_id: str
+    queue: str
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import {
   type SignalResult,
   type SubmitRequest,
   type SubmittedRun,
+  type WorkerRelease,
 } from './types.js';
 
 /** What the client queries through: a pg Pool, Client or PoolClient. */
@@ -310,9 +311,20 @@ export class LaneClient {
   }
 
   // -- The release a worker serves (extension point) ---------------------------
-  // The SQL API is getting a function that answers the release id a worker
-  // would serve for a queue suffix or a deploy version, so that an app never
-  // guesses `dev-<suffix>` (issue 31). Its method goes here: one callFunction
-  // call, its result typed by an interface in types.ts and exported from
-  // index.ts. Until it lands, callFunction reaches it by name.
+  /**
+   * The release id (and queue) a worker started with `DEEPLINE_ABSURD_QUEUE_SUFFIX` /
+   * `DEEPLINE_RUNTIME_DEPLOY_VERSION` so set serves (`worker_release_id`, by the
+   * worker's own lane rules): submit with it instead of deriving it. Null or blank:
+   * unset. What a worker would refuse to boot with is a `BadInputError`.
+   */
+  async workerReleaseId(
+    queueSuffix?: string | null,
+    deployVersion?: string | null,
+  ): Promise<WorkerRelease> {
+    return this.callFunction<WorkerRelease>(
+      'worker_release_id',
+      ['text', 'text'],
+      [queueSuffix, deployVersion],
+    );
+  }
 }

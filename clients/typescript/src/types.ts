@@ -72,6 +72,20 @@ export interface SubmittedRun {
   releaseId: string;
   /** False when an idempotency key answered a run that already existed. */
   created: boolean;
+  /**
+   * False when no registered worker serves the run's lane (no claiming lane row, no live
+   * worker, not the registry's current release): the run waits until one does.
+   */
+  served: boolean;
+  /** Only when `served` is false: one sentence naming the lane and what would serve it. */
+  warning?: string;
+}
+
+/** `worker_release_id`'s result: the release id a worker so started serves, and its queue. */
+export interface WorkerRelease {
+  /** As deployed: `dev-<suffix>`, the trimmed deploy version, or `dev`. */
+  releaseId: string;
+  queue: string;
 }
 
 /** `signal_run`'s result. */

@@ -38,10 +38,13 @@ function assertFields(value: object, fields: string[]): void {
 
 test('submit answers the run and its lane; a repeat of the key answers the same run', async () => {
   const run = await client.submit('greet', { name: 'ada' }, { idempotencyKey: `k-${tag}-1` });
-  assertFields(run, ['runId', 'queue', 'releaseId', 'created']);
+  assertFields(run, ['runId', 'queue', 'releaseId', 'created', 'served', 'warning']);
   assert.deepEqual(run, {
     runId: run.runId, queue: `runs_rel_ts_${tag}`, releaseId: release, created: true,
+    served: false, warning: run.warning,
   });
+  // No worker of this lane ever registered: the run is kept, and the caller is told.
+  assert.match(String(run.warning), new RegExp(`^no worker serves lane runs_rel_ts_${tag} `));
   const again = await client.submit('greet', { name: 'ada' }, { idempotencyKey: `k-${tag}-1` });
   assert.deepEqual(again, { ...run, created: false });
   await assert.rejects(
@@ -157,7 +160,8 @@ test('submitMany submits all in one transaction, or none with the item named', a
     { play: 'greet', input: { n: 1 }, idempotencyKey: `k-${tag}-many` },
   ]);
   assert.equal(runs.length, 3);
-  runs.forEach((run) => assertFields(run, ['runId', 'queue', 'releaseId', 'created']));
+  runs.forEach((run) => assertFields(run, ['runId', 'queue', 'releaseId', 'created', 'served',
+    'warning']));
   assert.deepEqual(runs.map((r) => [r.releaseId, r.created]), [
     [release, true], [`${release}-b`, true], [release, false],
   ]);
@@ -210,4 +214,18 @@ test('callFunction reaches any SQL API function by name, with the typed errors',
   assert.equal(queue, 'runs_feature_x');
   await assert.rejects(client.callFunction('run_status; drop', [], []), BadInputError);
   await assert.rejects(client.callFunction('run_status', ['uuid'], [NOBODY]), UnknownRunError);
+});
+
+test('workerReleaseId answers the release a worker so started serves, by its own rules', async () => {
+  const deployed = await client.workerReleaseId(null, ` ${release} `);
+  assertFields(deployed, ['releaseId', 'queue']);
+  assert.deepEqual(deployed, { releaseId: release, queue: `runs_rel_ts_${tag}` });
+  assert.deepEqual(await client.workerReleaseId('Feature/Login', release),
+    { releaseId: 'dev-feature_login', queue: 'runs_feature_login' });
+  assert.deepEqual(await client.workerReleaseId(), { releaseId: 'dev', queue: 'runs' });
+  await assert.rejects(client.workerReleaseId(null, 'dev-x'), (err) => {
+    assert.ok(err instanceof BadInputError);
+    assert.match(err.message, /spelled like a dev lane/);
+    return true;
+  });
 });

@@ -40,6 +40,11 @@ async function refusal(call: () => Promise<unknown>): Promise<Refusal> {
 async function main(): Promise<Record<string, unknown>> {
   const seen: Record<string, unknown> = {};
   try {
+    // The release id a worker deployed with DEEPLINE_RUNTIME_DEPLOY_VERSION=rel-node (or
+    // with DEEPLINE_ABSURD_QUEUE_SUFFIX) serves: the app asks instead of deriving it.
+    seen.workerRelease = await client.workerReleaseId(null, 'rel-node');
+    seen.workerPreview = await client.workerReleaseId('PR 7', 'rel-node');
+    seen.workerRefused = await refusal(() => client.workerReleaseId(null, 'dev-x'));
     const submitted = await client.submit('greet', { name: 'from-node' }, {
       idempotencyKey: 'node-order-1',
       runtimeApi: {

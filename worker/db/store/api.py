@@ -93,6 +93,15 @@ class ApiQueries(Queries):
         results: list[Any] = await refusals(self._value(conn, "submit_runs", items))
         return results
 
+    async def worker_release(
+        self, conn: Connection, *, queue_suffix: str | None, deploy_version: str | None
+    ) -> dict[str, Any]:
+        """The release id (as deployed) and queue of a worker with this suffix / version."""
+        result: dict[str, Any] = await refusals(
+            self._value(conn, "worker_release_id", queue_suffix, deploy_version)
+        )
+        return result
+
     async def signal(
         self, conn: Connection, *, run_id: uuid.UUID, event_key: str, payload: Any
     ) -> dict[str, Any]:

@@ -10,6 +10,11 @@ select {schema}.submit_run($1, $2, $3, $4, $5, $6);
 -- Migration 0025: a JSON array of submits, one transaction, one result each.
 select {schema}.submit_runs($1);
 
+-- name: worker_release_id
+-- Migration 0029: the release id (as deployed) and queue a worker with
+-- suffix $1 / deploy version $2 serves.
+select {schema}.worker_release_id($1, $2);
+
 -- name: signal_run
 select {schema}.signal_run($1, $2, $3);
 
