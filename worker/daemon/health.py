@@ -41,7 +41,7 @@ REQUEST_HEADERS_TIMEOUT_S = 5.0
 # Open connections at most; one more is closed at once (logged at most every 10 s).
 MAX_CONNECTIONS = 64
 TOO_MANY_CONNECTIONS_LOG_S = 10.0
-CLIENT_MAX_SIZE = 1024  # every route is a GET
+CLIENT_MAX_SIZE = 16 * 1024  # a GET, or one of the operator page's small forms
 # On stop, requests in progress get this long to finish before they are cancelled.
 SHUTDOWN_TIMEOUT_S = 1.0
 
@@ -379,6 +379,8 @@ class HealthServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self._operator is not None:
+            await self._operator.close()
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})

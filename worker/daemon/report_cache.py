@@ -187,6 +187,19 @@ class ReportReader:
             )
         )
 
+    async def read(self, read: Callable[[Connection], Awaitable[T]]) -> T:
+        """Any other read of the operator's pages, bounded as the run list's."""
+        db = await self.database()
+        return await db.run(
+            lambda conn: self._bounded(conn, lambda: read(conn), LIST_STATEMENT_TIMEOUT_MS)
+        )
+
+    async def database(self) -> Database:
+        """The report's pool (opened now if need be): the page's bulk actions write on it."""
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        return await self._pool()
+
     async def _read(self) -> list[LaneView]:
         if self._closed:
             raise ReportClosedError("the worker is stopping")
@@ -302,6 +315,18 @@ class HealthReads:
         if not self.schemas_ready:
             raise NotBootedError("the worker has not finished booting")
         return await self.report_reader.run_list(flt, before, limit)
+
+    async def page_read(self, read: Callable[[Connection], Awaitable[T]]) -> T:
+        """A read of the operator's pages, on the report's pool, bounded; 503 until booted."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.read(read)
+
+    async def page_database(self) -> Database:
+        """The report's pool, where the page's bulk actions run: 503 until booted."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.database()
 
     async def database_answers(self) -> bool:
         """/readyz's database check: one probe in flight for every client, reused for 1 s.

@@ -143,7 +143,9 @@ class Supervisor:
             self._readiness,
             self.reads.lanes_view,
             run=self.reads.run_view,
-            operator=OperatorPages(self.reads),
+            operator=OperatorPages(
+                self.reads, self.store, token=self.settings.page_token, worker_id=self.worker_id
+            ),
             scrape=self.loops.claim_gauges,
             host=self.settings.tuning.health_host,
         )
