@@ -17,13 +17,14 @@ import asyncpg
 import structlog
 from aiohttp import web
 
-from worker.daemon import page_forms, runs_page
+from worker.daemon import deploys_page, page_forms, runs_page
 from worker.daemon.page_actions import Bulk, Running, parse_as_of, parse_count, perform
 from worker.daemon.page_auth import COOKIE, PageAuth, checked_who
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.errors import InvalidRequestError
 from worker.ops import run_list
+from worker.ops.lane_view import LaneView
 from worker.ops.remedies import Remedies
 from worker.ops.run_list import MAX_BULK, Cursor, RunFilter, page_size
 
@@ -86,6 +87,7 @@ class OperatorPages:
         """Add the pages' routes to the health port's application."""
         app.router.add_get("/runs", self._runs)
         app.router.add_get("/actions", self._audit)
+        app.router.add_get("/deploys", self._deploys)
         app.router.add_post("/signin", self._signin)
         app.router.add_post("/signout", self._signout)
         app.router.add_post("/actions/preview", self._preview)
@@ -129,6 +131,23 @@ class OperatorPages:
         except Exception as exc:
             return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
         return html(page_forms.audit_page(actions))
+
+    async def _deploys(self, _request: web.Request) -> web.Response:
+        store = self._store
+        try:
+            releases, events = await self._read(
+                lambda c: store.page.timeline(
+                    c, releases=deploys_page.RELEASES, events=deploys_page.EVENTS
+                )
+            )
+        except Exception as exc:
+            return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
+        try:  # the lanes page's report: shared, reused for 2 s
+            with anyio.fail_after(PAGE_TIMEOUT_S):
+                views: list[LaneView] | None = await self._reads.lanes_view()
+        except Exception:
+            views = None
+        return html(deploys_page.render(releases, events, views))
 
     async def _signin(self, request: web.Request) -> web.StreamResponse:
         form = await _form(request)

@@ -8,6 +8,7 @@ from typing import Any
 
 from worker.db.pool import Connection
 from worker.db.store.base import Queries
+from worker.db.store.rows import DeploymentEvent
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,26 @@ class Tally:
     unchanged: int = 0
     refused: int = 0
     refusals: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class TimelineRelease:
+    """A release as the deploy timeline shows it: its deploy record, its lane, its machines."""
+
+    release_id: str
+    queue: str
+    role: str | None  # current, previous, retired; None: never deployed through the registry
+    image: str | None
+    desired: int | None
+    deployed_at: datetime | None
+    deployed_by: str | None
+    retired_at: datetime | None
+    retired_by: str | None
+    lane_status: str | None  # claiming, retired; None: no worker registered it yet
+    registered_at: datetime | None
+    lane_retired_at: datetime | None
+    pruned_at: datetime | None
+    machines: list[str]
 
 
 class PageQueries(Queries):
@@ -92,3 +113,13 @@ class PageQueries(Queries):
     async def actions(self, conn: Connection, *, limit: int) -> list[PageAction]:
         """The newest ``limit`` actions, newest first."""
         return [PageAction(**dict(r)) for r in await self._records(conn, "page_actions", limit)]
+
+    async def timeline(
+        self, conn: Connection, *, releases: int, events: int
+    ) -> tuple[list[TimelineRelease], list[DeploymentEvent]]:
+        """The newest ``releases`` releases and the newest ``events`` registry events."""
+        rows = [
+            TimelineRelease(**dict(r))
+            for r in await self._records(conn, "timeline_releases", releases)
+        ]
+        return rows, await self._rows(conn, DeploymentEvent, "timeline_events", events)
