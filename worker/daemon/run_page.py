@@ -135,7 +135,8 @@ def _page(title: str, body: str, status_note: str = "") -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-        f'<p class="note"><a href="/">all lanes</a>{status_note}</p>{body}</body></html>'
+        f'<p class="note"><a href="/">all lanes</a> &middot; <a href="/runs">all runs</a>'
+        f"{status_note}</p>{body}</body></html>"
     )
 
 
