@@ -276,3 +276,14 @@ async def test_without_a_token_the_page_is_read_only(database_url: str) -> None:
             status, body, _ = await op.post(path, {"who": "x", "token": "y" * 20})
             assert status == 403
             assert "LANE_WORKER_PAGE_TOKEN" in body
+
+
+async def test_a_weak_page_token_refuses_boot_naming_the_variable(database_url: str) -> None:
+    """A token too short to be a secret: exit 78, one sentence naming the variable, not it."""
+    weak = "hunter2-short"
+    async with Daemons(database_url) as pool:
+        daemon = pool.start("oppage_weak", LANE_WORKER_PAGE_TOKEN=weak)
+        assert await daemon.wait_exit() == 78, daemon.tail()
+        said = json.dumps(daemon.records) + daemon.stderr
+        assert "LANE_WORKER_PAGE_TOKEN is not a usable page token" in said
+        assert weak not in said
