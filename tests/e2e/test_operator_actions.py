@@ -21,6 +21,7 @@ import asyncpg
 from support.daemon import Daemon, Daemons
 from support.page import dump_dom, parse_fields, screenshot
 from support.runtime import eventually, open_client
+from worker.daemon.page_auth import SIGNIN_FAILURES
 
 A = "oppage_act_a"
 IDLE = "oppage_act_idle"  # no worker serves it: its runs stay queued until moved
@@ -287,3 +288,18 @@ async def test_a_weak_page_token_refuses_boot_naming_the_variable(database_url: 
         said = json.dumps(daemon.records) + daemon.stderr
         assert "LANE_WORKER_PAGE_TOKEN is not a usable page token" in said
         assert weak not in said
+
+
+async def test_sign_in_guesses_are_throttled(database_url: str) -> None:
+    """20 wrong tokens within a minute: every sign-in is refused (429), the right one too."""
+    token = f"tok-{uuid.uuid4().hex}"
+    async with Daemons(database_url) as pool:
+        daemon = pool.start("oppage_guess", LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        op = Operator(daemon.health_port, Path("."))
+        for _ in range(SIGNIN_FAILURES):
+            assert (await op.post("/signin", {"who": "eve", "token": "y" * 20}))[0] == 403
+        status, body, _ = await op.post("/signin", {"who": "ana", "token": token})
+        assert status == 429
+        assert "too many failed sign-ins" in body
+        assert len(daemon.events("page.signin_refused")) == SIGNIN_FAILURES

@@ -19,6 +19,8 @@ from support.page import dump_dom, parse_fields, screenshot
 from support.runtime import eventually, open_client
 
 A = "oppage_list_a"
+IDLE = "oppage_list_idle"  # no worker: its runs stay queued
+HOSTILE = '<b id="x">evil</b>&amp;"'
 ENV_A = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "1"}
 
 
@@ -94,6 +96,14 @@ async def test_run_list_filters_and_pages(database_url: str, tmp_path: Path) -> 
             else:
                 query = dict(parse_qsl(urlsplit(str(nexts[0]["href"])).query))
         assert seen == every[::-1]
+
+        # A hostile play name stays text.
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": IDLE}) as idle:
+            hostile = (await idle.submit(HOSTILE, {})).run_id
+        runs, fields = listed(port, play=HOSTILE)
+        assert runs == [hostile]
+        assert fields.text("play") == [HOSTILE]
+        assert "b" not in fields.tags
 
         # A bad field: one sentence, status 400, the form kept.
         bad, fields = listed(port, status="stuck")

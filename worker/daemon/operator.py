@@ -158,7 +158,11 @@ class OperatorPages:
             who = checked_who(form.get("who"))
         except ValueError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
+        if self._auth.throttled():
+            said = "too many failed sign-ins in the last minute: try again in a minute."
+            return html(page_forms.refused_page(429, said), 429)
         if not self._auth.token_matches(form.get("token", "")):
+            self._auth.failed()
             log.warning("page.signin_refused", who=who, remote=request.remote)
             return html(page_forms.refused_page(403, "the page token does not match."), 403)
         log.info("page.signin", who=who, remote=request.remote)

@@ -21,12 +21,18 @@ import hmac
 import json
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 COOKIE = "lane_worker_page"
+# Failed sign-ins this process accepts in a window before it refuses every sign-in for
+# the rest of it: guessing a token of 16 characters or more is hopeless, and this keeps
+# a scanner from trying at the port's speed (and from filling the log).
+SIGNIN_FAILURES = 20
+SIGNIN_WINDOW_S = 60.0
 SESSION_S = 12 * 3600
 MAX_WHO_CHARS = 100
 
@@ -67,6 +73,18 @@ class PageAuth:
             if token
             else None
         )
+        self._failures: deque[float] = deque()
+
+    def throttled(self) -> bool:
+        """Whether sign-ins are refused now: too many failed in the last window."""
+        now = time.monotonic()
+        while self._failures and now - self._failures[0] > SIGNIN_WINDOW_S:
+            self._failures.popleft()
+        return len(self._failures) >= SIGNIN_FAILURES
+
+    def failed(self) -> None:
+        """Count a failed sign-in."""
+        self._failures.append(time.monotonic())
 
     @property
     def enabled(self) -> bool:
