@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from support.browser import browser_page
 from support.daemon import Daemon, Daemons
 from support.page import dump_dom, parse_fields, screenshot
 from support.runtime import eventually, open_client
@@ -303,3 +304,44 @@ async def test_sign_in_guesses_are_throttled(database_url: str) -> None:
         assert status == 429
         assert "too many failed sign-ins" in body
         assert len(daemon.events("page.signin_refused")) == SIGNIN_FAILURES
+
+
+async def test_an_operator_cancels_from_the_browser(database_url: str, tmp_path: Path) -> None:
+    """In headless Chromium: sign in on the filtered list, pick cancel, count, confirm;
+    the browser's own cookie, form token and Origin carry it; the store has the outcome."""
+    token = f"tok-{uuid.uuid4().hex}"
+    release = "oppage_click_a"
+    async with (
+        Daemons(database_url) as pool,
+        open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release}) as client,
+        browser_page() as page,
+    ):
+        daemon = pool.start(release, LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        base = f"http://127.0.0.1:{daemon.health_port}"
+        waiting = [(await client.submit("waiter", {"n": n})).run_id for n in range(2)]
+        for run_id in waiting:
+            await daemon.wait_for("run.parked", run_id=run_id)
+
+        await page.goto(f"{base}/runs?release={release}&status=waiting", "/runs")
+        print("screenshot:", await page.screenshot(tmp_path / "1-list.png"))
+        await page.fill('form[action="/signin"] input[name=who]', "bea")
+        await page.fill('form[action="/signin"] input[name=token]', token)
+        await page.click('form[action="/signin"] button', then="/runs")
+        # Back on the list it was signed in from, with the action form.
+        assert parse_fields(await page.html()).first("who") == "bea"
+        assert await page.evaluate("location.search") == f"?status=waiting&release={release}"
+        await page.fill("select[name=action]", "cancel")
+        await page.click('form[action="/actions/preview"] button', then="/actions/preview")
+        print("screenshot:", await page.screenshot(tmp_path / "2-confirm.png"))
+        assert 'data-count="2"' in await page.html()
+        await page.click('form[action="/actions/run"] button', then="/actions")
+        print("screenshot:", await page.screenshot(tmp_path / "3-audit.png"))
+
+        async def cancelled() -> bool:
+            return set((await statuses(database_url, waiting)).values()) == {"cancelled"}
+
+        await eventually(cancelled, what="both runs cancelled")
+        (row,) = await store_rows(database_url, f"select * from {STORE}.page_actions")
+        assert (row["who"], row["action"], row["acted"]) == ("bea", "cancel", 2)
+        assert token not in await page.html()

@@ -8,6 +8,7 @@ Actions need ``LANE_WORKER_PAGE_TOKEN`` (``page_auth``); no GET changes anything
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -118,7 +119,7 @@ class OperatorPages:
         if self._auth.enabled:
             session = self._auth.session(request)
             actions = (
-                page_forms.signin_form()
+                page_forms.signin_form(flt)
                 if session is None
                 else page_forms.action_form(flt, self._auth.csrf(session), session.who)
             )
@@ -166,7 +167,10 @@ class OperatorPages:
             log.warning("page.signin_refused", who=who, remote=request.remote)
             return html(page_forms.refused_page(403, "the page token does not match."), 403)
         log.info("page.signin", who=who, remote=request.remote)
-        response = web.HTTPSeeOther("/runs")
+        back = form.get("back", "")
+        # Back to the list signed in from; only a path of this page (never another site).
+        same_list = re.fullmatch(r"/runs(\?[A-Za-z0-9._~%&=+-]*)?", back)
+        response = web.HTTPSeeOther(back if same_list else "/runs")
         self._auth.set_cookie(response, request, who)
         return response
 

@@ -20,10 +20,11 @@ def _hidden(fields: dict[str, str]) -> str:
     )
 
 
-def signin_form() -> str:
+def signin_form(flt: RunFilter) -> str:
     """The sign-in form (shown while actions are on and nobody is signed in)."""
     return (
         '<div class="actions" data-field="signin"><form method="post" action="/signin">'
+        f"{_hidden({'back': flt.url()})}"
         '<label>your name <input name="who" size="16" autocomplete="username"></label> '
         '<label>page token <input name="token" type="password" size="24" '
         'autocomplete="current-password"></label> <button type="submit">sign in to act'
@@ -143,4 +144,5 @@ def audit_page(actions: list[PageAction]) -> str:
         "<th>action</th><th>filter</th><th>confirmed</th><th>acted</th><th>unchanged</th>"
         f"<th>refused</th><th>state</th></tr></thead><tbody>{rows}</tbody></table>"
     )
-    return shell("lane-worker actions", body, refresh=busy)
+    # While an action runs, the trail follows it (its row is brought up to date every 50 runs).
+    return shell("lane-worker actions", body, refresh_s=3 if busy else None)

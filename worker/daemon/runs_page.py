@@ -37,9 +37,9 @@ def when(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def shell(title: str, body: str, *, refresh: bool = False) -> str:
+def shell(title: str, body: str, *, refresh_s: int | None = None) -> str:
     """A whole page of the operator's pages: the shared style, the top links, ``body``."""
-    meta = '<meta http-equiv="refresh" content="10">' if refresh else ""
+    meta = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'{meta}<meta name="viewport" content="width=device-width,initial-scale=1">'
