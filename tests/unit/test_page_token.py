@@ -32,6 +32,7 @@ def test_the_token_is_in_no_repr_and_doctor_says_only_whether_it_is_set() -> Non
     settings = Settings.from_env(env)
     assert settings.page_token == GOOD
     assert GOOD not in repr(settings)
+    assert diagnose(env).warnings == ()  # a name lane-worker reads: no typo warning
     said = diagnose(env).as_json()
     assert said["pageActions"] is True
     assert GOOD not in repr(said)
