@@ -82,6 +82,7 @@ async def test_run_list_filters_and_pages(database_url: str, tmp_path: Path) -> 
         assert listed(port, release=A, error="100%_")[0] == []  # % and _ are literal
         assert listed(port, release=A, newer="1h")[0] == every[::-1]
         assert listed(port, release=A, older="1h")[0] == []
+        assert listed(port, run=failed[2])[0] == [failed[2]]  # the run page's "act on it"
 
         # Keyset pages of 5: 5, 5, 2, no repeat, no gap, and no "older" link on the last.
         seen: list[str] = []

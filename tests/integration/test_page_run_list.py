@@ -39,6 +39,7 @@ FILTERS: list[dict[str, str]] = [
     {"status": "failed", "release": B},
     {"status": "failed", "error": "boom", "newer": "3d"},
     {"status": "waiting", "play": "rare", "release": A},
+    {"run": str(uuid.UUID(int=7)), "status": "failed"},
 ]
 
 

@@ -49,6 +49,7 @@ def test_a_cursor_round_trips_and_a_forged_one_is_one_sentence() -> None:
         ({"play": "x" * 201}, "play is printable text"),
         ({"error": "a\nb"}, "error is printable text"),
         ({"release": "---"}, "release: "),
+        ({"run": "nope"}, "run is a run id"),
     ],
 )
 def test_a_bad_field_is_one_sentence(query: dict[str, str], said: str) -> None:

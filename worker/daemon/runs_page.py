@@ -71,6 +71,7 @@ def filter_form(flt: RunFilter, limit: int) -> str:
         f"{_field('newer', 'newer than', query.get('newer'), 'e.g. 2h')}"
         f"{_field('older', 'older than', query.get('older'), 'e.g. 15m')}"
         f"{_field('error', 'error text', flt.error, 'any')}"
+        f"{_field('run', 'run id', None if flt.run is None else str(flt.run), 'any')}"
         f'<label>per page<input name="limit" value="{limit}" size="4" '
         f'title="1 to {MAX_PAGE_SIZE}"></label>'
         '<button type="submit">filter</button> <a href="/runs">clear</a></form>'

@@ -81,6 +81,7 @@ class RunFilter:
     newer_s: int | None = None  # created within the last so many seconds
     older_s: int | None = None  # created more than so many seconds ago
     error: str | None = None  # text in the run's error (name, message, traceback)
+    run: uuid.UUID | None = None  # one run (the run page links here to act on it)
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> RunFilter:
@@ -94,7 +95,13 @@ class RunFilter:
                 lanes.queue_name_for_release(release)
             except LaneConfigError as exc:
                 raise InvalidRequestError(f"release: {exc}") from None
+        raw_run = _text(query, "run")
+        try:
+            run = None if raw_run is None else uuid.UUID(raw_run)
+        except ValueError:
+            raise InvalidRequestError("run is a run id (a UUID).") from None
         return cls(
+            run=run,
             status=status,
             play=_text(query, "play"),
             release=release,
@@ -114,12 +121,17 @@ class RunFilter:
             "newer": _age_text(self.newer_s),
             "older": _age_text(self.older_s),
             "error": self.error,
+            "run": None if self.run is None else str(self.run),
         }
         return {k: v for k, v in said.items() if v is not None}
 
     def as_json(self) -> dict[str, Any]:
         """The filter as the audit trail stores it."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name)}
+        return {
+            f.name: str(v) if isinstance(v, uuid.UUID) else v
+            for f in fields(self)
+            if (v := getattr(self, f.name))
+        }
 
     def url(self, path: str = "/runs", **more: str) -> str:
         """A link to ``path`` with this filter (and ``more``) as its query."""
@@ -139,6 +151,8 @@ class RunFilter:
             args.append(value)
             return f"${len(args)}"
 
+        if self.run is not None:
+            preds.append(f"r.run_id = {arg(self.run)}")
         if self.status == "open":
             # The partial indexes of open runs (0001, 0014) hold exactly these rows.
             preds.append("r.status not in ('completed', 'failed', 'cancelled')")
