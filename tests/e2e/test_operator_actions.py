@@ -176,6 +176,8 @@ async def test_cancel_retry_and_move_everything_matching(database_url: str, tmp_
         assert (status, "sign in first" in body) == (403, True)
 
         # Sign in: a wrong token is refused; the right one sets a strict, HttpOnly cookie.
+        status, body, _ = await op.post("/signin", {"who": token, "token": token})
+        assert (status, "your name goes in the name field" in body) == (400, True)
         status, body, _ = await op.post("/signin", {"who": "ana", "token": token[:-1] + "x"})
         assert (status, "does not match" in body) == (403, True)
         status, _, response = await op.post(

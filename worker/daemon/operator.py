@@ -159,6 +159,9 @@ class OperatorPages:
             who = checked_who(form.get("who"))
         except ValueError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
+        if self._auth.token_matches(who):  # pasted in the wrong field: never log or store it
+            said = "your name goes in the name field, the token in the token field."
+            return html(page_forms.refused_page(400, said), 400)
         if self._auth.throttled():
             said = "too many failed sign-ins in the last minute: try again in a minute."
             return html(page_forms.refused_page(429, said), 429)
