@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,3 +247,21 @@ def table_rows(html: str, field: str) -> list[list[str]]:
     parser = _Table(field)
     parser.feed(html)
     return [row for row in parser.rows if row]  # the header row has no td
+
+
+def screenshot(url: str, folder: Path, name: str = "page") -> Path:
+    """Save what headless Chromium shows at ``url`` as ``folder/<name>.png``; return its path.
+
+    A page that only a POST answers (a confirmation) is saved to a file first and
+    loaded from there: ``url`` may be a ``file://`` URL.
+    """
+    path = folder / f"{name}.png"
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--window-size=1400,1000", f"--screenshot={path}", url],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert path.exists(), done.stderr[-2000:]
+    return path

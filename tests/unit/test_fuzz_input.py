@@ -79,6 +79,7 @@ KNOWN_VARIABLES = (
     "LANE_WORKER_TEST_DATABASE_URL",
     "LANE_WORKER_BOOT_RETRY",
     "LANE_WORKER_STORE_SCHEMA",
+    "LANE_WORKER_PAGE_TOKEN",
 )
 # A variable added to worker/config.py later is fuzzed too (its name must then be in the
 # contract list above for the errors to name a known variable).

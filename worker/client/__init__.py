@@ -380,10 +380,7 @@ class LaneClient(OperatorCalls):
 
     async def cancel(self, run_id: str, *, reason: str | None = None) -> bool:
         """Cancel a run (the store's ``cancel_run``); return False when it had already ended."""
-        await self.check_schemas()
-        run_uuid = parse_run_id(run_id)
-        said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
-        return bool(said["cancelled"])
+        return await self.remedies.cancel_run(run_id, reason=reason)
 
     async def report_runner_result(
         self, run_id: str, runner_attempt: int, result: Any = None

@@ -33,6 +33,8 @@ PROCESSES_ENV = "LANE_WORKER_PROCESSES"
 SUPERVISOR_PID_ENV = "LANE_WORKER_SUPERVISOR_PID"
 HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
 HEALTH_HOST_ENV = "LANE_WORKER_HEALTH_HOST"
+# The operator page's actions (retry, cancel, move): unset, the page is read-only.
+PAGE_TOKEN_ENV = "LANE_WORKER_PAGE_TOKEN"  # noqa: S105 (a name, not a token)
 BOOT_RETRY_ENV = "LANE_WORKER_BOOT_RETRY"
 MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
 LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"
@@ -237,6 +239,30 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
         elif family == _OWN_FAMILY:
             said.append(f"{name} is set but lane-worker does not read it (a typo?); it is ignored.")
     return said
+
+
+PAGE_TOKEN_CHARS = (16, 256)
+_PAGE_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+def page_token(env: Mapping[str, str], problems: Problems) -> str | None:
+    """Read LANE_WORKER_PAGE_TOKEN (None: unset, the page is read-only); refuse a weak one.
+
+    The refusal never quotes the value: it is a secret.
+    """
+    raw = blank_as_unset(env, PAGE_TOKEN_ENV)
+    if raw is None:
+        return None
+    low, high = PAGE_TOKEN_CHARS
+    if not low <= len(raw) <= high or not _PAGE_TOKEN.fullmatch(raw):
+        problems.refuse(
+            PAGE_TOKEN_ENV,
+            f"{PAGE_TOKEN_ENV} is not a usable page token: set it to {low} to {high} printable "
+            "ASCII characters without spaces (openssl rand -hex 32 makes one), or unset it to "
+            "keep the page read-only.",
+        )
+        return None
+    return raw
 
 
 def plain_text(value: str) -> bool:

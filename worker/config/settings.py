@@ -29,6 +29,7 @@ from worker.config.env import (
     Problems,
     blank_as_unset,
     flag,
+    page_token,
     supervised_by_parent,
     supervisor_pid_warnings,
     unknown_variables,
@@ -38,6 +39,7 @@ from worker.config.env import HEALTH_PORT_ENV as HEALTH_PORT_ENV
 from worker.config.env import LOG_FORMAT_ENV as LOG_FORMAT_ENV
 from worker.config.env import MAX_ATTEMPTS_ENV as MAX_ATTEMPTS_ENV
 from worker.config.env import MAX_RELEASE_ID_CHARS as MAX_RELEASE_ID_CHARS
+from worker.config.env import PAGE_TOKEN_ENV as PAGE_TOKEN_ENV
 from worker.config.env import PGBOUNCER_ENV as PGBOUNCER_ENV
 from worker.config.env import POLL_INTERVAL_ENV as POLL_INTERVAL_ENV
 from worker.config.env import SERVERLESS_ENV as SERVERLESS_ENV
@@ -77,6 +79,8 @@ class Diagnosis:
     tuning: Tuning
     errors: tuple[LaneConfigError, ...] = ()
     warnings: tuple[str, ...] = ()
+    # Whether LANE_WORKER_PAGE_TOKEN is set (the page's actions are on); never the token.
+    page_actions: bool = False
 
     @property
     def refused(self) -> bool:
@@ -115,6 +119,7 @@ class Diagnosis:
             "drainSeconds": self.tuning.drain_s,
             "healthPort": self.tuning.health_port,
             "healthHost": self.tuning.health_host,
+            "pageActions": self.page_actions,
             "maxAttempts": self.tuning.max_attempts,
             "logFormat": self.tuning.log_format,
             "eventLoop": self.tuning.event_loop,
@@ -154,6 +159,8 @@ class Settings:
     machine_id: str | None = None
     # One of a LANE_WORKER_PROCESSES supervisor's processes: stops come from it.
     supervised: bool = False
+    # LANE_WORKER_PAGE_TOKEN: the operator page's actions need it (None: read-only).
+    page_token: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def database_url_redacted(self) -> str:
@@ -194,6 +201,7 @@ class Settings:
                 (env.get(MACHINE_ID_ENV) or env.get(FLY_MACHINE_ID_ENV) or "").strip()[:200] or None
             ),
             supervised=supervised_by_parent(env),
+            page_token=blank_as_unset(env, PAGE_TOKEN_ENV),
         )
 
 
@@ -238,6 +246,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     isolated = lanes.is_isolated_schema(schema)
     lane = lane_of(env, schema, isolated, problems)
     tuning = read_tuning(env, problems)
+    token = page_token(env, problems)
     database = _database_url(env, problems)
     return Diagnosis(
         release_id=lane.release_id,
@@ -253,4 +262,5 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
         tuning=tuning,
         errors=tuple(problems.errors),
         warnings=tuple(problems.warnings),
+        page_actions=token is not None,
     )

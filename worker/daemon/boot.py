@@ -75,7 +75,10 @@ def prepare(env: Mapping[str, str], app_spec: str) -> tuple[Settings, App]:
     Raises ``LaneConfigError`` (the boot guard) or ``AppLoadError``.
     """
     settings = Settings.from_env(env)
-    logs.configure(settings.tuning.log_format, secrets=url_secrets(settings.database_url))
+    # The page token is a secret as the database password is: masked wherever a log says it.
+    token = (settings.page_token,) if settings.page_token else ()
+    secrets = (*url_secrets(settings.database_url), *token)
+    logs.configure(settings.tuning.log_format, secrets=secrets)
     for warning in settings.warnings:  # what doctor lists, such as a mistyped LANE_WORKER_*
         log.warning("config.warning", message=warning)
     try:

@@ -21,6 +21,7 @@ from aiohttp.web_server import Server
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from worker.daemon import page, run_page
+from worker.daemon.operator import OperatorPages
 from worker.errors import (
     HealthPortError,
 )
@@ -40,7 +41,7 @@ REQUEST_HEADERS_TIMEOUT_S = 5.0
 # Open connections at most; one more is closed at once (logged at most every 10 s).
 MAX_CONNECTIONS = 64
 TOO_MANY_CONNECTIONS_LOG_S = 10.0
-CLIENT_MAX_SIZE = 1024  # every route is a GET
+CLIENT_MAX_SIZE = 16 * 1024  # a GET, or one of the operator page's small forms
 # On stop, requests in progress get this long to finish before they are cancelled.
 SHUTDOWN_TIMEOUT_S = 1.0
 
@@ -309,6 +310,7 @@ class HealthServer:
         lanes: LanesReport | None = None,
         *,
         run: run_page.RunReport | None = None,
+        operator: OperatorPages | None = None,
         scrape: Callable[[], None] | None = None,
         host: str = "0.0.0.0",  # noqa: S104 (a container's health port)
     ) -> None:
@@ -318,6 +320,7 @@ class HealthServer:
         self._readiness = readiness
         self._lanes = lanes
         self._run = run
+        self._operator = operator  # the run list, bulk actions, the deploy timeline
         self._scrape = scrape  # sets the process's own gauges before a scrape
         self._runner: web.AppRunner | None = None
         self._bounds = _Bounds(MAX_CONNECTIONS, REQUEST_HEADERS_TIMEOUT_S)
@@ -339,6 +342,8 @@ class HealthServer:
             app.router.add_get("/", self._html_page)
         if self._run is not None:
             app.router.add_get("/runs/{run_id}", self._run_page)
+        if self._operator is not None:
+            self._operator.add_routes(app)
         self._runner = _BoundedRunner(
             app,
             self._bounds,
@@ -374,6 +379,8 @@ class HealthServer:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self._operator is not None:
+            await self._operator.close()
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})

@@ -268,7 +268,8 @@ def render(views: list[LaneView], page: int = 1) -> str:
         "<h1>lane-worker lanes</h1>"
         f'<p class="note">The drain report, refreshed every {REFRESH_S} s.{when} A lane is safe '
         "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "
-        "<a href=/lanes?format=text>/lanes?format=text</a>.</p>"
+        "<a href=/lanes?format=text>/lanes?format=text</a>. Every run, filtered: "
+        "<a href=/runs>runs</a>; each release's life: <a href=/deploys>deploys</a>.</p>"
         f"{_pager(page, pages, len(listed))}"
         "<table><thead><tr><th>release</th><th>queue</th><th>status</th><th>live</th>"
         "<th>machines</th><th>workers</th>"

@@ -27,6 +27,7 @@ from worker.config.settings import Settings
 from worker.db.pool import Connection, Database, PoolOptions
 from worker.db.store import Store
 from worker.errors import NotBootedError, ReportClosedError, SharedReadCancelledError
+from worker.ops import run_list
 from worker.ops.lane_view import LaneView
 from worker.ops.report import read_report
 from worker.ops.run_view import RunView, read_run
@@ -39,6 +40,9 @@ REPORT_FRESH_S = 2.0
 REPORT_RETRY_FOR_S = 5.0
 # A report statement running longer than this is cancelled by the server.
 REPORT_STATEMENT_TIMEOUT_S = 10.0
+# A run list page (or a bulk action's count) running longer than this is cancelled: the
+# page says so within its own 5 s wait, and the report's one connection is free again.
+LIST_STATEMENT_TIMEOUT_MS = 4000
 # Closing the report pool waits this long for its connection, then terminates it.
 REPORT_CLOSE_TIMEOUT_S = 2.0
 # The lanes page lists at most this many open runs of each lane, newest first.
@@ -167,6 +171,35 @@ class ReportReader:
             lambda conn: self._bounded(conn, lambda: read_run(conn, self._store, run_id))
         )
 
+    async def run_list(
+        self, flt: run_list.RunFilter, before: run_list.Cursor | None, limit: int
+    ) -> run_list.RunPage:
+        """Return one page of the run list, bounded as the run page's read is."""
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        db = await self._pool()
+        schema = self._store.schema_sql
+        return await db.run(
+            lambda conn: self._bounded(
+                conn,
+                lambda: run_list.read_page(conn, schema, flt, before, limit),
+                LIST_STATEMENT_TIMEOUT_MS,
+            )
+        )
+
+    async def read(self, read: Callable[[Connection], Awaitable[T]]) -> T:
+        """Any other read of the operator's pages, bounded as the run list's."""
+        db = await self.database()
+        return await db.run(
+            lambda conn: self._bounded(conn, lambda: read(conn), LIST_STATEMENT_TIMEOUT_MS)
+        )
+
+    async def database(self) -> Database:
+        """The report's pool (opened now if need be): the page's bulk actions write on it."""
+        if self._closed:
+            raise ReportClosedError("the worker is stopping")
+        return await self._pool()
+
     async def _read(self) -> list[LaneView]:
         if self._closed:
             raise ReportClosedError("the worker is stopping")
@@ -197,7 +230,9 @@ class ReportReader:
             conn, lambda: read_report(conn, self._store, open_runs=PAGE_OPEN_RUNS)
         )
 
-    async def _bounded(self, conn: Connection, read: Callable[[], Awaitable[T]]) -> T:
+    async def _bounded(
+        self, conn: Connection, read: Callable[[], Awaitable[T]], timeout_ms: int | None = None
+    ) -> T:
         # The read's own transaction nests in this one (a savepoint, same snapshot rules);
         # A local setting (`set local`) ends with it, so nothing stays on the connection
         # (or a PgBouncer's).
@@ -207,7 +242,7 @@ class ReportReader:
             await conn.execute(
                 "select set_config('statement_timeout', $1, true),"
                 " set_config('max_parallel_workers_per_gather', '0', true)",
-                str(self._statement_timeout_ms),
+                str(timeout_ms or self._statement_timeout_ms),
             )
             return await read()
 
@@ -272,6 +307,26 @@ class HealthReads:
         if not self.schemas_ready:
             raise NotBootedError("the worker has not finished booting")
         return await self.report_reader.run(run_id)
+
+    async def run_list_view(
+        self, flt: run_list.RunFilter, before: run_list.Cursor | None, limit: int
+    ) -> run_list.RunPage:
+        """The run list's page, on the report's pool: NotBootedError (503) until boot is done."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.run_list(flt, before, limit)
+
+    async def page_read(self, read: Callable[[Connection], Awaitable[T]]) -> T:
+        """A read of the operator's pages, on the report's pool, bounded; 503 until booted."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.read(read)
+
+    async def page_database(self) -> Database:
+        """The report's pool, where the page's bulk actions run: 503 until booted."""
+        if not self.schemas_ready:
+            raise NotBootedError("the worker has not finished booting")
+        return await self.report_reader.database()
 
     async def database_answers(self) -> bool:
         """/readyz's database check: one probe in flight for every client, reused for 1 s.

@@ -148,7 +148,8 @@ def _page(title: str, body: str, status_note: str = "") -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
-        f'<p class="note"><a href="/">all lanes</a>{status_note}</p>{body}</body></html>'
+        f'<p class="note"><a href="/">all lanes</a> &middot; <a href="/runs">all runs</a>'
+        f"{status_note}</p>{body}</body></html>"
     )
 
 
@@ -228,8 +229,12 @@ def render_run(view: RunView) -> str:
         [(escape(str(f["type"])), escape(_when(f["createdAt"]))) for f in said["facts"]],
         "facts",
     )
+    act = (
+        f'<p class="note"><a href="/runs?run={escape(run_id)}" data-field="act">retry, cancel or '
+        "move it from the run list</a></p>"
+    )
     body = (
-        f"<h1>run <code>{escape(run_id)}</code></h1>"
+        f"<h1>run <code>{escape(run_id)}</code></h1>{act}"
         f'<table data-field="run"><tbody>{rows}</tbody></table>'
         f"<h2>attempts</h2>{attempts}<h2>steps and waits (checkpoints)</h2>{steps}"
         f"<h2>ledger facts</h2>{ledger}"

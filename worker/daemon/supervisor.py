@@ -35,6 +35,7 @@ from worker.daemon.lane_follower import LaneFollower
 from worker.daemon.listener import Listener, Wakeups
 from worker.daemon.loops import LoopRegistry
 from worker.daemon.maintenance import Rotation, maintain
+from worker.daemon.operator import OperatorPages
 from worker.daemon.relay import IDLE_POLL_S, Relay, RelayConfig
 from worker.daemon.report_cache import HealthReads
 from worker.daemon.signals import StopSignals
@@ -142,6 +143,9 @@ class Supervisor:
             self._readiness,
             self.reads.lanes_view,
             run=self.reads.run_view,
+            operator=OperatorPages(
+                self.reads, self.store, token=self.settings.page_token, worker_id=self.worker_id
+            ),
             scrape=self.loops.claim_gauges,
             host=self.settings.tuning.health_host,
         )

@@ -330,6 +330,13 @@ class Remedies:
             )
         return ""
 
+    async def cancel_run(self, run_id: str, *, reason: str | None = None) -> bool:
+        """Cancel a run (the store's ``cancel_run``); False if it had ended (CLI and page)."""
+        await self.check_schemas()
+        run_uuid = parse_run_id(run_id)
+        said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
+        return bool(said["cancelled"])
+
     async def move_lane(self, from_release: str, to_release: str) -> MoveReport:
         """Move the runs of ``from_release``'s lane that never started to ``to_release``'s.
 
@@ -349,6 +356,22 @@ class Remedies:
                 "check the id against `lane-worker lanes`.",
                 known=(),
             )
+        ids = await self.db.run(lambda c: self.store.runs.open_on_lane(c, queue=from_queue))
+        return await self._move(ids, from_queue, to_release)
+
+    async def move_runs(self, run_ids: list[uuid.UUID], to_release: str) -> MoveReport:
+        """Move these runs, each from its lane, to ``to_release``'s (the page's bulk move).
+
+        As ``move_lane``: one transaction per run, a run that started refused; one
+        already on the target lane, or ended, is left as it is.
+        """
+        await self.check_schemas()
+        return await self._move(run_ids, None, to_release)
+
+    async def _move(
+        self, ids: list[uuid.UUID], from_queue: str | None, to_release: str
+    ) -> MoveReport:
+        to_queue = lanes.queue_name_for_release(to_release)
         target = await self.db.run(lambda c: self.store.lanes.row(c, queue=to_queue))
         if target is None or target.status != "claiming":
             state = "not a registered lane" if target is None else "retired"
@@ -357,7 +380,6 @@ class Remedies:
                 "to a lane that claims new runs."
             )
         stamp = target.release_ids[0] if target.release_ids else to_release.strip()
-        ids = await self.db.run(lambda c: self.store.runs.open_on_lane(c, queue=from_queue))
         moved: list[str] = []
         refused: list[tuple[str, str]] = []
         for run_id in ids:
@@ -369,15 +391,27 @@ class Remedies:
                 moved.append(str(run_id))
             elif why:
                 refused.append((str(run_id), why))
-        return MoveReport(from_queue, to_queue, stamp, tuple(moved), tuple(refused))
+        return MoveReport(from_queue or "", to_queue, stamp, tuple(moved), tuple(refused))
 
     async def _move_one(
-        self, conn: Connection, run_id: uuid.UUID, from_queue: str, to_queue: str, stamp: str
+        self,
+        conn: Connection,
+        run_id: uuid.UUID,
+        from_queue: str | None,
+        to_queue: str,
+        stamp: str,
     ) -> str | None:
-        """Move one run; return None when moved, '' when it ended meanwhile, else why not."""
+        """Move one run; return None when moved, '' when it ended meanwhile, else why not.
+
+        ``from_queue`` None: from whichever lane the run is on (the page's bulk move).
+        """
         run = await self._locked_run(conn, str(run_id))
         if run.status in TERMINAL_STATUSES:
             return ""
+        if from_queue is None:
+            if to_queue in (run.queue, run.adopted_queue):
+                return ""  # on the target lane already: nothing to move
+            from_queue = run.queue
         if run.queue != from_queue and run.adopted_queue != from_queue:
             return ""  # moved elsewhere meanwhile (another `lanes move`): not ours now
         if run.queue != from_queue:

@@ -6,7 +6,8 @@ one transaction: every query takes the connection to run on. One typed
 method per query, grouped by what it reads: ``store.runs``, ``store.attempts``,
 ``store.lanes``, ``store.report``, ``store.api`` (the app's SQL API),
 ``store.ledger`` (the delivery outbox), ``store.sandboxes`` (sandbox cleanup) and
-``store.registry`` (releases and the scaler), each with its file of SQL in
+``store.registry`` (releases and the scaler) and ``store.page`` (the operator page's
+audit trail), each with its file of SQL in
 ``worker/sql/store/`` (``runs.sql``, ...); the schema's migrations are
 ``worker/db/schema.py``.
 """
@@ -21,6 +22,7 @@ from worker.db.store.api import ApiQueries
 from worker.db.store.attempts import AttemptQueries
 from worker.db.store.lanes import LaneQueries
 from worker.db.store.ledger import LedgerQueries
+from worker.db.store.page import PageQueries
 from worker.db.store.registry import RegistryQueries
 from worker.db.store.report import ReportQueries
 from worker.db.store.runs import RunQueries
@@ -43,6 +45,7 @@ class Store:
         self.ledger = LedgerQueries(schema)
         self.sandboxes = SandboxQueries(schema)
         self.registry = RegistryQueries(schema)
+        self.page = PageQueries(schema)
         # Every store query by name (an EXPLAIN in the tests; the calls kept below).
         self.q = {
             **self.runs.sql,
@@ -53,6 +56,7 @@ class Store:
             **self.ledger.sql,
             **self.sandboxes.sql,
             **self.registry.sql,
+            **self.page.sql,
         }
 
     async def migrate(self, conn: Connection) -> MigrationReport:

@@ -1,0 +1,213 @@
+"""The operator page's bulk actions: retry, cancel or move every run matching a filter.
+
+Two POSTs. The first (``/actions/preview``) counts the runs matching the filter
+among those created by now (``asOf``), at most ``MAX_BULK``, and asks to
+confirm that count. The second (``/actions/run``) carries the filter, ``asOf``
+and the count the operator saw: the runs are counted again, and the action is
+refused when more match now than were confirmed (runs that entered the filter
+meanwhile, such as runs that failed since, were not seen); fewer is fine (runs
+that ended or moved meanwhile are simply no longer acted on). Runs created
+after ``asOf`` are never touched. Then each run goes through the same remedy as
+the CLI (``worker/ops/remedies.py``: one transaction per run, fenced on its
+row), and the action is audited in ``page_actions`` (who, when, the filter, how
+many were seen, acted on, left unchanged and refused, with the first reasons).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from worker.db.pool import Connection, Database
+from worker.db.store import Store
+from worker.db.store.page import Tally
+from worker.errors import InvalidRequestError, LaneWorkerError
+from worker.ops.remedies import Remedies
+from worker.ops.run_list import RunFilter
+
+ACTIONS = ("retry", "cancel", "move")
+# The first refusals kept in the audit row (each with its reason).
+KEPT_REFUSALS = 20
+REASON_CHARS = 300
+# The audit row is brought up to date after this many runs.
+PROGRESS_EVERY = 50
+
+log = structlog.get_logger("lane_worker.page")
+
+
+@dataclass(frozen=True)
+class Bulk:
+    """An action on every run a filter matches; ``to`` is the target release of a move."""
+
+    action: str
+    filter: RunFilter
+    to: str | None = None
+
+    @classmethod
+    def from_form(cls, form: Mapping[str, str]) -> Bulk:
+        """Read the action from a form; one sentence when it cannot be done as asked."""
+        action = (form.get("action") or "").strip()
+        if action not in ACTIONS:
+            raise InvalidRequestError(f"action is one of {', '.join(ACTIONS)}.")
+        flt = RunFilter.from_query(form)
+        to = (form.get("to") or "").strip() or None
+        if action == "retry" and flt.status not in ("failed", "cancelled"):
+            raise InvalidRequestError(
+                "retry acts on runs that ended: filter by status failed or cancelled first."
+            )
+        if action == "move":
+            if flt.status != "queued":
+                raise InvalidRequestError(
+                    "move acts on runs that never started: filter by status queued first."
+                )
+            if to is None or len(to) > 200 or not to.isprintable():
+                raise InvalidRequestError("move needs the release to move the runs to (to).")
+        return cls(action, flt, to if action == "move" else None)
+
+    def describe(self, count: int) -> str:
+        """The action in words: ``cancel 12 runs matching status waiting``."""
+        to = f" to release {self.to}" if self.to else ""
+        return f"{self.action} {count} run(s){to} matching {self.filter.describe()}"
+
+
+def parse_as_of(raw: str | None) -> datetime:
+    """The moment the preview counted (runs created after it are never acted on)."""
+    try:
+        when = datetime.fromisoformat((raw or "").strip())
+    except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
+        raise InvalidRequestError("asOf is the preview's time: post the confirmation form again.")
+    return when
+
+
+def parse_count(raw: str | None) -> int:
+    """The count the operator confirmed."""
+    text = (raw or "").strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        raise InvalidRequestError("seen is the count the preview showed.")
+    return int(text)
+
+
+OneRun = Callable[[uuid.UUID], Awaitable[Tally]]
+
+
+def _one_run(remedies: Remedies, bulk: Bulk, who: str, action_id: int) -> OneRun:
+    """What the action does to one run, through the CLI's remedy, as a tally of one."""
+    if bulk.action == "cancel":
+        reason = f"cancelled from the operator page by {who} (action {action_id})"
+
+        async def cancel(run_id: uuid.UUID) -> Tally:
+            done = await remedies.cancel_run(str(run_id), reason=reason)
+            return Tally(acted=1) if done else Tally(unchanged=1)
+
+        return cancel
+    if bulk.action == "retry":
+
+        async def retry(run_id: uuid.UUID) -> Tally:
+            said = await remedies.retry_run(str(run_id))
+            return Tally(acted=1) if said.created else Tally(unchanged=1)
+
+        return retry
+    assert bulk.to is not None
+    to = bulk.to
+
+    async def move(run_id: uuid.UUID) -> Tally:
+        said = await remedies.move_runs([run_id], to)
+        if said.refused:
+            return _refused(run_id, said.refused[0][1])
+        return Tally(acted=1) if said.moved else Tally(unchanged=1)
+
+    return move
+
+
+def _refused(run_id: uuid.UUID | None, reason: str) -> Tally:
+    said = {"runId": None if run_id is None else str(run_id), "reason": reason[:REASON_CHARS]}
+    return Tally(refused=1, refusals=(said,))
+
+
+async def _progress(store: Store, action_id: int, tally: Tally, conn: Connection) -> None:
+    await store.page.record(conn, action_id, tally, finished=False)
+
+
+def _add(total: Tally, one: Tally) -> Tally:
+    kept = (total.refusals + one.refusals)[:KEPT_REFUSALS]
+    return Tally(
+        total.acted + one.acted, total.unchanged + one.unchanged, total.refused + one.refused, kept
+    )
+
+
+async def perform(
+    db: Database,
+    store: Store,
+    remedies: Remedies,
+    bulk: Bulk,
+    run_ids: list[uuid.UUID],
+    *,
+    who: str,
+    action_id: int,
+) -> Tally:
+    """Act on each run through its remedy; keep the audit row up to date; return the tally.
+
+    A remedy's refusal (a run still open for a retry, a target that cannot run
+    it) is counted with its reason and the action goes on. Anything else (the
+    database away) ends it: the row is finished with that as its last refusal.
+    """
+    one_run = _one_run(remedies, bulk, who, action_id)
+    tally = Tally()
+    try:
+        for n, run_id in enumerate(run_ids, start=1):
+            try:
+                one = await one_run(run_id)
+            except LaneWorkerError as exc:
+                one = _refused(run_id, str(exc))
+            tally = _add(tally, one)
+            if n % PROGRESS_EVERY == 0:
+                await db.run(functools.partial(_progress, store, action_id, tally))
+    except Exception as exc:
+        log.warning("page.action_stopped", action_id=action_id, error=type(exc).__name__)
+        done = tally.acted + tally.unchanged + tally.refused
+        stopped = {"runId": None, "reason": f"stopped after {done} run(s): {type(exc).__name__}"}
+        tally = replace(tally, refusals=(*tally.refusals, stopped))
+    try:
+        await db.run(lambda c: store.page.record(c, action_id, tally, finished=True))
+    except Exception as exc:  # the database is away: the row stays unfinished, as documented
+        log.warning("page.action_unrecorded", action_id=action_id, error=type(exc).__name__)
+    log.info(
+        "page.action_done",
+        action_id=action_id,
+        action=bulk.action,
+        who=who,
+        acted=tally.acted,
+        unchanged=tally.unchanged,
+        refused=tally.refused,
+    )
+    return tally
+
+
+class Running:
+    """The bulk actions in progress in this process: stopped when the health port stops."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` in the background (a page's answer does not wait for it)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel the actions in progress (their audit rows stay unfinished)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

@@ -1,0 +1,148 @@
+"""The operator page's forms and action pages: sign-in, the bulk form, its confirmation, the
+audit trail. Every form is a POST carrying the session's CSRF token; every value is escaped.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from html import escape
+
+from worker.daemon.page_actions import ACTIONS, Bulk
+from worker.daemon.runs_page import shell, when
+from worker.db.store.page import PageAction
+from worker.ops.run_list import MAX_BULK, RunFilter
+
+
+def _hidden(fields: dict[str, str]) -> str:
+    return "".join(
+        f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">' for k, v in fields.items()
+    )
+
+
+def signin_form(flt: RunFilter) -> str:
+    """The sign-in form (shown while actions are on and nobody is signed in)."""
+    return (
+        '<div class="actions" data-field="signin"><form method="post" action="/signin">'
+        f"{_hidden({'back': flt.url()})}"
+        '<label>your name <input name="who" size="16" autocomplete="username"></label> '
+        '<label>page token <input name="token" type="password" size="24" '
+        'autocomplete="current-password"></label> <button type="submit">sign in to act'
+        "</button></form>"
+        '<span class="note">Retry, cancel and move need LANE_WORKER_PAGE_TOKEN.</span></div>'
+    )
+
+
+def action_form(flt: RunFilter, csrf: str, who: str) -> str:
+    """The bulk form under the filter: which action, on everything the filter matches."""
+    options = "".join(f'<option value="{a}">{a}</option>' for a in ACTIONS)
+    return (
+        '<div class="actions" data-field="actions">'
+        '<form method="post" action="/actions/preview" data-field="action">'
+        f"{_hidden({**flt.as_query(), 'csrf': csrf})}"
+        f'<label>on everything matching: <select name="action">{options}</select></label> '
+        '<label>to release (move) <input name="to" size="14"></label> '
+        f'<button type="submit">count them first</button></form>'
+        f'<form method="post" action="/signout">{_hidden({"csrf": csrf})}'
+        f'<span class="note">signed in as <b data-field="who">{escape(who)}</b></span> '
+        '<button type="submit">sign out</button></form>'
+        f'<p class="note">Retry needs status failed or cancelled, move status queued; at most '
+        f"{MAX_BULK} runs. Each run goes through the CLI's remedy; "
+        '<a href="/actions">the audit trail</a> lists every action.</p></div>'
+    )
+
+
+def confirm_page(
+    bulk: Bulk, count: int, as_of: datetime, csrf: str, confirmed: int | None = None
+) -> str:
+    """Ask to confirm ``count`` runs; the form carries the filter, ``asOf`` and the count.
+
+    ``confirmed``: the fewer runs a confirmation carried (it is asked again).
+    """
+    again = (
+        f'<p class="refused" data-field="again">Nothing done: {count} runs match now, you '
+        f"confirmed {confirmed}. Look again.</p>"
+        if confirmed is not None
+        else ""
+    )
+    fields = {
+        **bulk.filter.as_query(),
+        "action": bulk.action,
+        "asOf": as_of.isoformat(),
+        "seen": str(count),
+        "csrf": csrf,
+        **({"to": bulk.to} if bulk.to else {}),
+    }
+    body = (
+        f"<h1>{escape(bulk.action)} {count} run(s)?</h1>{again}"
+        f'<p data-field="count" data-count="{count}">{escape(bulk.describe(count))}, '
+        f"created by {escape(when(as_of))}.</p>"
+        '<p class="note">Runs created after that are left alone. Should more runs match '
+        "when you confirm (some entered the filter meanwhile), nothing is done and you are "
+        "asked again; fewer is fine.</p>"
+        f'<form method="post" action="/actions/run" data-field="confirm">{_hidden(fields)}'
+        f'<button type="submit">yes, {escape(bulk.action)} {count} run(s)</button></form>'
+        f'<p><a href="{escape(bulk.filter.url())}" data-field="back">no, back to the list'
+        "</a></p>"
+    )
+    return shell(f"lane-worker: {bulk.action} {count} runs?", body)
+
+
+def refused_page(status: int, sentence: str, back: str = "/runs") -> str:
+    """A refused POST: one sentence, and the way back."""
+    body = (
+        f'<h1>not done</h1><p class="refused" data-error="{status}" data-field="problem">'
+        f'{escape(sentence)}</p><p><a href="{escape(back)}">back</a></p>'
+    )
+    return shell("lane-worker: not done", body)
+
+
+def _refusals(action: PageAction) -> str:
+    if not action.refusals:
+        return ""
+    items = "".join(
+        f"<li><code>{escape(str(r.get('runId') or ''))}</code> {escape(str(r.get('reason')))}</li>"
+        for r in action.refusals
+    )
+    return (
+        f'<details data-field="refusals"><summary>why refused</summary><ul>{items}</ul></details>'
+    )
+
+
+def _audit_row(a: PageAction) -> str:
+    state = "done" if a.finished_at is not None else "in progress (or stopped)"
+    flt = json.dumps(a.filter, ensure_ascii=False, sort_keys=True)
+    return (
+        f'<tr data-action-id="{a.action_id}" data-state="{"done" if a.finished_at else "open"}">'
+        f'<td class="n">{a.action_id}</td><td data-field="at">{escape(when(a.at))}</td>'
+        f'<td data-field="who">{escape(a.who)} <span class="note">{escape(a.remote or "")}'
+        f'</span></td><td data-field="kind">{escape(a.action)}'
+        f"{escape(' to ' + a.target) if a.target else ''}</td>"
+        f'<td><code data-field="filter">{escape(flt)}</code></td>'
+        f'<td class="n" data-field="seen">{a.count_seen}</td>'
+        f'<td class="n" data-field="acted">{a.acted}</td>'
+        f'<td class="n" data-field="unchanged">{a.unchanged}</td>'
+        f'<td class="n" data-field="refused">{a.refused}{_refusals(a)}</td>'
+        f'<td data-field="state">{state}<br><span class="note">'
+        f"{escape(when(a.finished_at))}</span></td></tr>"
+    )
+
+
+def audit_page(actions: list[PageAction]) -> str:
+    """The audit trail: every bulk action, newest first."""
+    rows = "".join(_audit_row(a) for a in actions) or (
+        '<tr><td colspan="10" data-field="none">no action yet.</td></tr>'
+    )
+    busy = any(a.finished_at is None for a in actions)
+    body = (
+        "<h1>actions from this page</h1>"
+        '<p class="note">Every bulk action: who (the name given at sign-in, the address), '
+        "when, on which filter, how many runs were confirmed, acted on, left unchanged "
+        "(already ended, already retried) and refused. Stored in the store's "
+        "<code>page_actions</code> table.</p>"
+        '<table data-field="audit"><thead><tr><th>#</th><th>when</th><th>who</th>'
+        "<th>action</th><th>filter</th><th>confirmed</th><th>acted</th><th>unchanged</th>"
+        f"<th>refused</th><th>state</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    # While an action runs, the trail follows it (its row is brought up to date every 50 runs).
+    return shell("lane-worker actions", body, refresh_s=3 if busy else None)
