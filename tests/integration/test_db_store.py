@@ -73,6 +73,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "store_identity",
         "created_queues",
         "scaler_creates",
+        "release_hold",
     }
 
 
