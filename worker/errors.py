@@ -190,6 +190,10 @@ class NoClaimingLaneError(LaneWorkerError):
     """No release lane claims new runs, so nothing could run a retry."""
 
 
+class ReleasesHeldError(LaneWorkerError):
+    """A deploy or rollback refused while the registry is held (`releases hold`)."""
+
+
 class RetryRefusedError(LaneWorkerError):
     """A retry the run's state does not allow without saying so (a completed run)."""
 

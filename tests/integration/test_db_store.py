@@ -74,6 +74,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "created_queues",
         "scaler_creates",
         "page_actions",
+        "release_hold",
     }
 
 

@@ -13,7 +13,7 @@ import pytest
 from support.db import fetch
 from support.runtime import SCHEMA, env_of, open_client, queue_of
 from worker.client import LaneClient
-from worker.errors import InvalidRequestError
+from worker.errors import InvalidRequestError, ReleasesHeldError
 from worker.ops.lanes_text import lanes_table
 
 
@@ -252,3 +252,59 @@ async def test_a_current_release_without_workers_that_holds_runs_is_stranded(
     assert [b.reason for b in a.blocked_by] == ["fresh"]
     assert "no live worker of rel-a: start one of its machines" in a.blocked_by[0].remedy
     assert "rel-a: blocked by fresh (1)" in table, table
+
+
+async def test_a_hold_refuses_deploys_and_rollbacks_and_stops_retirement_until_resumed(
+    database_url: str,
+) -> None:
+    """`releases hold`: a deploy or rollback is refused (one sentence naming the way out),
+    forced ones go; the scaler's retirement retires nothing; resume undoes all of it."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a")
+        await client.activate_release("rel-a", force=True)
+        held = await client.releases.hold("incident 42")
+        assert (held["heldBy"], held["reason"], held["already"]) == (
+            held["heldBy"], "incident 42", False,
+        )  # fmt: skip
+        again = await client.releases.hold("another reason")
+        assert (again["reason"], again["already"]) == ("incident 42", True)
+        with pytest.raises(ReleasesHeldError) as refused:
+            await client.releases.deploy("rel-b", image="img:b")
+        said = str(refused.value)
+        assert said.startswith("the deploy of rel-b refused: releases are held by ")
+        assert "reason: incident 42" in said
+        assert "releases resume" in said
+        assert "--force" in said
+        views, _ = await client.releases.list()
+        assert [v.release_id for v in views] == ["rel-a"]  # nothing recorded
+        forced = await client.releases.deploy("rel-b", image="img:b", force=True)
+        assert forced["previous"] == ["rel-a"]
+        await client.activate_release("rel-b", force=True)
+        b = next(d for d in await client.db.run(client.store.registry.deployments)
+                 if d.release_id == "rel-b")  # fmt: skip
+        retired = await client.db.run(
+            lambda c: client.store.registry.retire_superseded(c, actor="t", current=b)
+        )
+        assert retired == []
+        state = await client.releases.rollout_state("rel-b")
+        assert not state.done
+        assert "held by" in str(state.reason)
+        with pytest.raises(ReleasesHeldError, match="the rollback to rel-a refused"):
+            await client.releases.rollback("rel-a")
+        assert await client.releases.resume()
+        assert not await client.releases.resume()
+        assert await client.releases.held() is None
+        retired = await client.db.run(
+            lambda c: client.store.registry.retire_superseded(c, actor="t", current=b)
+        )
+        lanes = {v.release_id: v.status for v in await client.lanes()}
+    assert retired == ["rel-a"]
+    assert lanes["rel-a"] == "drained"
+    events = await fetch(
+        database_url,
+        f"select release_id, action from {SCHEMA}.deployment_events order by event_id",
+    )
+    assert [(e["release_id"], e["action"]) for e in events] == [
+        ("rel-a", "deployed"), ("", "held"), ("rel-b", "deployed"), ("", "resumed"),
+        ("rel-a", "retired"),
+    ]  # fmt: skip

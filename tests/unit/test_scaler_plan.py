@@ -19,6 +19,7 @@ from worker.scaler.actions import (
     Backoff,
     Create,
     Destroy,
+    Held,
     Recovered,
     Retire,
     Say,
@@ -85,6 +86,8 @@ def brief(action: Action) -> str:
             return f"say {action.event or action.error}"
         case Retire():
             return f"retire superseded by {action.release_id}"
+        case Held():
+            return f"held: {action.release_id} retires nothing"
         case Tally():
             return "tally"
 
@@ -563,3 +566,24 @@ def test_a_created_machine_listed_is_told_to_the_store_once() -> None:
     assert watch.take_seen() == ({"m1"}, set())
     observed(watch, [listed("m1")])
     assert watch.take_seen() == (set(), set())
+
+
+def test_a_held_registry_retires_nothing_and_still_replaces_and_stops() -> None:
+    """`releases hold`: the ready current release retires nothing it supersedes; a dead
+    machine is still replaced and a drained release's machines still stop."""
+    current = ReleaseState("cur", "img", Role.CURRENT, 2,
+                           machines=(up("c1"), up("c2")))  # fmt: skip
+    superseded = replace(release(up("p1"), role=Role.SUPERSEDED), release_id="prev")
+    dead = replace(
+        release(up("d1", live=False, not_live_s=600.0), role=Role.DRAINING, stranded=True),
+        release_id="drn",
+    )
+    drained = replace(release(up("x1", ready=False), role=Role.DRAINED), release_id="old")
+    state = PassState(NOW, DEADLINE_S, (current, superseded, dead, drained), held=True)
+    actions = [brief(a) for a in plan(state) if not isinstance(a, Tally)]
+    assert "held: cur retires nothing" in actions
+    assert not any(a.startswith("retire") for a in actions), actions
+    assert "stop x1" in actions  # drained: its machines go
+    assert any(a.startswith("replace d1") or a == "create img" for a in actions), actions
+    unheld = [brief(a) for a in plan(replace(state, held=False)) if not isinstance(a, Tally)]
+    assert "retire superseded by cur" in unheld

@@ -13,6 +13,7 @@ from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
+from worker.db.store.rows import ReleaseHold
 from worker.errors import counted
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import ReleaseView, RolloutState
@@ -30,7 +31,12 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    views, scaler = with_client(lambda client: client.releases.list())
+
+    async def read(client: LaneClient) -> tuple[list[ReleaseView], Any, ReleaseHold | None]:
+        views, scaler = await client.releases.list()
+        return views, scaler, await client.releases.held()
+
+    views, scaler, hold = with_client(read)
     rows = [["release", "status", "workers", "ready", "scaler sees", "image"]]
     rows += [
         [
@@ -51,9 +57,23 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
     seen = None
     if scaler is not None:
         seen = {"holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s}
-    report = {"releases": [v.as_json() for v in views], "scaler": seen}
+    report = {
+        "releases": [v.as_json() for v in views],
+        "scaler": seen,
+        "hold": hold.as_json() if hold is not None else None,
+    }
     lines = aligned(rows) if views else ["no release deployed yet"]
-    emit(as_json, report, *lines, *_machine_lines(views), scaler_line)
+    held = [] if hold is None else [_hold_line(hold)]
+    emit(as_json, report, *held, *lines, *_machine_lines(views), scaler_line)
+
+
+def _hold_line(hold: ReleaseHold) -> str:
+    why = f": {hold.reason}" if hold.reason else ""
+    line = (
+        f"HELD by {hold.held_by} since {hold.held_at:%Y-%m-%d %H:%M:%S %Z}{why} (the scaler "
+        "changes no current release; `lane-worker releases resume` ends it)"
+    )
+    return line if line.isprintable() else repr(line)
 
 
 def _machine_lines(views: list[ReleaseView]) -> list[str]:
@@ -107,9 +127,18 @@ def _scaler_sees(said: dict[str, Any]) -> str:
     metavar="SECONDS",
     help="How long --wait waits.",
 )
+@click.option(
+    "--force", is_flag=True, help="Go ahead even while the releases are held (releases hold)."
+)
 @json_option
 def deploy(
-    release_id: str, image: str, machines: int, wait: bool, timeout: float, as_json: bool
+    release_id: str,
+    image: str,
+    machines: int,
+    wait: bool,
+    timeout: float,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Record RELEASE_ID as the current release, with its image and machine count."""
     _record(
@@ -117,7 +146,7 @@ def deploy(
         wait,
         timeout,
         as_json,
-        lambda c: c.releases.deploy(release_id, image=image, machines=machines),
+        lambda c: c.releases.deploy(release_id, image=image, machines=machines, force=force),
     )
 
 
@@ -132,10 +161,41 @@ def deploy(
     metavar="SECONDS",
     help="How long --wait waits.",
 )
+@click.option(
+    "--force", is_flag=True, help="Go ahead even while the releases are held (releases hold)."
+)
 @json_option
-def rollback(release_id: str, wait: bool, timeout: float, as_json: bool) -> None:
+def rollback(release_id: str, wait: bool, timeout: float, force: bool, as_json: bool) -> None:
     """Make an older release current again (its recorded image and machine count)."""
-    _record(release_id, wait, timeout, as_json, lambda c: c.releases.rollback(release_id))
+    _record(
+        release_id, wait, timeout, as_json, lambda c: c.releases.rollback(release_id, force=force)
+    )
+
+
+@releases_group.command()
+@click.option("--reason", help="Why (shown by `releases` and kept with the hold).")
+@json_option
+def hold(reason: str | None, as_json: bool) -> None:
+    """Hold the releases: the scaler changes no current release until `releases resume`.
+
+    While held the scaler retires nothing a ready release supersedes (it still
+    replaces dead machines and stops drained releases' machines), and `releases
+    deploy` and `releases rollback` are refused unless --force.
+    """
+    said = with_client(lambda c: c.releases.hold(reason))
+    already = said.pop("already")
+    why = f": {said['reason']}" if said.get("reason") else ""
+    text = f"releases {'were already' if already else 'are now'} held by {said['heldBy']}{why}."
+    emit(as_json, {**said, "alreadyHeld": already}, text if text.isprintable() else repr(text))
+
+
+@releases_group.command()
+@json_option
+def resume(as_json: bool) -> None:
+    """End a hold (`releases hold`): the scaler changes current releases again."""
+    ended = with_client(lambda c: c.releases.resume())
+    text = "the hold is over." if ended else "the releases were not held: nothing to resume."
+    emit(as_json, {"resumed": ended}, text)
 
 
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]

@@ -21,7 +21,7 @@ from typing import Any
 
 from worker.db.pool import Database
 from worker.db.store import Store
-from worker.db.store.rows import Deployment, ScalerState
+from worker.db.store.rows import Deployment, ReleaseHold, ScalerState
 from worker.errors import InvalidRequestError, counted
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
@@ -92,11 +92,34 @@ class Releases:
     ) -> None:
         self.db, self.store, self.check_schemas = db, store, check_schemas
 
-    async def deploy(self, release_id: str, *, image: str, machines: int = 1) -> dict[str, Any]:
-        """Record ``release_id`` as the current release; the scaler does the rest."""
-        return await self._record(release_id, image, machines, "deployed")
+    async def deploy(
+        self, release_id: str, *, image: str, machines: int = 1, force: bool = False
+    ) -> dict[str, Any]:
+        """Record ``release_id`` as the current release; the scaler does the rest.
 
-    async def rollback(self, release_id: str) -> dict[str, Any]:
+        Refused while the registry is held (``hold``), unless ``force``.
+        """
+        return await self._record(release_id, image, machines, "deployed", force)
+
+    async def hold(self, reason: str | None = None) -> dict[str, Any]:
+        """Hold the registry: the scaler changes no current release until ``resume``, and
+        deploys and rollbacks by hand are refused unless forced."""
+        await self.check_schemas()
+        who = actor()
+        return await self.db.run(lambda c: self.store.registry.hold(c, actor=who, reason=reason))
+
+    async def resume(self) -> bool:
+        """End the hold; False when there was none."""
+        await self.check_schemas()
+        who = actor()
+        return await self.db.run(lambda c: self.store.registry.resume(c, actor=who))
+
+    async def held(self) -> ReleaseHold | None:
+        """The registry's hold, or None."""
+        await self.check_schemas()
+        return await self.db.run(self.store.registry.held)
+
+    async def rollback(self, release_id: str, *, force: bool = False) -> dict[str, Any]:
         """Make an older deployed release current again, with its recorded image and count."""
         await self.check_schemas()
         known = {d.release_id: d for d in await self.db.run(self.store.registry.deployments)}
@@ -110,10 +133,10 @@ class Releases:
             )
         if old.role == "current":
             raise InvalidRequestError(f"release {old.release_id!r} is the current release.")
-        return await self._record(old.release_id, old.image, old.desired, "rolled_back")
+        return await self._record(old.release_id, old.image, old.desired, "rolled_back", force)
 
     async def _record(
-        self, release_id: str, image: str, machines: int, action: str
+        self, release_id: str, image: str, machines: int, action: str, force: bool
     ) -> dict[str, Any]:
         await self.check_schemas()
         who = actor()
@@ -125,6 +148,7 @@ class Releases:
                 desired=machines,
                 actor=who,
                 action=action,
+                force=force,
             )
         )
 
@@ -179,6 +203,13 @@ class Releases:
                 return RolloutState(True, None)
         elif not active and not superseded and mine.ready_workers >= mine.desired:
             return RolloutState(True, None)  # machines run by hand, no scaler
+        hold = await self.held() if superseded else None
+        if hold is not None:
+            return RolloutState(
+                False,
+                f"the releases are held by {hold.held_by}: the scaler retires nothing it "
+                "supersedes until `lane-worker releases resume`",
+            )
         if not active:
             return RolloutState(False, "no active scaler (start `lane-worker scaler`)")
         if said.get("error"):

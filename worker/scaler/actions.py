@@ -97,4 +97,11 @@ class Retire:
     ready: int
 
 
-Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Tally | Retire
+@dataclass(frozen=True)
+class Held:
+    """The current release is ready, but the releases are held: nothing is retired."""
+
+    release_id: str  # the current release
+
+
+Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Tally | Retire | Held

@@ -165,6 +165,7 @@ def observe(
     now: float,
     stop_deadline_s: float,
     where_logs: Callable[[str], str],
+    held: bool = False,
 ) -> tuple[PassState, dict[str, Machine]]:
     """The plan's state for one pass, and each listed machine by id as actions name it.
 
@@ -199,7 +200,11 @@ def observe(
         Stray(release_id, sum(m.running for m in found)) for release_id, found in by_release.items()
     )
     state = PassState(
-        now=now, stop_deadline_s=stop_deadline_s, releases=tuple(releases), strays=strays
+        now=now,
+        stop_deadline_s=stop_deadline_s,
+        releases=tuple(releases),
+        strays=strays,
+        held=held,
     )
     return state, acted_on
 

@@ -21,7 +21,7 @@ here does I/O or reads a clock: the time is part of the state. The rules:
   on an image the release no longer records (it was deployed again with a new
   one) once the new image has the release's count ready;
 - once the current release has its desired count ready, what it supersedes is
-  retired;
+  retired, unless the releases are held (``releases hold``): then nothing is;
 - any release above what it needs (a create whose answer was lost made a twin)
   is trimmed, machines without a live worker first, and a live machine is never
   stopped when that would leave the release fewer live ones than it needs (at
@@ -59,6 +59,7 @@ from worker.scaler.actions import (
     Backoff,
     Create,
     Destroy,
+    Held,
     Recovered,
     Retire,
     Say,
@@ -171,6 +172,8 @@ class PassState:
     stop_deadline_s: float  # the backend's: above a worker's longest stop
     releases: tuple[ReleaseState, ...] = ()
     strays: tuple[Stray, ...] = ()
+    # `releases hold`: no current release changes (nothing superseded is retired).
+    held: bool = False
 
 
 def plan(state: PassState) -> list[Action]:
@@ -413,4 +416,6 @@ def _retire(state: PassState, actions: list[Action]) -> list[Action]:
     # ones keep claiming (no lane would otherwise take new runs).
     if current.desired == 0 or ready < current.desired:
         return []
+    if state.held:
+        return [Held(current.release_id)]
     return [Retire(current.release_id, ready)]

@@ -47,6 +47,7 @@ from worker.scaler.actions import (
     Backoff,
     Create,
     Destroy,
+    Held,
     Recovered,
     Retire,
     Say,
@@ -60,6 +61,8 @@ from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
 
 __all__ = ["DEAD_AFTER_S", "Reconciler", "ReleaseSeen"]
 
+# A held registry's word on the ready current release (`releases`, rollout waits).
+HELD_WORD = "held: retiring nothing it supersedes until `releases resume`"
 MAX_BACKEND_BACKOFF_S = 60.0  # between listings of a backend that keeps refusing (a bad token)
 
 log = structlog.get_logger("lane_worker.scaler")
@@ -137,6 +140,7 @@ class Reconciler:
             self.watch.remember(creates, time.monotonic())
             self._recall = False
         deployments = await self.db.run(self.store.registry.deployments)
+        held = await self.db.run(self.store.registry.held) is not None
         views = {v.queue: v for v in await self.db.run(lambda c: read_report(c, self.store))}
         if time.monotonic() < self._backend_retry_at:
             return self._backend_down(deployments)
@@ -160,6 +164,7 @@ class Reconciler:
             now=time.monotonic(),
             stop_deadline_s=self.backend.stop_deadline_s,
             where_logs=self.backend.where_logs,
+            held=held,
         )
         await self._note_seen()
         return await self._perform(plan(state), deployments, machines)
@@ -258,6 +263,8 @@ class Reconciler:
             case Wait():
                 wait = f"waiting {action.wait_s:.0f} s before starting another machine"
                 seen.actions.append(wait)
+            case Held():
+                seen.actions.append(HELD_WORD)
             case Backoff():
                 key = (action.release_id, action.image)
                 watch.died[key], watch.not_before[key] = action.died, action.until

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from worker.db.pool import Connection
 from worker.db.store.api import refusals
 from worker.db.store.base import Queries
-from worker.db.store.rows import Deployment, DeploymentEvent, ScalerCreate, ScalerState
+from worker.db.store.rows import (
+    Deployment,
+    DeploymentEvent,
+    ReleaseHold,
+    ScalerCreate,
+    ScalerState,
+)
+from worker.errors import ReleasesHeldError
 
 
 class RegistryQueries(Queries):
@@ -24,12 +33,34 @@ class RegistryQueries(Queries):
         desired: int,
         actor: str,
         action: str = "deployed",
+        force: bool = False,
     ) -> dict[str, Any]:
-        """Record a release as current (its image, its machines); the former current is previous."""
-        said: dict[str, Any] = await refusals(
-            self._value(conn, "deploy_release", release_id, image, desired, actor, action)
-        )
+        """Record a release as current (its image, its machines); the former current is previous.
+
+        Refused (``ReleasesHeldError``) while the registry is held, unless ``force``.
+        """
+        try:
+            said: dict[str, Any] = await refusals(
+                self._value(
+                    conn, "deploy_release", release_id, image, desired, actor, action, force
+                )
+            )
+        except asyncpg.ObjectNotInPrerequisiteStateError as exc:
+            raise ReleasesHeldError(str(exc.message)) from None
         return said
+
+    async def hold(self, conn: Connection, *, actor: str, reason: str | None) -> dict[str, Any]:
+        """Hold the registry (again: the hold stays as it was); return the hold."""
+        said: dict[str, Any] = await refusals(self._value(conn, "hold_releases", actor, reason))
+        return said
+
+    async def resume(self, conn: Connection, *, actor: str) -> bool:
+        """End the hold; False when there was none."""
+        return bool(await self._value(conn, "resume_releases", actor))
+
+    async def held(self, conn: Connection) -> ReleaseHold | None:
+        """The registry's hold, or None."""
+        return await self._row(conn, ReleaseHold, "release_hold")
 
     async def retire_superseded(
         self, conn: Connection, *, actor: str, current: Deployment | None = None

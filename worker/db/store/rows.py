@@ -376,6 +376,18 @@ class DeploymentEvent:
 
 
 @dataclass(frozen=True)
+class ReleaseHold:
+    """The registry's hold (``release_hold``, migration 0033): who, since when, why."""
+
+    held_by: str
+    held_at: datetime
+    reason: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"heldBy": self.held_by, "heldAt": self.held_at.isoformat(), "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class ScalerState:
     """What the active scaler last saw and did (``scaler_state``)."""
 

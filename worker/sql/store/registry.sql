@@ -3,7 +3,8 @@
 -- typed method.
 
 -- name: deploy_release
-select {schema}.deploy_release($1, $2, $3, $4, $5);
+-- deploy_release (0012), refused while the registry is held unless $6 (0033).
+select {schema}.deploy_release_checked($1, $2, $3, $4, $5, $6);
 
 -- name: retire_superseded
 select {schema}.retire_superseded($1);
@@ -69,8 +70,18 @@ select holder, backend, beat_at, extract(epoch from now() - beat_at)::float8 as 
 select {schema}.store_id();
 
 -- name: retire_superseded_by
--- retire_superseded, only while $2 (deployed at $3) is still the current release.
-select {schema}.retire_superseded_by($1, $2, $3);
+-- retire_superseded, only while $2 (deployed at $3) is still the current release
+-- and the registry is not held (0033).
+select {schema}.retire_superseded_unless_held($1, $2, $3);
+
+-- name: hold_releases
+select {schema}.hold_releases($1, $2);
+
+-- name: resume_releases
+select {schema}.resume_releases($1);
+
+-- name: release_hold
+select held_by, held_at, reason from {schema}.release_hold;
 
 -- name: create_sent
 -- A create the scaler is about to send (migration 0026): counted from now on.
