@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from support.page import CHROMIUM, CHROMIUM_FLAGS
+from support.page import CHROMIUM_FLAGS, chromium
 from support.runtime import eventually
 
 _LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
@@ -114,12 +114,13 @@ async def _call(
 @asynccontextmanager
 async def browser_page() -> AsyncIterator[Page]:
     """A tab of a fresh headless Chromium (its own profile), closed afterwards."""
+    browser, env = chromium()
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.Popen(  # noqa: ASYNC220 (started once; its output read in a thread)
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
              "--remote-debugging-port=0", "--window-size=1400,1000", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True,
+            text=True, env=env,
         )  # fmt: skip
         try:
             url = await asyncio.to_thread(_devtools_url, proc)

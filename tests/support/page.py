@@ -256,11 +256,12 @@ def screenshot(url: str, folder: Path, name: str = "page") -> Path:
     loaded from there: ``url`` may be a ``file://`` URL.
     """
     path = folder / f"{name}.png"
+    browser, env = chromium()
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
              "--window-size=1400,1000", f"--screenshot={path}", url],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True, text=True, timeout=60, check=False, env=env,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert path.exists(), done.stderr[-2000:]
