@@ -41,7 +41,8 @@ from worker import lanes
 from worker.client import LaneClient
 
 RELEASES = ("chaos-a", "chaos-b", "chaos-c")  # as deployed (launch stamps), oldest first
-CANON = {r: lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": r}) for r in RELEASES}
+# How the workers name their release (attempts, steps): as deployed (issue 31 §1).
+CANON = {r: r for r in RELEASES}
 RANK = {spelling: i for i, r in enumerate(RELEASES) for spelling in (r, CANON[r])}
 WORKERS_PER_RELEASE = 2
 TOTAL_RUNS = 300

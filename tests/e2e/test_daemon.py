@@ -14,12 +14,11 @@ import pytest
 
 from support.daemon import Daemons, base_env, one_sentence, queue_of
 from support.runtime import eventually, open_client
-from worker import lanes
 from worker.client import RunReport
 
-RELEASE = "rel-a"  # as deployed (the launch stamp); the worker calls itself by its sanitized id
+RELEASE = "rel-a"  # as deployed (the launch stamp); the worker calls itself by it too
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
-WORKER_RELEASE = lanes.current_release_id(ENV)  # "rel_a"
+WORKER_RELEASE = RELEASE  # not the segment rel_a (issue 31 §1)
 QUEUE = "runs_rel_a"
 
 

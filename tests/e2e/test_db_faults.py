@@ -28,12 +28,11 @@ import pytest
 from support.apps.faults import executions
 from support.daemon import Daemon, Daemons
 from support.runtime import connect, eventually, open_client
-from worker import lanes
 from worker.client import LaneClient
 
 RELEASE = "fault-rel"
 ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": RELEASE}
-WORKER_RELEASE = lanes.current_release_id(ENV)
+WORKER_RELEASE = RELEASE  # as deployed (issue 31 §1)
 APP = "support.apps.faults:app"
 STEPS = ("a", "long", "b")
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")

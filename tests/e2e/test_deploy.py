@@ -10,13 +10,12 @@ import asyncpg
 from support.daemon import Daemons
 from support.db import wake_nap
 from support.runtime import eventually, open_client
-from worker import lanes
 from worker.client import LaneClient, SubmittedRun
 
 A, B = "rel-a", "rel-b"  # as deployed (launch stamps)
-# How the workers call themselves (sanitized): attempts, outputs and logs carry these.
-A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
-B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+# How the workers name their release: as deployed (issue 31 §1), not rel_a.
+A_ID = A
+B_ID = B
 QUEUE_A, QUEUE_B = "runs_rel_a", "runs_rel_b"
 # Many attempts, so the flaky run stays in retry backoff for the whole test.
 CLIENT_A_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}
@@ -161,11 +160,11 @@ async def test_rolling_deploy_b_adopts_parked_runs_and_leaves_a_s_own_work_alone
         by_queue = {lane.queue: lane for lane in await client.lanes()}
         lane_a, lane_b = by_queue[QUEUE_A], by_queue[QUEUE_B]
         assert lane_a.status == "draining"  # its fresh runs only A may run
-        assert lane_a.release_id in (A, A_ID)
+        assert lane_a.release_id == A
         assert (lane_a.queued, lane_a.running, lane_a.waiting) == (len(fresh), 1, 0)
         assert lane_a.live_workers == 0
         assert (lane_b.status, lane_b.live_workers) == ("claiming", 1)
-        assert lane_b.release_id in (B, B_ID)
+        assert lane_b.release_id == B
 
         b.terminate()
         assert await b.wait_exit(timeout_s=15) == 0

@@ -355,7 +355,7 @@ async def test_dev_roll_shows_a_rolling_deploy_end_to_end(
     assert await dev.wait_exit(timeout_s=180) == 0, dev.tail()
     said = [line for line in dev.output.splitlines() if line.startswith("roll: ")]
     assert any("is retired (draining: parked runs go to" in line for line in said), said
-    adopted = [line for line in said if ": completed (adopted by roll_b_" in line]
+    adopted = [line for line in said if ": completed (adopted by roll-b-" in line]
     assert len(adopted) == 3, said  # two naps and the approval
     assert said[-1].startswith("roll: roll-a-"), said
     assert "is drained: its machine was stopped and removed. Rolled out to roll-b-" in said[-1]

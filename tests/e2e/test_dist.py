@@ -276,7 +276,7 @@ async def test_a_user_project_runs_its_plays_on_the_installed_wheel(
         assert result["status"] == "completed", result
         output = result["output"]
         assert output["greeting"] == "hello, ada"
-        assert output["release"] == lanes.current_release_id(env)
+        assert output["release"] == lanes.launch_release_id(env)
         assert Path(output["lane_worker"]).is_relative_to(venv), output
         await daemon.wait_for("run.completed", run_id=result["runId"])
 

@@ -53,8 +53,8 @@ def test_json_output_is_one_object_with_the_topology() -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["releaseId"] == "release_2026_12_02"
-    assert report["launchReleaseId"] == "Release-2026.12.02"
+    # The release id as deployed; its lane is the segment's queue (issue 31 §1).
+    assert report["releaseId"] == report["launchReleaseId"] == "Release-2026.12.02"
     assert report["queue"] == "runs_release_2026_12_02"
     assert report["schedulerSchema"] == "runtime_scheduler"
     assert report["isolated"] is False

@@ -139,7 +139,7 @@ async def test_the_example_image_builds_boots_and_completes_its_plays(
         )
         assert invoiced["output"]["invoice"] == {"to": "ada@example.com", "total_cents": 2500}
         # The release the image was built for: its lane, its id in what the play saw.
-        assert invoiced["output"]["release"] == lanes.current_release_id(env)
+        assert invoiced["output"]["release"] == lanes.launch_release_id(env)
         assert refunded["output"] == {"order": "A-7", "refunded_cents": 1250, "approved_by": "ada"}
 
         daemon.terminate()  # the image's STOPSIGNAL

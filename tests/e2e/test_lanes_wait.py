@@ -30,14 +30,13 @@ from support.db import LIVENESS_S, wake_nap
 from support.page import assert_page_matches
 from support.report import AGES, blockers, claiming_blockers, counts, expected
 from support.runtime import SCHEMA, connect, eventually, open_client
-from worker import lanes
 from worker.daemon.report_cache import REPORT_FRESH_S
 from worker.version import VERSION
 
 A, B = "lw-a", "lw-b"  # as deployed (launch stamps)
-# How the workers call themselves (sanitized): the report's releaseId, attempts and logs.
-A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
-B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+# How the workers name their release: as deployed (issue 31 §1), not rel_a.
+A_ID = A
+B_ID = B
 QA, QB = queue_of(A), queue_of(B)
 APP = "support.apps.drain:app"
 # Many attempts: the run that fails until told otherwise stays in retry backoff.

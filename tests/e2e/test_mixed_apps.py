@@ -16,7 +16,6 @@ from support.cli import lane_worker, lane_worker_json
 from support.daemon import Daemons, queue_of
 from support.db import all_ended, fetch, statuses
 from support.runtime import SCHEMA, open_client
-from worker import lanes
 
 MIXED, OLD = "rs3-mixed", "rs3-old"
 
@@ -32,7 +31,7 @@ async def test_mixed_apps_of_one_release_run_each_play_on_the_machine_that_has_i
     the same way. A play that no machine of the lane ever registered still fails
     visibly.
     """
-    mixed_id = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": MIXED})
+    mixed_id = MIXED  # the lane's release id as deployed (issue 31 §1)
     mixed_q, old_q = queue_of(MIXED), queue_of(OLD)
     # Fresh runs on an old lane that no machine will serve: `lanes move` brings them over.
     async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": OLD}) as old_client:

@@ -222,6 +222,39 @@ async def test_an_older_build_beside_head_every_run_once_no_claim_failing(
         await assert_every_run_once(story)
         failing = {d.name: d.events("loop.claim_failed") for d in pool.started}
         assert not any(failing.values()), failing
+        await assert_one_spelling(story)
+
+
+async def assert_one_spelling(story: Story) -> None:
+    """HEAD's readers name both releases as deployed (issue 31 §1), whichever build wrote.
+
+    The old build wrote its own release as the segment (``lw_old``) and its rows keep it;
+    once the release registry knows OLD, HEAD's ``run_status`` and ``lanes`` show
+    ``lw-old`` for them. NEW (HEAD) wrote ``lw-new`` itself.
+    """
+    waiter = story.waiters[0]
+    written = await fetch(
+        story.url,
+        f"select release_id, disposition from {SCHEMA}.attempts"
+        " where run_id = $1::uuid and disposition in ('own', 'adopt') order by attempt_id",
+        waiter,
+    )
+    by = {(r["disposition"], r["release_id"]) for r in written}
+    assert ("own", "lw_old") in by, by  # the old build wrote the segment
+    assert by <= {("own", "lw_old"), ("adopt", NEW)}, by
+    await operator(story.url, "releases", "deploy", OLD, "--image", APP, "--machines", "0")
+    said = json.loads(await sql(story.url, f"select {SCHEMA}.run_status($1::uuid)::text", waiter))
+    assert said["releaseId"] == OLD
+    assert said["adoptedReleaseId"] == (NEW if ("adopt", NEW) in by else None)
+    shown = {(a["disposition"], a["releaseId"]) for a in said["attempts"]}
+    assert {x for x in shown if x[0] in ("own", "adopt")} == {
+        ("own", OLD),
+        *((("adopt", NEW),) if ("adopt", NEW) in by else ()),
+    }
+    done = await lane_worker(story.url, "lanes", "--json")
+    assert done.returncode == 0, done.stderr
+    named = {lane["queue"]: lane["releaseId"] for lane in json.loads(done.stdout)["lanes"]}
+    assert (named["runs_lw_old"], named["runs_lw_new"]) == (OLD, NEW)
 
 
 async def assert_every_run_once(story: Story) -> None:

@@ -13,11 +13,11 @@ import pytest
 from support.cli import lane_worker_json
 from support.daemon import Daemons, queue_of
 from support.runtime import open_client
-from worker import lanes
 
 A, B = "pf-a", "pf-b"  # as deployed
-A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
-B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+# How the workers name their release: as deployed (issue 31 §1), not rel_a.
+A_ID = A
+B_ID = B
 QA = queue_of(A)
 
 

@@ -19,12 +19,11 @@ from support.cli import lane_worker, lane_worker_json
 from support.daemon import Daemon, Daemons, queue_of
 from support.db import backdate_heartbeats
 from support.runtime import connect, eventually, open_client
-from worker import lanes
 
 A, B = "rm-a", "rm-b"  # as deployed (launch stamps)
-# How the workers call themselves (sanitized): lane stamps, attempts, the report.
-A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
-B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+# How the workers name their release: as deployed (issue 31 §1), not rel_a.
+A_ID = A
+B_ID = B
 QA, QB = queue_of(A), queue_of(B)
 APP = "support.apps.drain:app"
 CLIENT_ENV = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": A, "LANE_WORKER_MAX_ATTEMPTS": "20"}

@@ -14,11 +14,11 @@ from support.cli import lane_worker
 from support.daemon import Daemons
 from support.db import all_ended, attempt_rows, sql, statuses
 from support.runtime import SCHEMA, eventually, open_client
-from worker import lanes
 
 A, B = "lw-retired-a", "lw-newer-b"
-A_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": A})
-B_ID = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": B})
+# How the workers name their release: as deployed (issue 31 §1), not rel_a.
+A_ID = A
+B_ID = B
 # No LISTEN, and A polls often: without the claim's own check it takes a woken run
 # within a poll, long before its 5 s lane refresh tells it of the retirement.
 NO_LISTEN = {"LANE_WORKER_PGBOUNCER": "1", "LANE_WORKER_POLL_INTERVAL": "0.2"}

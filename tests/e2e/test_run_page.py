@@ -23,7 +23,7 @@ A = "runpage-a"
 IDLE = "runpage-idle"  # a lane no worker serves: its runs stay fresh
 HOSTILE = '<b id="x">evil</b>&amp;"'  # a play name that must stay text
 SHOWN = 50
-WORKER_A = "runpage_a"  # the release id A's worker records (sanitised)
+WORKER_A = A  # the release id A's worker records: as deployed (issue 31 §1)
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

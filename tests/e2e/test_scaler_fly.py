@@ -119,8 +119,8 @@ async def test_deploy_day_on_the_fake_fly_api(database_url: str, tmp_path: Path)
     steps = [(e["release_id"], e["action"]) for e in record]
     assert steps.index(("fly-b", "machine_created")) < steps.index(("fly-a", "retired"))
     assert steps.count(("fly-a", "machine_created")) == 3  # two, then the replacement
-    assert [f.output["after"] for f in finals] == ["fly_b", "fly_b"]
-    assert gated_final.output == {"release": "fly_a"}  # a retry runs on its own release
+    assert [f.output["after"] for f in finals] == ["fly-b", "fly-b"]
+    assert gated_final.output == {"release": "fly-a"}  # a retry runs on its own release
     # Every run ended once, completed; A's machines were stopped only after the last run
     # that needed A ended, and for that reason.
     assert sorted((t["run_id"], t["type"]) for t in terminal) == sorted(

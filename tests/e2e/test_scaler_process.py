@@ -85,10 +85,10 @@ async def test_a_rolling_deploy_with_the_process_backend(database_url: str, tmp_
     a_stops = [i for i, s in enumerate(steps) if s[0] == "roll-a" and s[1] == "machine_stopped"]
     assert len(a_stops) == 2
     assert min(a_stops) > a_retired
-    assert [f.output["after"] for f in finals] == ["roll_b"] * 3, [
+    assert [f.output["after"] for f in finals] == ["roll-b"] * 3, [
         (f.adopted_release_id, f.attempts) for f in finals
     ]  # B adopted A's parked runs
-    assert all(f.output["before"] == "roll_a" for f in finals)
+    assert all(f.output["before"] == "roll-a" for f in finals)
     # One of the two was active, the other waited as a standby.
     said = [[e.get("event") for e in events(p)] for p in (log, tmp_path / "standby.log")]
     assert sorted("scaler.standby" in s for s in said) == [False, True], said

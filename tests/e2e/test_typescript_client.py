@@ -164,6 +164,8 @@ async def test_a_daemon_completes_what_the_client_submits_signals_reports_and_wa
         seen = await run_script(node, "daemon_run.js", database_url, RELEASE_ID=RELEASE)
 
     plain, waiter, detached = seen["plainEnded"], seen["waiterEnded"], seen["detachedEnded"]
+    # `releaseId === myRelease` in TypeScript, for the run and each attempt (issue 31 §1).
+    assert seen["oneSpelling"] is True, [plain["attempts"], waiter["attempts"]]
     assert (plain["runId"], plain["status"]) == (seen["plain"]["runId"], "completed")
     assert plain["output"]["input"] == {"hello": "from-node"}
     assert seen["signalled"]["deliveredTo"] == seen["waiter"]["runId"]

@@ -313,10 +313,13 @@ async def test_lanes_from_before_the_record_are_grandfathered(
         await client.db.run(lambda c: c.execute("select absurd.create_queue($1)", old))
         await ts_history_ran_and_was_cleaned(url, ts_queue)
         for queue, release in ((old, A), (gone, "rel-gone")):
-            await client.db.run(
-                lambda c, q=queue, r=release: client.store.lanes.register(  # type: ignore[misc]
-                    c, queue=q, release_id=r
-                )
+            # As that build registered a lane (this build's statement needs migration 0030).
+            await sql(
+                url,
+                f"insert into {SCHEMA}.releases (queue, status, release_ids)"
+                " values ($1, 'claiming', array[$2::text])",
+                queue,
+                release,
             )
         run_id = await sql(
             url, f"select ({SCHEMA}.submit_run('plain', '{{}}'::jsonb, $1))->>'runId'", B

@@ -6,7 +6,10 @@ import dataclasses
 import hashlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from worker import lanes
 from worker.config.dburl import redact_url
 from worker.config.settings import EXIT_CONFIG, EXIT_OK, Settings, diagnose
 from worker.errors import LaneConfigError
@@ -43,15 +46,35 @@ def test_settings_are_frozen() -> None:
 
 
 def test_deploy_version_gives_a_release_lane() -> None:
-    """A baked deploy version names the lane; the launch id keeps the raw slug."""
+    """A baked deploy version names the lane (its sanitized segment); the release id is
+    the trimmed slug as deployed, the one every output and store row carries."""
     slug = "main-" + "0123456789abcdef" * 2 + "01234567"
     settings = Settings.from_env(
         {"WORKFLOW_RUNTIME_POSTGRES": DB, "DEEPLINE_RUNTIME_DEPLOY_VERSION": f" {slug} "}
     )
-    assert settings.launch_release_id == slug
-    assert settings.release_id != slug
-    assert settings.queue == f"runs_{settings.release_id}"
+    assert settings.release_id == settings.launch_release_id == slug
+    segment = lanes.current_release_id({"DEEPLINE_RUNTIME_DEPLOY_VERSION": slug})
+    assert segment != slug
+    assert settings.queue == f"runs_{segment}" == lanes.queue_name_for_release(slug)
     assert settings.suffix_source == "DEEPLINE_RUNTIME_DEPLOY_VERSION"
+
+
+@given(st.text(max_size=60), st.sampled_from(["", "WT-1", "---"]))
+def test_a_release_that_boots_names_its_lane_by_either_spelling(
+    deploy_version: str, suffix: str
+) -> None:
+    """Whatever the deploy version, a worker that boots carries the id the app stamps
+    (``launch_release_id``), and that id's lane is the queue the settings derived from
+    the segment: the deployed id never moves the queue."""
+    env = {"WORKFLOW_RUNTIME_POSTGRES": DB, "DEEPLINE_RUNTIME_DEPLOY_VERSION": deploy_version}
+    if suffix:
+        env["DEEPLINE_ABSURD_QUEUE_SUFFIX"] = suffix
+    diagnosis = diagnose(env)
+    if diagnosis.refused:
+        return
+    assert diagnosis.release_id == lanes.launch_release_id(env)
+    assert diagnosis.queue == lanes.queue_name_for_release(lanes.current_release_id(env))
+    assert diagnosis.queue == lanes.queue_name_for_release(diagnosis.release_id)
 
 
 def test_isolated_schema_without_suffix_is_refused() -> None:

@@ -31,7 +31,6 @@ def _render(diagnosis: settings.Diagnosis) -> str:
     listen = " (PgBouncer: no LISTEN, polling)" if t.pgbouncer else " + 1 LISTEN"
     rows = [
         ("release id", diagnosis.release_id or "(unresolved)"),
-        ("launch release id", diagnosis.launch_release_id or "(unresolved)"),
         ("queue", diagnosis.queue or "(unresolved)"),
         ("scheduler schema", schema),
         ("store schema", diagnosis.store_schema + _store_source(diagnosis)),

@@ -129,13 +129,15 @@ def retire(release_id: str, force: bool, as_json: bool) -> None:
     it retired (its machines may not have booted yet).
     """
 
-    async def action(client: LaneClient) -> tuple[str, bool]:
+    async def action(client: LaneClient) -> tuple[str, bool, str]:
         known = await client.lane_known(release_id)
-        return await client.retire_release(release_id, force=force), known
+        queue = await client.retire_release(release_id, force=force)
+        # Whatever spelling was typed (rel_a), the lane's release id as deployed (rel-a).
+        return queue, known, await client.lane_release_id(release_id)
 
-    queue, known = with_client(action)
-    report = {"releaseId": release_id, "queue": queue, "status": "retired", "known": known}
-    emit(as_json, report, f"retired lane {queue} (release {release_id}).")
+    queue, known, release = with_client(action)
+    report = {"releaseId": release, "queue": queue, "status": "retired", "known": known}
+    emit(as_json, report, f"retired lane {queue} (release {release}).")
 
 
 @lanes_group.command()
@@ -147,9 +149,14 @@ def activate(release_id: str, force: bool, as_json: bool) -> None:
 
     A release id no lane has ever had is refused, as by retire, unless --force.
     """
-    queue = with_client(lambda client: client.activate_release(release_id, force=force))
-    report = {"releaseId": release_id, "queue": queue, "status": "claiming"}
-    emit(as_json, report, f"activated lane {queue} (release {release_id}): claiming again.")
+
+    async def action(client: LaneClient) -> tuple[str, str]:
+        queue = await client.activate_release(release_id, force=force)
+        return queue, await client.lane_release_id(release_id)  # as deployed
+
+    queue, release = with_client(action)
+    report = {"releaseId": release, "queue": queue, "status": "claiming"}
+    emit(as_json, report, f"activated lane {queue} (release {release}): claiming again.")
 
 
 @lanes_group.command()

@@ -52,6 +52,15 @@ class OperatorCalls:
         await self.check_schemas()
         return await self.db.run(lambda c: self.store.lanes.known(c, queue=queue))
 
+    async def lane_release_id(self, release_id: str) -> str:
+        """Return the release id as deployed of the lane any spelling of ``release_id`` names
+        (the registry's, else what its workers registered); the id as given, trimmed, when
+        no lane row names it."""
+        queue = _queue_for_operator(release_id)
+        await self.check_schemas()
+        row = await self.db.run(lambda c: self.store.lanes.row(c, queue=queue))
+        return (row.release_id if row is not None else None) or release_id.strip()
+
     async def _set_lane(self, release_id: str, status: str, *, force: bool) -> str:
         queue = _queue_for_operator(release_id)
         await self.check_schemas()

@@ -65,8 +65,10 @@ SERVERLESS_CLIENT_POOL_SIZE = 1
 class Diagnosis:
     """Everything the environment resolves to, plus what is wrong with it."""
 
+    # The release id as deployed (what the app stamps: ``lanes.launch_release_id``); every
+    # output and store row names the release by it. Its lane is ``queue``, derived from
+    # the sanitized segment (``lanes.current_release_id``) as the lane rules say.
     release_id: str | None
-    launch_release_id: str | None
     queue: str | None
     scheduler_schema: str
     # Where lane-worker's store lives: LANE_WORKER_STORE_SCHEMA, else the scheduler schema.
@@ -81,6 +83,11 @@ class Diagnosis:
     warnings: tuple[str, ...] = ()
     # Whether LANE_WORKER_PAGE_TOKEN is set (the page's actions are on); never the token.
     page_actions: bool = False
+
+    @property
+    def launch_release_id(self) -> str | None:
+        """The release id as deployed: ``release_id`` (the name kept for callers of 0.2.1)."""
+        return self.release_id
 
     @property
     def refused(self) -> bool:
@@ -101,7 +108,8 @@ class Diagnosis:
         """Return the diagnosis as the JSON object ``lane-worker doctor --json`` prints."""
         return {
             "releaseId": self.release_id,
-            "launchReleaseId": self.launch_release_id,
+            # The same value as releaseId, kept for scripts written against 0.2.1.
+            "launchReleaseId": self.release_id,
             "queue": self.queue,
             "schedulerSchema": self.scheduler_schema,
             "storeSchema": self.store_schema,
@@ -138,8 +146,7 @@ class Settings:
     """The validated configuration of one worker process."""
 
     database_url: str = field(repr=False)  # carries the password: never in repr or logs
-    release_id: str
-    launch_release_id: str
+    release_id: str  # as deployed (Diagnosis.release_id); the lane is ``queue``
     queue: str
     scheduler_schema: str
     store_schema: str
@@ -163,6 +170,11 @@ class Settings:
     page_token: str | None = field(default=None, repr=False, compare=False)
 
     @property
+    def launch_release_id(self) -> str:
+        """The release id as deployed: ``release_id`` (the name kept for callers of 0.2.1)."""
+        return self.release_id
+
+    @property
     def database_url_redacted(self) -> str:
         """Return the database URL with its password removed, for logs and displays."""
         return redact_url(self.database_url)
@@ -180,12 +192,10 @@ class Settings:
             raise diagnosis.errors[0]
         # diagnose() leaves these None only when it also reported an error.
         assert diagnosis.release_id is not None
-        assert diagnosis.launch_release_id is not None
         assert diagnosis.queue is not None
         return cls(
             database_url=(env.get(DATABASE_URL_ENV) or "").strip(),
             release_id=diagnosis.release_id,
-            launch_release_id=diagnosis.launch_release_id,
             queue=diagnosis.queue,
             scheduler_schema=diagnosis.scheduler_schema,
             store_schema=diagnosis.store_schema,
@@ -249,8 +259,9 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     token = page_token(env, problems)
     database = _database_url(env, problems)
     return Diagnosis(
-        release_id=lane.release_id,
-        launch_release_id=lanes.launch_release_id(env) if lane.release_id is not None else None,
+        # The boot guard refuses a deploy version whose two spellings name two queues, so
+        # this id and the lane's segment name one queue (``queue``, from the segment).
+        release_id=lanes.launch_release_id(env) if lane.release_id is not None else None,
         queue=lane.queue,
         scheduler_schema=schema,
         store_schema=store,

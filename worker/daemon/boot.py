@@ -181,7 +181,7 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
         raise LaneDrainedError(
             f"release lane {s.queue} ({s.release_id}) is retired and drained (nothing on "
             "it that only this release may run), so this worker will not start; run "
-            f"`lane-worker lanes activate {s.launch_release_id}` first if this release "
+            f"`lane-worker lanes activate {s.release_id}` first if this release "
             "must take work again."
         )
     return LaneState.DRAINING

@@ -49,7 +49,7 @@ def wanted_continuations(
         ]
         wanted |= set(
             lanes.adoption_queues(release_id, [i for r in adoptable for i in r.release_ids])
-        )
+        ) - {own_queue}
     return wanted
 
 

@@ -223,7 +223,7 @@ async def reconcile_lanes(
         # Left by a `lanes retire` of an older build (usually a mistyped release
         # id): there are no engine tables, so nothing can end there.
         command = "retire" if lane.status == LaneStatus.RETIRED else "activate"
-        release_id = (lane.release_ids or [lane.queue])[0]
+        release_id = lane.release_id or lane.queue
         _queue_failed(
             metrics,
             lane.queue,

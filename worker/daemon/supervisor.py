@@ -169,7 +169,10 @@ class Supervisor:
     def _runtime(self, db: Database) -> Runtime:
         tuning = self.settings.tuning
         seat = WorkerSeat.of(
-            self.settings.release_id, worker_base=self.worker_id, lease_s=tuning.claim_timeout_s
+            self.settings.release_id,
+            worker_base=self.worker_id,
+            lease_s=tuning.claim_timeout_s,
+            own_queue=self.settings.queue,
         )
         defer = DeferLimits(tuning.defer_alert_after_s, tuning.defer_fail_after_s)
         deleter, why_not = DaytonaDeleter.from_env(self.settings.daytona_env)

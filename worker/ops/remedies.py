@@ -305,7 +305,7 @@ class Remedies:
             if why:
                 raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
             assert lane is not None
-            return lane.release_ids[0] if lane.release_ids else to_release.strip(), queue
+            return lane.release_id or to_release.strip(), queue
         dev_run = _is_dev(old.release_id)
         for claiming in await self.store.lanes.claiming_for_play(conn, play=play):
             if dev_run or not _is_dev(claiming.release_id):
@@ -379,7 +379,7 @@ class Remedies:
                 f"lane {to_queue} (release {to_release.strip()!r}) is {state}: move runs only "
                 "to a lane that claims new runs."
             )
-        stamp = target.release_ids[0] if target.release_ids else to_release.strip()
+        stamp = target.release_id or to_release.strip()  # the target's id as deployed
         moved: list[str] = []
         refused: list[tuple[str, str]] = []
         for run_id in ids:

@@ -139,7 +139,7 @@ def _views(
     adopted_by: dict[str, dict[str, int]] = {}
     for pair in adopted:
         adopted_by.setdefault(pair.queue, {})[pair.adopted_queue] = pair.runs
-    names = {row.queue: (row.release_ids or [row.queue])[0] for row in lanes}
+    names = {row.queue: row.release_id or row.queue for row in lanes}
     registered = {row.queue: row for row in lanes if include_pruned or not row.hidden}
     hidden = {row.queue for row in lanes if row.hidden}
     views = []
@@ -159,8 +159,8 @@ def _views(
     for queue in [*registered, *unregistered, *awaited]:
         row = registered.get(queue)
         tally = tallies.get(queue, LaneTally())
-        if row is not None and row.release_ids:
-            release = row.release_ids[0]
+        if row is not None and row.release_id:
+            release = row.release_id  # as deployed (the store's lane_release_id)
         else:
             d = deployed.get(queue)
             release = tally.release_id or (d.release_id if d is not None else queue)

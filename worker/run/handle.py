@@ -61,10 +61,16 @@ class WorkerSeat:
     lease_s: int
 
     @classmethod
-    def of(cls, release_id: str, *, worker_base: str, lease_s: int) -> WorkerSeat:
-        """Return the seat of worker ``worker_base`` of ``release_id`` (its lane by the rules)."""
-        own_queue = lanes.queue_name_for_release(release_id)
-        return cls(release_id, own_queue, worker_base, lease_s)
+    def of(
+        cls, release_id: str, *, worker_base: str, lease_s: int, own_queue: str | None = None
+    ) -> WorkerSeat:
+        """Return the seat of worker ``worker_base`` of ``release_id`` (as deployed).
+
+        ``own_queue`` is the lane the settings derived (``Settings.queue``); without it,
+        the lane rules give it from ``release_id``.
+        """
+        queue = own_queue if own_queue is not None else lanes.queue_name_for_release(release_id)
+        return cls(release_id, queue, worker_base, lease_s)
 
     def worker_id_for(self, queue: str) -> str:
         """Return the engine worker id this worker claims ``queue`` with."""

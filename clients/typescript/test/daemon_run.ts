@@ -43,9 +43,14 @@ async function main(): Promise<Record<string, unknown>> {
     const reported = await client.reportRunnerResult(detached.runId, 1, { built: 'from-node' });
     const reportedAgain = await client.reportRunnerResult(detached.runId, 1, { built: 'again' });
     const detachedEnded = await client.wait(detached.runId, { timeoutMs: TEN_MINUTES_MS });
+    // The app's own check (issue 31): the worker names its release as the app does.
+    const myRelease = process.env.RELEASE_ID ?? '';
+    const oneSpelling = [plainEnded, waiterEnded, detachedEnded].every(
+      (r) => r.releaseId === myRelease && r.attempts.every((a) => a.releaseId === myRelease),
+    );
     return {
       plain, plainEnded, waiter, signalled, waiterEnded,
-      detached, parked, reported, reportedAgain, detachedEnded,
+      detached, parked, reported, reportedAgain, detachedEnded, oneSpelling,
     };
   } finally {
     await client.close();

@@ -183,6 +183,7 @@ class LaneRow:
     queue: str
     status: str
     release_ids: list[str]
+    release_id: str | None = None  # as deployed (lane_release_id, migration 0030)
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,7 @@ class MaintainedLane:
     status: str
     release_ids: list[str]
     engine_queue: bool  # False: no engine tables (a retire by an older build, say)
+    release_id: str | None = None  # as deployed (lane_release_id, migration 0030)
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ class ReportLane:
     hidden: bool  # pruned and no open run names it
     workers: list[dict[str, Any]]  # its live workers: {"workerId", "plays"}
     retired_at: datetime | None  # when `lanes retire` marked it (None while it claims)
+    release_id: str | None = None  # as deployed (lane_release_id, migration 0030)
 
 
 @dataclass(frozen=True)
@@ -255,7 +258,7 @@ class ReportRuns:
     oldest_update: datetime
     deferred: int
     oldest_deferral: datetime | None
-    release_id: str | None  # as stamped, for runs not adopted
+    release_id: str | None  # as stamped (shown as deployed), for runs not adopted
     claiming_stamp: str | None  # adopted, parked, and their stamped lane claims again
 
 

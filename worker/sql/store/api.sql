@@ -48,7 +48,9 @@ select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
        -- ... and the durable sleeps it finished, which its envelope keeps (an
        -- event's wait is an engine checkpoint, among the steps), with the
        -- attempt that was running when each ended, as the steps have.
-       array(select jsonb_build_object('name', 'sleep:' || b.key, 'releaseId', a.release_id,
+       array(select jsonb_build_object('name', 'sleep:' || b.key,
+                                       -- as deployed, as run_status names releases (0030)
+                                       'releaseId', {schema}.release_as_deployed(a.release_id),
                                        'attempt', a.attempt, 'workerId', a.worker_id,
                                        'committedAt', b.at)
                from (select b.key,

@@ -8,7 +8,7 @@
 -- name: claiming_lanes_for_play
 -- Claiming lanes, newest first, with a live worker whose app registers play $1:
 -- where a retry of that play can run.
-select l.queue, coalesce(l.release_ids[1], l.queue) as release_id
+select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id
   from {schema}.releases l
  where l.status = 'claiming'
    and exists (select 1 from {schema}.workers w
@@ -31,15 +31,20 @@ select coalesce(bool_or({schema}.worker_live(w.heartbeat_at, w.stopped_at)), fal
  where w.queue = $1 and $2 = any (w.plays);
 
 -- name: lane_row
-select queue, status, release_ids from {schema}.releases where queue = $1;
+-- release_id: the lane's release id as deployed (lane_release_id, migration 0030).
+select queue, status, release_ids, {schema}.lane_release_id(queue) as release_id
+  from {schema}.releases where queue = $1;
 
 -- name: register_release
 -- Marks a lane claiming, but never moves a retired lane back: returns its status.
-insert into {schema}.releases as l (queue, status, release_ids)
-values ($1, 'claiming', array[$2::text])
+-- $2 is the release id as deployed: the lane's release_id (migration 0030) keeps
+-- the first one a worker registered (older builds write only release_ids).
+insert into {schema}.releases as l (queue, status, release_ids, release_id)
+values ($1, 'claiming', array[$2::text], $2)
 on conflict (queue) do update
    set release_ids = case when $2 = any(l.release_ids) then l.release_ids
                           else l.release_ids || $2 end,
+       release_id = coalesce(l.release_id, $2),
        updated_at = now()
 returning status;
 
@@ -58,14 +63,14 @@ returning status;
 
 -- name: lane_names
 -- What `lanes retire`/`activate` accept without --force: every registered lane
--- (its first spelling, oldest first), then engine queues no lane row names that
+-- (its release id as deployed, oldest first), then engine queues no lane row names that
 -- hold runs of this store (an engine queue of another system is no lane).
 select name from (
-  select coalesce(release_ids[1], queue) as name, 0 as kind, created_at
+  select coalesce({schema}.lane_release_id(queue), queue) as name, 0 as kind, created_at
     from {schema}.releases
   union all
   -- A queue only a submit created: its runs carry the release id it was stamped with.
-  select r.release_id, 1, null
+  select {schema}.release_as_deployed(r.release_id), 1, null
     from absurd.queues q
     cross join lateral (select r.release_id from {schema}.runs r
                          where r.queue = q.queue_name limit 1) r
@@ -235,7 +240,8 @@ update {schema}.workers set stopped_at = now() where worker_id = $1;
 -- open run has nothing to settle (the reconcile reads only open runs), so it is
 -- left out unless its queue is missing (that is reported): a week of drained
 -- lanes does not slow the rotation of those that hold runs.
-select l.queue, l.status, l.release_ids, q.queue_name is not null as engine_queue
+select l.queue, l.status, l.release_ids, {schema}.lane_release_id(l.queue) as release_id,
+       q.queue_name is not null as engine_queue
   from {schema}.releases l
   left join absurd.queues q on q.queue_name = l.queue
  where (l.pruned_at is null or q.queue_name is not null)

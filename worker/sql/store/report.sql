@@ -13,6 +13,8 @@
 -- pruned lane is `hidden` from the list while no open run names it (`lanes
 -- show` and `lanes wait` still find it: drained, safe to stop, pruned).
 select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
+       -- The lane's release id as deployed (migration 0030): what every view names it by.
+       {schema}.lane_release_id(l.queue) as release_id,
        -- Pruned while its engine queue is gone: a submit or a boot made it again.
        case when exists (select 1 from absurd.queues q where q.queue_name = l.queue)
             then null else l.pruned_at end as pruned_at,
@@ -69,7 +71,8 @@ select lane, bucket, needs_own, count(*) as runs,
        min(updated_at) as oldest_update,
        count(*) filter (where defer_count > 0) as deferred,
        min(first_deferred_at) as oldest_deferral,
-       min(stamped) as release_id, claiming_stamp
+       -- As deployed (migration 0030), once per group rather than per run.
+       {schema}.release_as_deployed(min(stamped)) as release_id, claiming_stamp
   from open
  group by lane, bucket, needs_own, claiming_stamp;
 

@@ -54,8 +54,9 @@ on conflict (run_id) do nothing;
 -- name: list_runs
 -- Newest first; each filter applies when given (a lane matches its own runs
 -- and the runs it adopted; status `open` matches every run not finished).
-select run_id, play, status, release_id, queue, adopted_release_id, attempts, created_at,
-       retry_of
+select run_id, play, status, {schema}.release_as_deployed(release_id) as release_id, queue,
+       {schema}.release_as_deployed(adopted_release_id) as adopted_release_id, attempts,
+       created_at, retry_of
   from {schema}.runs
  where ($1::text is null or status = $1
         or ($1 = 'open' and status not in ('completed', 'failed', 'cancelled')))
@@ -82,7 +83,8 @@ update {schema}.runs
 -- Which attempt (and so which release) committed each of a task's checkpoints:
 -- the own/adopt attempt on the checkpoint's engine run that began last before
 -- the write (a run handed back mid-step keeps its engine run).
-select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
+select c.checkpoint_name, c.updated_at, a.attempt,
+       {schema}.release_as_deployed(a.release_id) as release_id, a.worker_id
   from {checkpoints} c
   left join lateral (
     select a.attempt, a.release_id, a.worker_id
@@ -95,8 +97,8 @@ select c.checkpoint_name, c.updated_at, a.attempt, a.release_id, a.worker_id
  order by c.updated_at, c.checkpoint_name;
 
 -- name: run_attempts
-select a.attempt, a.worker_id, a.release_id, a.disposition, a.outcome, a.error,
-       a.claimed_at, a.finished_at
+select a.attempt, a.worker_id, {schema}.release_as_deployed(a.release_id) as release_id,
+       a.disposition, a.outcome, a.error, a.claimed_at, a.finished_at
   from {schema}.attempts a
  where a.run_id = $1
  order by a.attempt_id;
