@@ -144,6 +144,9 @@ async def test_what_serves_a_lane(conn: Conn) -> None:
     await conn.fetchval(f"select {SCHEMA}.deploy_release('rel-c', 'img:c', 1, 'test')")
     assert not await served("rel-b")
     assert await served("rel-c")
+    # Current, but deployed with no machine: nothing boots for it (migration 0034).
+    await conn.fetchval(f"select {SCHEMA}.deploy_release('rel-z', 'img:z', 0, 'test')")
+    assert not await served("rel-z")
 
 
 async def test_submit_runs_says_it_for_every_item(conn: Conn) -> None:

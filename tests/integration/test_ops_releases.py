@@ -8,6 +8,7 @@ deployed by hand, never a dev lane; a rollback makes a retired lane claim again.
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
 from support.db import fetch
@@ -308,3 +309,31 @@ async def test_a_hold_refuses_deploys_and_rollbacks_and_stops_retirement_until_r
         ("rel-a", "deployed"), ("", "held"), ("rel-b", "deployed"), ("", "resumed"),
         ("rel-a", "retired"),
     ]  # fmt: skip
+
+
+async def test_a_hold_holds_an_older_builds_deploys_and_retirements_too(database_url: str) -> None:
+    """What `releases deploy` and the scaler of 0.2.1 call (deploy_release, retire_superseded)
+    is refused while held (55000): a hold holds whoever's build acts."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("rel-a", image="img:a")
+        await client.activate_release("rel-a", force=True)
+        await client.releases.deploy("rel-b", image="img:b")
+        await client.releases.hold("freeze")
+        for older in (
+            f"select {SCHEMA}.deploy_release('rel-x', 'img', 1, 'old-cli', 'deployed')",
+            f"select {SCHEMA}.retire_superseded('old-scaler')",
+        ):
+            with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="held by"):
+                await client.db.run(lambda c, q=older: c.fetchval(q))  # type: ignore[misc]
+        views, _ = await client.releases.list()
+        assert {v.release_id: v.role for v in views} == {"rel-a": "previous", "rel-b": "current"}
+        forced = await client.releases.deploy("rel-c", image="img:c", force=True)
+        assert forced["previous"] == ["rel-b"]
+        # Forced once, not for the rest of the transaction: the next write is held again.
+        with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError):
+            await client.db.transaction(
+                lambda c: c.fetchval(
+                    f"select {SCHEMA}.deploy_release_checked('rel-d', 'img', 1, 'a', "
+                    f"'deployed', true), {SCHEMA}.retire_superseded('old-scaler')"
+                )
+            )
