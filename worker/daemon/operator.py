@@ -9,6 +9,7 @@ Actions need ``LANE_WORKER_PAGE_TOKEN`` (``page_auth``); no GET changes anything
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -19,7 +20,14 @@ import structlog
 from aiohttp import web
 
 from worker.daemon import deploys_page, page_forms, runs_page
-from worker.daemon.page_actions import Bulk, Running, parse_as_of, parse_count, perform
+from worker.daemon.page_actions import (
+    Bulk,
+    Previews,
+    Running,
+    parse_as_of,
+    parse_count,
+    perform,
+)
 from worker.daemon.page_auth import COOKIE, PageAuth, checked_who
 from worker.db.pool import Connection
 from worker.db.store import Store
@@ -83,6 +91,7 @@ class OperatorPages:
         self._auth = PageAuth(token)
         self._worker_id = worker_id
         self._running = Running()
+        self._previews = Previews()
 
     def add_routes(self, app: web.Application) -> None:
         """Add the pages' routes to the health port's application."""
@@ -159,12 +168,14 @@ class OperatorPages:
             who = checked_who(form.get("who"))
         except ValueError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
-        if self._auth.token_matches(who):  # pasted in the wrong field: never log or store it
-            said = "your name goes in the name field, the token in the token field."
-            return html(page_forms.refused_page(400, said), 400)
+        # Throttled first: while sign-ins are refused no answer may tell a guess apart.
         if self._auth.throttled():
             said = "too many failed sign-ins in the last minute: try again in a minute."
             return html(page_forms.refused_page(429, said), 429)
+        if self._auth.holds_token(who):  # pasted in the wrong field: never log or store it
+            self._auth.failed()  # a guess through the name field counts as one
+            said = "your name goes in the name field, the token in the token field."
+            return html(page_forms.refused_page(400, said), 400)
         if not self._auth.token_matches(form.get("token", "")):
             self._auth.failed()
             log.warning("page.signin_refused", who=who, remote=request.remote)
@@ -207,21 +218,24 @@ class OperatorPages:
         except InvalidRequestError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
         schema = self._store.schema_sql
+        session = self._auth.session(request)
+        assert session is not None
 
-        async def counted(conn: Connection) -> tuple[datetime, int]:
+        async def matched(conn: Connection) -> tuple[datetime, list[uuid.UUID]]:
             as_of: datetime = await conn.fetchval("select now()")
-            return as_of, await run_list.count(conn, schema, bulk.filter, as_of)
+            return as_of, await run_list.matching_ids(conn, schema, bulk.filter, as_of)
 
         try:
-            as_of, count = await self._read(counted)
+            as_of, ids = await self._read(matched)
         except Exception as exc:
             return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
         back = bulk.filter.url()
-        if count == 0:
+        if not ids:
             return html(page_forms.refused_page(200, "no run matches the filter.", back))
-        if count > MAX_BULK:
+        if len(ids) > MAX_BULK:
             return html(page_forms.refused_page(400, runs_page.TOO_MANY, back), 400)
-        return html(page_forms.confirm_page(bulk, count, as_of, csrf))
+        preview = self._previews.keep(session.sid, ids)
+        return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview))
 
     async def _act(self, request: web.Request) -> web.StreamResponse:
         form, csrf, refused = await self._checked(request)
@@ -234,14 +248,23 @@ class OperatorPages:
             as_of, seen = parse_as_of(form.get("asOf")), parse_count(form.get("seen"))
         except InvalidRequestError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
+        counted = self._previews.runs(form.get("preview", ""), session.sid)
+        if counted is None:
+            said = (
+                "this confirmation's preview is gone (kept 15 minutes, and not across a "
+                "restart of the worker): preview the action again."
+            )
+            return html(page_forms.refused_page(409, said, bulk.filter.url()), 409)
         schema = self._store.schema_sql
         try:
             ids = await self._read(lambda c: run_list.matching_ids(c, schema, bulk.filter, as_of))
         except Exception as exc:
             return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
-        if len(ids) > seen:
-            # More than confirmed: some runs entered the filter since. Ask again.
-            return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, seen), 409)
+        if any(run_id not in counted for run_id in ids):
+            # A run the preview did not count entered the filter since: ask again, with
+            # the runs that match now (only those a new confirmation may act on).
+            preview = self._previews.keep(session.sid, ids)
+            return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview, seen), 409)
         if not ids:
             return html(page_forms.refused_page(200, "no run matches the filter any more."))
         store, remote = self._store, request.remote

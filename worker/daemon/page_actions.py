@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -40,6 +43,46 @@ REASON_CHARS = 300
 PROGRESS_EVERY = 50
 
 log = structlog.get_logger("lane_worker.page")
+
+
+# How long a preview's runs are kept for its confirmation, and how many previews at most.
+PREVIEW_TTL_S = 900.0
+MAX_PREVIEWS = 200
+
+
+class Previews:
+    """The runs each preview counted, under a random id: a confirmation acts on those alone.
+
+    A count alone let a run that entered the filter after the preview be acted on when
+    another left it (same count): the confirmation now names its preview, and only runs
+    the preview counted that still match are acted on. Kept in this process (the health
+    port's); a restart forgets them and the operator previews again.
+    """
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[str, tuple[float, str, frozenset[uuid.UUID]]] = OrderedDict()
+
+    def keep(self, sid: str, ids: list[uuid.UUID]) -> str:
+        """Remember the runs a preview of session ``sid`` counted; return the preview's id."""
+        now = time.monotonic()
+        self._expire(now)
+        key = secrets.token_urlsafe(18)
+        self._held[key] = (now, sid, frozenset(ids))
+        while len(self._held) > MAX_PREVIEWS:
+            self._held.popitem(last=False)
+        return key
+
+    def runs(self, key: str, sid: str) -> frozenset[uuid.UUID] | None:
+        """The runs preview ``key`` of session ``sid`` counted; None when unknown or expired."""
+        self._expire(time.monotonic())
+        held = self._held.get(key)
+        if held is None or held[1] != sid:
+            return None
+        return held[2]
+
+    def _expire(self, now: float) -> None:
+        while self._held and now - next(iter(self._held.values()))[0] > PREVIEW_TTL_S:
+            self._held.popitem(last=False)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,18 @@ class PageAuth:
             if token
             else None
         )
+        self._length = len(token) if token else 0
         self._failures: deque[float] = deque()
+
+    def holds_token(self, text: str) -> bool:
+        """Whether ``text`` holds the page token anywhere (a name pasted with it): each
+        stretch of the token's length is compared by its hash, in constant time."""
+        if self._digest is None or len(text) < self._length:
+            return False
+        found = False
+        for start in range(len(text) - self._length + 1):
+            found |= self.token_matches(text[start : start + self._length])
+        return found
 
     def throttled(self) -> bool:
         """Whether sign-ins are refused now: too many failed in the last window."""

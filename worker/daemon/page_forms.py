@@ -53,9 +53,15 @@ def action_form(flt: RunFilter, csrf: str, who: str) -> str:
 
 
 def confirm_page(
-    bulk: Bulk, count: int, as_of: datetime, csrf: str, confirmed: int | None = None
+    bulk: Bulk,
+    count: int,
+    as_of: datetime,
+    csrf: str,
+    preview: str,
+    confirmed: int | None = None,
 ) -> str:
-    """Ask to confirm ``count`` runs; the form carries the filter, ``asOf`` and the count.
+    """Ask to confirm ``count`` runs; the form carries the filter, ``asOf``, the count and
+    the preview's id (the runs it counted are the only ones a confirmation acts on).
 
     ``confirmed``: the fewer runs a confirmation carried (it is asked again).
     """
@@ -70,6 +76,7 @@ def confirm_page(
         "action": bulk.action,
         "asOf": as_of.isoformat(),
         "seen": str(count),
+        "preview": preview,
         "csrf": csrf,
         **({"to": bulk.to} if bulk.to else {}),
     }
@@ -77,9 +84,9 @@ def confirm_page(
         f"<h1>{escape(bulk.action)} {count} run(s)?</h1>{again}"
         f'<p data-field="count" data-count="{count}">{escape(bulk.describe(count))}, '
         f"created by {escape(when(as_of))}.</p>"
-        '<p class="note">Runs created after that are left alone. Should more runs match '
-        "when you confirm (some entered the filter meanwhile), nothing is done and you are "
-        "asked again; fewer is fine.</p>"
+        '<p class="note">Only these runs are acted on: runs created after that, or that '
+        "enter the filter meanwhile, are left alone. Should any run enter the filter before "
+        "you confirm, nothing is done and you are asked again; fewer is fine.</p>"
         f'<form method="post" action="/actions/run" data-field="confirm">{_hidden(fields)}'
         f'<button type="submit">yes, {escape(bulk.action)} {count} run(s)</button></form>'
         f'<p><a href="{escape(bulk.filter.url())}" data-field="back">no, back to the list'
