@@ -1,0 +1,130 @@
+"""Adversarial review of the operator page's actions (wt-attack): defects, as failing tests.
+
+Each test is marked ``xfail(strict=True)``: it fails on the code under review and
+must pass once the defect is fixed (then the mark goes).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from e2e.test_operator_actions import (
+    STORE,
+    Operator,
+    confirm,
+    finished_action,
+    form,
+    statuses,
+    store_rows,
+)
+
+from support.daemon import Daemons
+from support.runtime import eventually, open_client
+
+IDLE = "atk_page_idle"  # no worker serves it: its runs stay queued
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a name that holds the page token (name and token pasted together) is kept: "
+    "the public /actions page, page_actions.who and every cancelled run's ledger fact show it",
+)
+async def test_a_name_holding_the_token_never_reaches_a_page_or_the_store(
+    database_url: str, tmp_path: Path
+) -> None:
+    token = f"tok-{uuid.uuid4().hex}"
+    release = "atk_page_who"
+    async with (
+        Daemons(database_url) as pool,
+        open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": release}) as client,
+    ):
+        daemon = pool.start(release, LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        op = Operator(daemon.health_port, tmp_path)
+        waiting = [(await client.submit("waiter", {"n": n})).run_id for n in range(2)]
+        for run_id in waiting:
+            await daemon.wait_for("run.parked", run_id=run_id)
+        # A careless operator pastes "name token" into the name field (and the token too).
+        status, _, _ = await op.post("/signin", {"who": f"ana {token}", "token": token})
+        if status != 303:
+            return  # refused at sign-in: nothing kept (the fix may take this way)
+        listed = await op.get(f"/runs?release={release}&status=waiting")
+        bulk = form(listed, "/actions/preview")
+        action_id, _ = await confirm(op, {**bulk, "action": "cancel"}, "cancel")
+        await finished_action(database_url, action_id)
+        anyone = Operator(daemon.health_port, tmp_path)  # not signed in
+        trail = await anyone.get("/actions")
+        rows = await store_rows(
+            database_url,
+            f"select who from {STORE}.page_actions union all "
+            f"select fact::text from {STORE}.ledger where run_id = any($1::uuid[])",
+            waiting,
+        )
+        assert token not in trail
+        assert not [r for r in rows if token in str(r[0])]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the who-field check (the name equal to the token) runs before the throttle and "
+    "counts nothing: while sign-ins are refused (429) a right guess is still told apart (400)",
+)
+async def test_the_sign_in_throttle_tells_no_guess_apart(database_url: str) -> None:
+    token = f"tok-{uuid.uuid4().hex}"
+    async with Daemons(database_url) as pool:
+        daemon = pool.start("atk_page_guess", LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        op = Operator(daemon.health_port, Path("."))
+        for _ in range(20):
+            assert (await op.post("/signin", {"who": "eve", "token": "y" * 20}))[0] == 403
+        wrong = (await op.post("/signin", {"who": "z" * 36, "token": ""}))[0]
+        right = (await op.post("/signin", {"who": token, "token": ""}))[0]
+        assert wrong == 429
+        assert right == wrong, "a guess of the token is answered apart while throttled"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the confirmation checks only the count: a run that entered the filter after the "
+    "preview is acted on when another run left it, though it was never shown",
+)
+async def test_a_confirmation_never_acts_on_a_run_the_preview_did_not_count(
+    database_url: str, tmp_path: Path
+) -> None:
+    token = f"tok-{uuid.uuid4().hex}"
+    release = "atk_page_swap"
+    async with (
+        Daemons(database_url) as pool,
+        open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": IDLE}) as idle,
+    ):
+        daemon = pool.start(release, LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        op = Operator(daemon.health_port, tmp_path)
+        assert (await op.post("/signin", {"who": "ana", "token": token}))[0] == 303
+        seen = (await idle.submit("plain", {"n": 1})).run_id
+
+        async def older_than(run_id: str, seconds: int) -> bool:
+            rows = await store_rows(
+                database_url,
+                f"select now() - created_at > make_interval(secs => $2) from {STORE}.runs "
+                "where run_id = $1::uuid",
+                run_id,
+                seconds,
+            )
+            return bool(rows[0][0])
+
+        await eventually(lambda: older_than(seen, 3), what="the first run 3 s old")
+        unseen = (await idle.submit("plain", {"n": 2})).run_id  # too young for the filter
+        listed = await op.get(f"/runs?release={IDLE}&status=queued&older=3s")
+        bulk = {**form(listed, "/actions/preview"), "action": "cancel"}
+        status, body, _ = await op.post("/actions/preview", bulk)
+        assert (status, 'data-count="1"' in body) == (200, True)  # the preview counts one
+        confirmation = form(body, "/actions/run")
+        await idle.cancel(seen)  # it leaves the filter
+        await eventually(lambda: older_than(unseen, 3), what="the second run 3 s old")
+        status, body, response = await op.post("/actions/run", confirmation)
+        if status == 303:
+            await finished_action(database_url, int(response.headers["Location"].rsplit("-", 1)[1]))
+        assert (await statuses(database_url, [unseen]))[unseen] == "queued"
