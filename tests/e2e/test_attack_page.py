@@ -10,7 +10,6 @@ import uuid
 from pathlib import Path
 
 import aiohttp
-import pytest
 from e2e.test_operator_actions import (
     STORE,
     Operator,
@@ -27,11 +26,6 @@ from support.runtime import eventually, open_client
 IDLE = "atk_page_idle"  # no worker serves it: its runs stay queued
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a name that holds the page token (name and token pasted together) is kept: "
-    "the public /actions page, page_actions.who and every cancelled run's ledger fact show it",
-)
 async def test_a_name_holding_the_token_never_reaches_a_page_or_the_store(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -67,11 +61,6 @@ async def test_a_name_holding_the_token_never_reaches_a_page_or_the_store(
         assert not [r for r in rows if token in str(r[0])]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the who-field check (the name equal to the token) runs before the throttle and "
-    "counts nothing: while sign-ins are refused (429) a right guess is still told apart (400)",
-)
 async def test_the_sign_in_throttle_tells_no_guess_apart(database_url: str) -> None:
     token = f"tok-{uuid.uuid4().hex}"
     async with Daemons(database_url) as pool:
@@ -86,11 +75,6 @@ async def test_the_sign_in_throttle_tells_no_guess_apart(database_url: str) -> N
         assert right == wrong, "a guess of the token is answered apart while throttled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the confirmation checks only the count: a run that entered the filter after the "
-    "preview is acted on when another run left it, though it was never shown",
-)
 async def test_a_confirmation_never_acts_on_a_run_the_preview_did_not_count(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -131,11 +115,6 @@ async def test_a_confirmation_never_acts_on_a_run_the_preview_did_not_count(
         assert (await statuses(database_url, [unseen]))[unseen] == "queued"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a malformed form POST (an unknown charset) is answered 500 'Server got itself in "
-    "trouble', and aiohttp's traceback goes to the log as plain lines beside the JSON ones",
-)
 async def test_a_malformed_form_gets_one_sentence_and_no_traceback(database_url: str) -> None:
     token = f"tok-{uuid.uuid4().hex}"
     async with Daemons(database_url) as pool:

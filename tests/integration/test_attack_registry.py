@@ -27,11 +27,6 @@ async def conn(database_url: str) -> AsyncIterator[Conn]:
         await connection.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the hold is checked only in deploy_release_checked (0033): deploy_release (0012), "
-    "which `releases deploy` of 0.2.1 calls, still makes a release current while held",
-)
 async def test_a_deploy_of_an_older_build_is_refused_while_held(conn: Conn) -> None:
     await conn.fetchval(f"select {SCHEMA}.hold_releases('ops', 'incident 42')")
     with pytest.raises(asyncpg.PostgresError) as caught:
@@ -42,11 +37,6 @@ async def test_a_deploy_of_an_older_build_is_refused_while_held(conn: Conn) -> N
     assert caught.value.sqlstate == "55000"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lane_served counts the registry's current release as served even when it was "
-    "deployed with 0 machines: nothing boots, yet the submit says served and no warning",
-)
 async def test_a_current_release_of_no_machines_does_not_serve(conn: Conn) -> None:
     await conn.fetchval(
         f"select {SCHEMA}.deploy_release_checked('rel-zero', 'img', 0, 'ops', 'deployed', false)"

@@ -73,7 +73,15 @@ def unavailable(exc: BaseException) -> tuple[int, str]:
 
 
 async def _form(request: web.Request) -> dict[str, str]:
-    return {k: v for k, v in (await request.post()).items() if isinstance(v, str)}
+    """The POSTed form's text fields; a form that cannot be read is a 400 with one sentence."""
+    try:
+        posted = await request.post()
+    except (LookupError, ValueError) as exc:  # an unknown charset, bytes it cannot decode
+        said = f"the form could not be read ({type(exc).__name__}): post it from the page."
+        raise web.HTTPBadRequest(
+            text=page_forms.refused_page(400, said), content_type="text/html"
+        ) from None
+    return {k: v for k, v in posted.items() if isinstance(v, str)}
 
 
 async def _no_check() -> None:
@@ -260,9 +268,10 @@ class OperatorPages:
             ids = await self._read(lambda c: run_list.matching_ids(c, schema, bulk.filter, as_of))
         except Exception as exc:
             return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
-        if any(run_id not in counted for run_id in ids):
-            # A run the preview did not count entered the filter since: ask again, with
-            # the runs that match now (only those a new confirmation may act on).
+        if len(ids) > seen or any(run_id not in counted for run_id in ids):
+            # More than confirmed, or a run the preview did not count entered the filter
+            # since: ask again, with the runs that match now (only those a new
+            # confirmation may act on).
             preview = self._previews.keep(session.sid, ids)
             return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview, seen), 409)
         if not ids:

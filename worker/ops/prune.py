@@ -180,11 +180,17 @@ class LanePruning:
         return [r.queue for r in rows if r.live]
 
     async def candidates(self, older_than_s: float) -> list[str]:
-        """The retired lanes old enough and without an open run, before the per-lane checks."""
+        """The lanes maintenance may prune by itself: retired long enough, no open run, and
+        no sandbox whose cleanup gave up (the report names it for an operator to delete by
+        hand, and a pruned lane leaves the report: such a lane goes only by `lanes prune`)."""
         rows = await self.db.run(
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
-        return [r.queue for r in rows]
+        if not rows:
+            return []
+        counts = await self.db.run(self.store.sandboxes.counts)
+        given_up = {c.queue for c in counts if c.failed}
+        return [r.queue for r in rows if r.queue not in given_up]
 
 
 class _PruneRace(Exception):
