@@ -22,6 +22,7 @@ from e2e.test_operator_actions import (
 
 from support.daemon import Daemons
 from support.runtime import eventually, open_client
+from worker.ops.run_list import MAX_BULK
 
 IDLE = "atk_page_idle"  # no worker serves it: its runs stay queued
 
@@ -133,3 +134,35 @@ async def test_a_malformed_form_gets_one_sentence_and_no_traceback(database_url:
         assert status == 400, body
         raw = [r["raw"] for r in daemon.records if r.get("event") is None and "raw" in r]
         assert not [line for line in raw + daemon.stderr_lines if "Traceback" in line]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the confirmation does not hold MAX_BULK: a confirmation whose seen was raised acts "
+    "on the oldest 10,001 runs of a filter the preview refuses as too broad",
+)
+async def test_a_confirmation_over_the_bulk_limit_is_refused(database_url: str) -> None:
+    token = f"tok-{uuid.uuid4().hex}"
+    release = "atk_page_many"
+    idle = "atk_page_many_idle"
+    async with Daemons(database_url) as pool:
+        daemon = pool.start(release, LANE_WORKER_PAGE_TOKEN=token)
+        await daemon.ready()
+        await store_rows(
+            database_url,
+            f"select {STORE}.submit_runs((select jsonb_agg(jsonb_build_object("
+            "'play', 'plain', 'releaseId', $1::text)) from generate_series(1, $2)))",
+            idle,
+            MAX_BULK + 2,
+        )
+        op = Operator(daemon.health_port, Path("."))
+        assert (await op.post("/signin", {"who": "ana", "token": token}))[0] == 303
+        listed = await op.get(f"/runs?release={idle}&status=queued")
+        bulk = {**form(listed, "/actions/preview"), "action": "cancel"}
+        status, body, _ = await op.post("/actions/preview", bulk)
+        assert status == 400, body  # the preview refuses: too many
+        # A confirmation form filled in by hand (or replayed from a narrower filter's).
+        asof = (await store_rows(database_url, "select now()::text"))[0][0].replace(" ", "T")
+        forged = {**bulk, "asOf": asof, "seen": str(10 * MAX_BULK)}
+        status, body, _ = await op.post("/actions/run", forged)
+        assert status == 400, body
