@@ -64,6 +64,12 @@ BREAKAGES = {
     # Only the heartbeat writes pid (the lane refresh reads heartbeat_at and plays).
     "heartbeat": [f"alter table {SCHEMA}.workers rename column pid to renamed"],
 }
+# Undone before the run is read back: `status` reads the lane registry too (a release's
+# spelling as deployed), so it would fail on the breakage, not on what the test checks.
+REPAIRS = {
+    "lane_refresh": [f"alter table {SCHEMA}.releases rename column renamed to release_ids"],
+    "heartbeat": [f"alter table {SCHEMA}.workers rename column renamed to pid"],
+}
 
 
 @pytest.mark.parametrize("loop", sorted(BREAKAGES))
@@ -102,6 +108,8 @@ async def test_an_unexpected_error_in_a_side_loop_drains_and_exits_1(
         ]
         assert -1 not in order, daemon.tail()
         assert order == sorted(order), daemon.tail()
+        for statement in REPAIRS[loop]:
+            await execute(database_url, statement)
         status = await client.status(run.run_id)
         assert status.status == "queued"
         assert [a.outcome for a in status.attempts] == ["handed_back"]

@@ -106,7 +106,6 @@ async def test_the_run_list_never_reads_a_million_runs_whole(database_url: str) 
                 shapes = {
                     "page": run_list.page_sql(flt, None, 50),
                     "later page": run_list.page_sql(flt, cursor, 50),
-                    "count": run_list.count_sql(flt, as_of),
                     "ids": run_list.ids_sql(flt, as_of),
                 }
                 for shape, (sql, args) in shapes.items():
@@ -130,9 +129,9 @@ async def test_the_run_list_never_reads_a_million_runs_whole(database_url: str) 
             assert [r.error_message for r in rest.runs] == [f"boom {i}" for i in range(21, 31)]
             assert rest.next is None
             on_b = RunFilter.from_query({"release": B, "play": "rare"})
-            assert await run_list.count(conn, schema_sql, on_b, as_of) == 30
-            everything = await run_list.count(conn, schema_sql, RunFilter(), as_of)
-            assert everything == run_list.MAX_BULK + 1  # bounded: "more than 10000"
+            assert len(await run_list.matching_ids(conn, schema_sql, on_b, as_of)) == 30
+            everything = await run_list.matching_ids(conn, schema_sql, RunFilter(), as_of)
+            assert len(everything) == run_list.MAX_BULK + 1  # bounded: "more than 10000"
     finally:
         try:
             await conn.execute(f"drop schema if exists {schema} cascade")

@@ -259,18 +259,6 @@ def page_sql(flt: RunFilter, before: Cursor | None, limit: int) -> tuple[str, li
     )
 
 
-def count_sql(flt: RunFilter, as_of: datetime) -> tuple[str, list[Any]]:
-    """Count the runs a bulk action would act on, created by ``as_of``: at most MAX_BULK + 1."""
-    args: list[Any] = [as_of]
-    preds = [*flt.where(args), "r.created_at <= $1"]
-    args.append(MAX_BULK + 1)
-    return (
-        f"select count(*) from (select 1 from {{schema}}.runs r where {' and '.join(preds)}"
-        f" order by r.created_at desc limit ${len(args)}) x",
-        args,
-    )
-
-
 def ids_sql(flt: RunFilter, as_of: datetime) -> tuple[str, list[Any]]:
     """The ids a bulk action acts on, oldest first, created by ``as_of`` (MAX_BULK + 1 at most)."""
     args: list[Any] = [as_of]
@@ -302,12 +290,6 @@ async def read_page(
     following = Cursor(runs[-1].created_at, runs[-1].run_id) if len(rows) > limit else None
     as_of = await conn.fetchval("select now()")
     return RunPage(runs, following, as_of)
-
-
-async def count(conn: Connection, schema_sql: str, flt: RunFilter, as_of: datetime) -> int:
-    """How many runs match ``flt`` among those created by ``as_of`` (MAX_BULK + 1: too many)."""
-    sql, args = count_sql(flt, as_of)
-    return int(await conn.fetchval(sql.replace("{schema}", schema_sql), *args))
 
 
 async def matching_ids(
