@@ -28,7 +28,7 @@ from worker.daemon.page_actions import (
     parse_count,
     perform,
 )
-from worker.daemon.page_auth import COOKIE, PageAuth, checked_who
+from worker.daemon.page_auth import COOKIE, PageAuth, Session, checked_who
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.errors import InvalidRequestError
@@ -206,28 +206,28 @@ class OperatorPages:
 
     async def _checked(
         self, request: web.Request
-    ) -> tuple[dict[str, str], str, web.Response | None]:
-        """The form, the session's csrf, or the answer refusing the POST."""
+    ) -> tuple[dict[str, str], Session | None, web.Response | None]:
+        """The form and the signed-in session, or the answer refusing the POST."""
         form = await _form(request)
         why = self._auth.refusal(request, form, signing_in=False)
         if why:
             status = 403
-            return form, "", html(page_forms.refused_page(status, why), status)
+            return form, None, html(page_forms.refused_page(status, why), status)
         session = self._auth.session(request)
         assert session is not None  # refusal() said it is there
-        return form, self._auth.csrf(session), None
+        return form, session, None
 
     async def _preview(self, request: web.Request) -> web.Response:
-        form, csrf, refused = await self._checked(request)
+        form, session, refused = await self._checked(request)
         if refused is not None:
             return refused
+        assert session is not None  # _checked refuses a POST without one
+        csrf = self._auth.csrf(session)
         try:
             bulk = Bulk.from_form(form)
         except InvalidRequestError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
         schema = self._store.schema_sql
-        session = self._auth.session(request)
-        assert session is not None
 
         async def matched(conn: Connection) -> tuple[datetime, list[uuid.UUID]]:
             as_of: datetime = await conn.fetchval("select now()")
@@ -246,11 +246,11 @@ class OperatorPages:
         return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview))
 
     async def _act(self, request: web.Request) -> web.StreamResponse:
-        form, csrf, refused = await self._checked(request)
+        form, session, refused = await self._checked(request)
         if refused is not None:
             return refused
-        session = self._auth.session(request)
-        assert session is not None
+        assert session is not None  # _checked refuses a POST without one
+        csrf = self._auth.csrf(session)
         try:
             bulk = Bulk.from_form(form)
             as_of, seen = parse_as_of(form.get("asOf")), parse_count(form.get("seen"))
