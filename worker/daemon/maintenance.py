@@ -164,11 +164,11 @@ async def _prune(
         return None  # the daemon checked the schemas at boot
 
     pruning = LanePruning(db, store, check_schemas=nothing)
-    candidates = await pruning.candidates(prune_after_s)
-    picked = rotation.take("prune", candidates, PRUNE_CHECKS_PER_PASS)
+    candidates = {r.queue: r for r in await pruning.candidates(prune_after_s)}
+    picked = rotation.take("prune", list(candidates), PRUNE_CHECKS_PER_PASS)
     if not picked:
         return 0
-    pruned = await pruning.prune_lanes(prune_after_s, only=set(picked))
+    pruned = await pruning.prune_rows([candidates[q] for q in picked])
     rotation.done("prune", picked[-1])
     for queue in pruned:
         log.info("lane.pruned", worker_id=worker_id, queue=queue, after_s=prune_after_s)

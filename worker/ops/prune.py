@@ -7,11 +7,12 @@ transaction per lane, re-checked under the lane row's lock.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from worker.db import engine
 from worker.db.store import Store
+from worker.db.store.rows import PrunableLane
 from worker.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ class LanePruning:
         older_than_s: float,
         *,
         dry_run: bool = False,
-        only: Collection[str] | None = None,
     ) -> list[str]:
         """Drop the engine queues of lanes retired over ``older_than_s`` ago with no open run.
 
@@ -50,9 +50,8 @@ class LanePruning:
         one whose queue holds an unfinished task (``prune_kept_busy``) or any task
         lane-worker did not create, finished or not (``prune_kept_foreign``:
         another system's queue too). One transaction per lane, re-checked under
-        the lane row's lock. ``only``: look at these queues alone (maintenance's
-        bounded share of the candidates). Returns the queues pruned (or, with
-        ``dry_run``, that would be).
+        the lane row's lock. Returns the queues pruned (or, with ``dry_run``, that
+        would be).
         """
         if not older_than_s >= 0:
             raise InvalidRequestError("--older-than must be a duration of 0 or more.")
@@ -60,11 +59,17 @@ class LanePruning:
         rows = await self.db.run(
             lambda c: self.store.lanes.prunable(c, older_than_s=float(older_than_s))
         )
+        return await self.prune_rows(rows, dry_run=dry_run)
+
+    async def prune_rows(
+        self, candidates: Sequence[PrunableLane], *, dry_run: bool = False
+    ) -> list[str]:
+        """Prune those of ``candidates`` (``prunable`` rows) the checks let go (see
+        ``prune_lanes``); return their queues."""
         rows = [
             r
-            for r in rows
-            if (only is None or r.queue in only)
-            and not r.live
+            for r in candidates
+            if not r.live
             and not await self._not_ours(r.queue)
             and not await self._busy(r.queue)
             and not await self._foreign(r.queue)
@@ -179,7 +184,7 @@ class LanePruning:
         )
         return [r.queue for r in rows if r.live]
 
-    async def candidates(self, older_than_s: float) -> list[str]:
+    async def candidates(self, older_than_s: float) -> list[PrunableLane]:
         """The lanes maintenance may prune by itself: retired long enough, no open run, and
         no sandbox whose cleanup gave up (the report names it for an operator to delete by
         hand, and a pruned lane leaves the report: such a lane goes only by `lanes prune`)."""
@@ -190,7 +195,7 @@ class LanePruning:
             return []
         counts = await self.db.run(self.store.sandboxes.counts)
         given_up = {c.queue for c in counts if c.failed}
-        return [r.queue for r in rows if r.queue not in given_up]
+        return [r for r in rows if r.queue not in given_up]
 
 
 class _PruneRace(Exception):
