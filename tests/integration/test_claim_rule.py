@@ -18,7 +18,7 @@ both are held to the table, and to each other run by run, due time included (the
 engine's clock held still).
 
 Size: 10 wait states x 6 adopters x 6 plays x 2 stamps on 4 queues (2,880 runs,
-``support.claim_rule``), claimed by 8 seats: 5,760 rows, built in a few seconds.
+``support.claim_rule``), claimed by 9 seats: 6,480 rows, built in a few seconds.
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ SEATS = (
     # registry refreshes): they ask 'all' and 'adopt', and claim_mode_v1 serves 'drain'.
     SeatSpec("drain-unaware", "dr", "dr", _claiming, None),
     SeatSpec("drain-cont-unaware", "dr", "old", _claiming, engine.CLAIM_ADOPT),
+    # A worktree's dev lane, registered after every release, claiming on a retired
+    # release's queue as a newer release's continuation loop would.
+    SeatSpec("dev-adopt", "dv", "old", _claiming, engine.CLAIM_ADOPT),
 )
 DRAINING = {"drain", "drain-cont", "drain-unaware", "drain-cont-unaware"}
 
@@ -186,6 +189,15 @@ EXCUSES = (
         # Other parked runs are left to the claiming releases." decide() (own loop) does
         # not know a newer release can adopt it.
         "a draining release leaves an adoptable parked run to a newer claiming one",
+    ),
+    Excuse(
+        "a dev lane stands apart",
+        False,
+        lambda r, w: r.seat == "dev-adopt" and r.decision.disposition == Disposition.ADOPT,
+        # DESIGN (effective release): "A dev lane ... stands apart from that order (store
+        # migration 0035, `lane_older`): it adopts nothing"; decide() does not know
+        # which lanes are dev lanes.
+        "a release's parked run never resumes on a worktree's code",
     ),
     Excuse(
         "adopts only from older lanes",
@@ -410,7 +422,9 @@ def test_the_claim_hands_out_exactly_what_decide_executes(rows: tuple[list[Row],
         s.name: sum(1 for c in CASES if c.queue == s.queue) for s in SEATS
     }
     # Both sides are exercised on every seat: it hands out some runs and withholds some.
-    for spec in SEATS:
+    # The dev lane's seat adopted nothing, so its loop on a release's queue gets nothing.
+    assert not any(r.handed for r in table if r.seat == "dev-adopt")
+    for spec in (s for s in SEATS if s.name != "dev-adopt"):
         mine = [r for r in table if r.seat == spec.name]
         assert any(r.handed for r in mine), spec.name
         assert not all(r.handed for r in mine), spec.name

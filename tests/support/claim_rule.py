@@ -3,8 +3,10 @@
 Six lanes, registered in this order (a release adopts only from older ones):
 ``old`` (retired), ``dr`` (retired: the draining seat's), ``again`` (claiming again
 after a retirement), ``me`` (claiming: the claiming seats'), ``oc`` (another claiming
-lane) and ``nr`` (retired, the newest). On each of the queues of ``me``, ``dr``,
-``old`` and ``again`` one run per combination of wait, adopter, play and stamp.
+lane) and ``nr`` (retired, the newest release). Then ``dv``, a worktree's dev lane
+(``dev-rule``), registered last: it stands apart from the release order, adopting
+nothing. On each of the queues of ``me``, ``dr``, ``old`` and ``again`` one run per
+combination of wait, adopter, play and stamp.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from worker.run.context import TaskContext
 from worker.run.execute import Runtime
 
 LANES = ("old", "dr", "again", "me", "oc", "nr")  # registration order
+DEV = "dv"  # a worktree's lane, registered after every release lane
 RETIRED = ("old", "dr", "nr")
 QUEUES = ("me", "dr", "old", "again")  # where runs are put (the seats' queues)
-APPS = {"me": ("p_all", "p_me"), "dr": ("p_all", "p_dr")}
+# The dev lane's app also registers p_nowhere, which no release's machine does: were
+# it counted as a newer lane, `dr`'s parked p_nowhere runs would read as adoptable.
+APPS = {"me": ("p_all", "p_me"), "dr": ("p_all", "p_dr"), DEV: ("p_all", "p_nowhere")}
 # (worker, lane, plays, live): another machine of a lane may have another app.
 WORKERS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("me-a", "me", ("p_all", "p_me"), True),
@@ -36,6 +41,7 @@ WORKERS: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
     ("dr-b", "dr", ("p_all", "p_live"), True),
     ("dr-c", "dr", ("p_stopped",), False),
     ("oc-a", "oc", ("p_all",), True),
+    ("dv-a", DEV, ("p_all", "p_nowhere"), True),
 )
 PLAYS = ("p_all", "p_me", "p_dr", "p_live", "p_stopped", "p_nowhere")
 ADOPTERS = ("none", "me", "dr", "again", "oc", "nr")  # again: claiming, older than me
@@ -88,7 +94,8 @@ class World:
     order: dict[str, int] = field(default_factory=dict)  # release id -> registration rank
     runtimes: dict[str, Runtime] = field(default_factory=dict)
     task: dict[Case, uuid.UUID] = field(default_factory=dict)
-    # The plays the live workers of lanes newer than `dr` that claim register.
+    # The plays the live workers of release lanes newer than `dr` that claim register
+    # (not the dev lane's p_nowhere).
     adoptable_from_dr: frozenset[str] = frozenset({"p_all", "p_me", "p_live"})
 
     async def close(self) -> None:
@@ -115,6 +122,9 @@ async def build_world(url: str) -> World:
         world.release[lane] = f"rule-{lane}"
         world.queue[lane] = queue_of(world.release[lane])
         world.order[world.release[lane]] = rank
+    world.release[DEV] = "dev-rule"
+    world.queue[DEV] = queue_of(world.release[DEV])
+    world.order[world.release[DEV]] = len(LANES)
     clients = {
         lane: await stack.enter_async_context(open_client(url, env_of(world.release[lane])))
         for lane in LANES
@@ -127,6 +137,8 @@ async def build_world(url: str) -> World:
     for lane in (*RETIRED, "again"):
         await clients[lane].retire_release(world.release[lane], force=True)
     await clients["again"].activate_release(world.release["again"], force=True)
+    # A worktree's worker registers its lane as it boots (the daemon's register call).
+    await Store(SCHEMA).lanes.register(world.conn, queue=world.queue[DEV], release_id="dev-rule")
     for lane, app_plays in APPS.items():
         world.runtimes[lane] = await stack.enter_async_context(
             open_runtime(url, app_of(app_plays), world.release[lane], worker_base=f"seat-{lane}")
