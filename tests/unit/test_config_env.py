@@ -83,6 +83,13 @@ def test_numbers_are_ascii_digits_only(variable: str, value: str) -> None:
     assert message.endswith("or unset it.")
 
 
+@pytest.mark.parametrize("variable", WHOLE + DECIMAL)
+def test_a_refusal_states_its_bounds_as_a_user_writes_them(variable: str) -> None:
+    """``between 0 and 31536000 ... (default 86400)``, never ``86400.0``."""
+    (message,) = refusals({variable: "-1"}, variable)
+    assert not re.search(r"\d\.0\b", message), message
+
+
 @pytest.mark.parametrize("variable", WHOLE)
 @pytest.mark.parametrize("value", BAD_WHOLE_ONLY)
 def test_whole_numbers_have_no_decimal_point(variable: str, value: str) -> None:

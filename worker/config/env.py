@@ -105,6 +105,11 @@ def decimal_number(raw: str) -> float | None:
     return float(raw) if len(raw) <= _MAX_DIGITS and _DECIMAL.fullmatch(raw) else None
 
 
+def _plain(value: float) -> str:
+    """A bound as a user writes it: ``86400``, ``0.5`` (never ``86400.0``)."""
+    return f"{value:g}" if value != int(value) else str(int(value))
+
+
 def number(
     env: Mapping[str, str],
     problems: Problems,
@@ -122,8 +127,8 @@ def number(
     if value is None or not minimum <= value <= maximum:
         problems.refuse(
             name,
-            f"{name}={shown(raw)} is not valid: set it to {meaning} between {minimum} and "
-            f"{maximum} in ASCII digits (default {default}), or unset it.",
+            f"{name}={shown(raw)} is not valid: set it to {meaning} between {_plain(minimum)} "
+            f"and {_plain(maximum)} in ASCII digits (default {_plain(default)}), or unset it.",
         )
         return default
     return value
