@@ -311,6 +311,17 @@ async def test_a_hold_refuses_deploys_and_rollbacks_and_stops_retirement_until_r
     ]  # fmt: skip
 
 
+async def test_a_blank_hold_reason_is_kept_as_none_and_a_reason_trimmed(database_url: str) -> None:
+    """`releases hold --reason '  '` keeps no reason, not spaces `releases` would show."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        assert (await client.releases.hold("  \t "))["reason"] is None
+        held = await client.releases.held()
+        assert held is not None
+        assert held.reason is None
+        assert await client.releases.resume()
+        assert (await client.releases.hold("  incident 7 "))["reason"] == "incident 7"
+
+
 async def test_a_hold_holds_an_older_builds_deploys_and_retirements_too(database_url: str) -> None:
     """What `releases deploy` and the scaler of 0.2.1 call (deploy_release, retire_superseded)
     is refused while held (55000): a hold holds whoever's build acts."""

@@ -106,7 +106,9 @@ class Releases:
         deploys and rollbacks by hand are refused unless forced."""
         await self.check_schemas()
         who = actor()
-        return await self.db.run(lambda c: self.store.registry.hold(c, actor=who, reason=reason))
+        # A blank reason says nothing: kept as none, not as spaces `releases` would show.
+        why = (reason or "").strip() or None
+        return await self.db.run(lambda c: self.store.registry.hold(c, actor=who, reason=why))
 
     async def resume(self) -> bool:
         """End the hold; False when there was none."""
