@@ -102,3 +102,28 @@ def test_pool_line_follows_pgbouncer_mode(setting: str, shown: str) -> None:
     assert result.returncode == 0, result.stderr
     pool_line = next(line for line in result.stdout.splitlines() if line.startswith("pool"))
     assert shown in pool_line
+
+
+@pytest.mark.parametrize(
+    ("env", "prune", "page"),
+    [
+        ({}, "after 86400 s", "off (read-only page"),
+        (
+            {"LANE_WORKER_PRUNE_AFTER": "0", "LANE_WORKER_PAGE_TOKEN": "x" * 32},
+            "never (`lanes prune` by hand only)",
+            "on (LANE_WORKER_PAGE_TOKEN set",
+        ),
+    ],
+)
+def test_doctor_shows_auto_prune_and_whether_the_page_acts(
+    env: dict[str, str], prune: str, page: str
+) -> None:
+    """The settings an operator asks about on a bad day: when lanes go, whether the page acts."""
+    result = doctor({"WORKFLOW_RUNTIME_POSTGRES": DB, **env})
+    assert result.returncode == 0, result.stderr
+    lines = {line.split("  ", 1)[0]: line for line in result.stdout.splitlines() if line}
+    assert prune in lines["auto-prune"]
+    assert page in lines["page actions"]
+    assert "x" * 32 not in result.stdout
+    report = json.loads(doctor({"WORKFLOW_RUNTIME_POSTGRES": DB, **env}, "--json").stdout)
+    assert report["pruneAfterSeconds"] == (0 if env else 86400)

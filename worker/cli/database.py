@@ -42,7 +42,11 @@ def _render(diagnosis: settings.Diagnosis) -> str:
         ("poll interval", f"{t.poll_interval_s} s"),
         ("drain window", f"{t.drain_s} s"),
         ("health port", f"{t.health_port} on {t.health_host}"),
+        ("page actions", _page_actions(diagnosis)),
         ("max attempts", str(t.max_attempts)),
+        ("defer alert", f"after {t.defer_alert_after_s:g} s"),
+        ("defer fail", _seconds_or_never(t.defer_fail_after_s, "a run is never failed for it")),
+        ("auto-prune", _seconds_or_never(t.prune_after_s, "`lanes prune` by hand only")),
         ("log format", t.log_format),
         ("event loop", t.event_loop),
     ]
@@ -56,6 +60,16 @@ def _render(diagnosis: settings.Diagnosis) -> str:
     lines += [f"  error ({e.variable}): {e}" for e in diagnosis.errors]
     lines += [f"  warning: {w}" for w in diagnosis.warnings]
     return "\n".join(lines)
+
+
+def _page_actions(diagnosis: settings.Diagnosis) -> str:
+    if diagnosis.page_actions:
+        return f"on ({settings.PAGE_TOKEN_ENV} set: signed-in operators may act)"
+    return f"off (read-only page; set {settings.PAGE_TOKEN_ENV} to allow actions)"
+
+
+def _seconds_or_never(seconds: float, never: str) -> str:
+    return f"after {seconds:g} s" if seconds else f"never ({never})"
 
 
 def _store_source(diagnosis: settings.Diagnosis) -> str:

@@ -134,6 +134,7 @@ class Diagnosis:
             "pgbouncer": self.tuning.pgbouncer,
             "deferAlertAfterSeconds": self.tuning.defer_alert_after_s,
             "deferFailAfterSeconds": self.tuning.defer_fail_after_s,
+            "pruneAfterSeconds": self.tuning.prune_after_s,
             "refused": self.refused,
             "exitCode": self.exit_code,
             "errors": [{"variable": e.variable, "message": str(e)} for e in self.errors],
