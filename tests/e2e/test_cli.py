@@ -7,6 +7,7 @@ run needs a running worker, so it is covered with the daemon tests, not here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import click
 import pytest
 
@@ -242,8 +244,25 @@ def test_cancel_then_status_shows_cancelled(env: dict[str, str]) -> None:
         "status": "cancelled",
     }
     assert ok_json(env, "status", run_id)["status"] == "cancelled"
+    # The app's runtime API hears an operator's cancel as one, not as its own client's.
+    source = asyncio.run(
+        fetch_value(
+            env["WORKFLOW_RUNTIME_POSTGRES"],
+            "select fact ->> 'source' from runtime_scheduler.ledger where run_id = $1::uuid",
+            run_id,
+        )
+    )
+    assert source == "operator"
     again = ok(env, "cancel", run_id).stdout
     assert "already cancelled" in again
+
+
+async def fetch_value(url: str, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
 
 
 def lane(env: dict[str, str], queue: str) -> dict[str, Any]:

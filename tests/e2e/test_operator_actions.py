@@ -222,6 +222,13 @@ async def test_cancel_retry_and_move_everything_matching(database_url: str, tmp_
         assert (row["unchanged"], row["refused"]) == (0, 0)
         assert json.loads(row["filter"]) == {"status": "waiting", "release": A}
         assert set((await statuses(database_url, waiting)).values()) == {"cancelled"}
+        sources = await store_rows(
+            database_url,
+            f"select fact ->> 'source' as source from {STORE}.ledger"
+            " where run_id = any($1::uuid[]) and fact ->> 'type' = 'run.cancelled'",
+            waiting,
+        )
+        assert [r["source"] for r in sources] == ["operator"] * 3  # not the app's `client`
 
         # Retry everything failed on A: 4 new runs, each naming the one it retries.
         action_id, _ = await confirm(op, {**bulk, "status": "failed", "action": "retry"}, "retry")

@@ -217,6 +217,18 @@ async def test_cancel_settles_once_with_its_fact_and_status_shows_it_without_sec
     }  # fmt: skip
     status = await call(conn, "run_status", uuid.UUID(run))
     assert (status["runId"], status["status"], status["queue"]) == (run, "cancelled", "runs_rel_1")
+    # An operator's cancel (the CLI, the page: cancel_run_by) names the operator.
+    other = (await call(conn, "submit_run", "greet", {}, "rel-1", None, None))["runId"]
+    said = await conn.fetchval(
+        f"select {SCHEMA}.cancel_run_by($1, 'incident', 'operator')", uuid.UUID(other)
+    )
+    assert said["cancelled"] is True
+    fact = await conn.fetchval(
+        f"select fact from {SCHEMA}.ledger where run_id = $1", uuid.UUID(other)
+    )
+    assert (fact["source"], fact["reason"]) == ("operator", "incident")
+    with pytest.raises(asyncpg.InvalidParameterValueError, match="client or operator"):
+        await conn.fetchval(f"select {SCHEMA}.cancel_run_by($1, null, 'app')", uuid.UUID(other))
     assert [f["type"] for f in status["facts"]] == ["run.cancelled"]
     assert set(status) == {
         "runId", "play", "status", "releaseId", "adoptedReleaseId", "queue", "attempts",

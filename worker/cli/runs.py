@@ -74,7 +74,7 @@ def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
     """Cancel a run (a finished run is left as it is)."""
 
     async def action(client: LaneClient) -> tuple[bool, RunReport]:
-        cancelled = await client.cancel(run_id, reason=reason)
+        cancelled = await client.remedies.cancel_run(run_id, reason=reason, source="operator")
         return cancelled, await client.status(run_id)
 
     cancelled, now = with_client(action)

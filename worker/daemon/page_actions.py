@@ -148,7 +148,7 @@ def _one_run(remedies: Remedies, bulk: Bulk, who: str, action_id: int) -> OneRun
         reason = f"cancelled from the operator page by {who} (action {action_id})"
 
         async def cancel(run_id: uuid.UUID) -> Tally:
-            done = await remedies.cancel_run(str(run_id), reason=reason)
+            done = await remedies.cancel_run(str(run_id), reason=reason, source="operator")
             return Tally(acted=1) if done else Tally(unchanged=1)
 
         return cancel

@@ -330,11 +330,18 @@ class Remedies:
             )
         return ""
 
-    async def cancel_run(self, run_id: str, *, reason: str | None = None) -> bool:
-        """Cancel a run (the store's ``cancel_run``); False if it had ended (CLI and page)."""
+    async def cancel_run(
+        self, run_id: str, *, reason: str | None = None, source: str = "client"
+    ) -> bool:
+        """Cancel a run (the store's ``cancel_run_by``); False if it had ended.
+
+        ``source``: ``client`` for the app's client, ``operator`` for the CLI and the page.
+        """
         await self.check_schemas()
         run_uuid = parse_run_id(run_id)
-        said = await self.db.run(lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason))
+        said = await self.db.run(
+            lambda c: self.store.api.cancel(c, run_id=run_uuid, reason=reason, source=source)
+        )
         return bool(said["cancelled"])
 
     async def move_lane(self, from_release: str, to_release: str) -> MoveReport:

@@ -112,10 +112,16 @@ class ApiQueries(Queries):
         return result
 
     async def cancel(
-        self, conn: Connection, *, run_id: uuid.UUID, reason: str | None
+        self, conn: Connection, *, run_id: uuid.UUID, reason: str | None, source: str = "client"
     ) -> dict[str, Any]:
-        """Cancel a run; ``cancelled`` False when it had already ended."""
-        result: dict[str, Any] = await refusals(self._value(conn, "cancel_run", run_id, reason))
+        """Cancel a run; ``cancelled`` False when it had already ended.
+
+        ``source`` is who cancels, as the ``run.cancelled`` fact names it: ``client``
+        (the app) or ``operator`` (the CLI, the page).
+        """
+        result: dict[str, Any] = await refusals(
+            self._value(conn, "cancel_run", run_id, reason, source)
+        )
         return result
 
     async def report_runner(

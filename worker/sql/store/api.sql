@@ -19,7 +19,8 @@ select {schema}.worker_release_id($1, $2);
 select {schema}.signal_run($1, $2, $3);
 
 -- name: cancel_run
-select {schema}.cancel_run($1, $2);
+-- $3: who cancels, the fact's source (client: the app; operator: the CLI, the page).
+select {schema}.cancel_run_by($1, $2, $3);
 
 -- name: run_status
 -- In parts, each decoded alone: a stored value Python cannot decode (an
