@@ -280,6 +280,13 @@ async def test_a_hold_refuses_deploys_and_rollbacks_and_stops_retirement_until_r
         assert [v.release_id for v in views] == ["rel-a"]  # nothing recorded
         forced = await client.releases.deploy("rel-b", image="img:b", force=True)
         assert forced["previous"] == ["rel-a"]
+        # The timeline says the hold was overridden, and whose it was (store 0040).
+        events = await client.db.run(lambda c: client.store.registry.events(c, release_id=None))
+        deployed = {e.release_id: e.detail for e in events if e.action == "deployed"}
+        assert deployed["rel-b"]["forcedThroughHold"] == {
+            "heldBy": held["heldBy"], "reason": "incident 42",
+        }  # fmt: skip
+        assert "forcedThroughHold" not in deployed["rel-a"]
         await client.activate_release("rel-b", force=True)
         b = next(d for d in await client.db.run(client.store.registry.deployments)
                  if d.release_id == "rel-b")  # fmt: skip

@@ -57,8 +57,13 @@ def _event_text(event: DeploymentEvent) -> str:
             bits.append("superseding " + ", ".join(map(str, detail["previous"])))
     if detail.get("reason"):
         bits.append(str(detail["reason"]))
+    forced = detail.get("forcedThroughHold")
+    if isinstance(forced, dict):
+        why = f": {forced['reason']}" if forced.get("reason") else ""
+        bits.append(f"FORCED through the hold of {forced.get('heldBy')}{why}")
     shown = {k: v for k, v in detail.items() if k not in ("machine", "image", "desired", "previous",
-                                                          "queue", "reason")}  # fmt: skip
+                                                          "queue", "reason",
+                                                          "forcedThroughHold")}  # fmt: skip
     if shown:
         bits.append(json.dumps(shown, default=str, sort_keys=True)[:300])
     return words + (f" ({'; '.join(bits)})" if bits else "")

@@ -1,0 +1,28 @@
+"""The /deploys timeline's words for a registry event (worker/daemon/deploys_page.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from worker.daemon.deploys_page import _event_text
+from worker.db.store.rows import DeploymentEvent
+
+
+def event(detail: dict[str, object]) -> DeploymentEvent:
+    at = datetime(2026, 12, 7, tzinfo=UTC)
+    return DeploymentEvent(1, at, "rel-b", "deployed", "ana", detail)
+
+
+def test_a_deploy_forced_through_a_hold_says_so_and_whose_hold() -> None:
+    """Store 0040 marks the event; the timeline names the override, not a JSON blob."""
+    said = _event_text(
+        event({"image": "img:b", "desired": 2, "queue": "runs_rel_b", "previous": ["rel-a"],
+               "forcedThroughHold": {"heldBy": "bo@host", "reason": "incident 42"}})
+    )  # fmt: skip
+    assert "FORCED through the hold of bo@host: incident 42" in said
+    assert "forcedThroughHold" not in said
+
+
+def test_an_ordinary_deploy_says_nothing_of_a_hold() -> None:
+    said = _event_text(event({"image": "img:b", "desired": 2, "previous": []}))
+    assert "hold" not in said.lower()
