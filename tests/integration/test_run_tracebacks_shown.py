@@ -107,6 +107,10 @@ async def test_a_step_failure_keeps_its_traceback_everywhere_and_the_fact_its_sh
     assert ", in fetch_upstream\n    raise RuntimeError(" in traceback
     assert traceback.endswith("RuntimeError: upstream <b>down</b>\n")
     assert __file__ in traceback  # the play's file, and its line
+    # Only the play's frames: none of the worker's that ran the step between them.
+    frames = [line for line in traceback.splitlines() if line.startswith('  File "')]
+    assert all(__file__ in line for line in frames), traceback
+    assert "frames of lane-worker's own left out)\n" in traceback
     assert said["error"]["name"] == "RuntimeError"
     assert said["error"]["message"] == "upstream <b>down</b>"
     assert said["attempt"] == said["api"] == said["log"] == said["error"]

@@ -44,6 +44,27 @@ def _from_the_play(tb: TracebackType | None) -> TracebackType | None:
     return tb or first
 
 
+def _without_runner_frames(lines: list[str]) -> list[str]:
+    """Leave out the worker's frames between two of the play's (``ctx.step`` running the
+    step's function, its thread): one line says how many. Frames after the play's last one
+    stay: they show where the worker raised (a bad argument to a ``ctx`` call, say)."""
+    runner = f'  File "{_RUNNER_DIR}'
+    kept: list[str] = []
+    pending: list[str] = []
+    for line in lines:
+        if line.startswith(runner):
+            pending.append(line)
+            continue
+        if pending and line.startswith('  File "'):
+            plural = "s" if len(pending) > 1 else ""
+            kept.append(f"  ... ({len(pending)} frame{plural} of lane-worker's own left out)\n")
+        else:
+            kept.extend(pending)
+        pending = []
+        kept.append(line)
+    return kept + pending
+
+
 def _kept(part: str, secrets: Sequence[str]) -> str:
     """One frame's or one error's text, masked, then cut to ``MAX_PART_CHARS``."""
     # jsonb refuses NUL characters and lone surrogates: escape both, as in the message.
@@ -57,7 +78,9 @@ def bounded_traceback(exc: BaseException, secrets: Sequence[str]) -> str:
     """Return ``exc``'s traceback as Python prints it, bounded and with ``secrets`` masked."""
     tb = _from_the_play(exc.__traceback__)
     try:
-        lines = traceback.format_exception(type(exc), exc, tb, limit=-MAX_FRAMES)
+        lines = _without_runner_frames(
+            traceback.format_exception(type(exc), exc, tb, limit=-MAX_FRAMES)
+        )
     except Exception as broken:  # a broken __str__ or __repr__ must not stop the failure
         lines = [f"(the traceback could not be formatted: {type(broken).__name__})\n"]
     frames = sum(1 for _ in traceback.walk_tb(tb))
