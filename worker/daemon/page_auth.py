@@ -5,8 +5,8 @@ every POST is refused. With it, an operator signs in once (a POST of a name and
 the token); the answer sets a session cookie signed with a key derived from the
 token (HMAC-SHA256), HttpOnly and SameSite=Strict, good for ``SESSION_S``. Each
 action form carries a CSRF token derived from the session (HMAC of its random
-id): a POST must carry the cookie, that form token and an ``Origin`` (or
-``Sec-Fetch-Site``) naming this page. No state is kept: a restart, or another
+id): a POST must carry the cookie, that form token and the browser's word that it
+came from this page (``same_origin``). No state is kept: a restart, or another
 worker behind the same address with the same token, accepts the same session;
 changing the token signs every session out. The token itself is never written
 into a page, a cookie, a log line or an error.
@@ -167,12 +167,18 @@ class PageAuth:
 
 
 def same_origin(request: web.Request) -> bool:
-    """Whether a POST came from a page of this server: its Origin names this host.
+    """Whether a POST came from a page of this server.
 
-    A browser sends Origin with every form POST; without it, ``Sec-Fetch-Site``
-    must say same-origin. A request with neither is refused.
+    A browser's ``Sec-Fetch-Site: same-origin`` says so (the browser sets it, a page of
+    another site cannot). Else its ``Origin`` must name this host: the request's Host, or
+    the ``X-Forwarded-Host`` a proxy that rewrites Host passes on (a cross-site form
+    cannot set that header). A request with neither is refused.
     """
+    if request.headers.get("Sec-Fetch-Site") == "same-origin":
+        return True
     origin = request.headers.get("Origin")
-    if origin:
-        return urlsplit(origin).netloc.lower() == (request.host or "").lower()
-    return request.headers.get("Sec-Fetch-Site") == "same-origin"
+    if not origin:
+        return False
+    netloc = urlsplit(origin).netloc.lower()
+    forwarded = request.headers.get("X-Forwarded-Host", "").split(",")[0].strip().lower()
+    return bool(netloc) and netloc in {(request.host or "").lower(), forwarded}
