@@ -21,6 +21,7 @@ from worker.client import LaneClient
 from worker.daemon.boot import install_and_register
 from worker.daemon.maintenance import Rotation, maintain
 from worker.errors import LaneDrainedError
+from worker.ops.lanes_text import lanes_table
 
 DAY = 86_400.0
 WEEK = 7 * DAY
@@ -171,3 +172,37 @@ async def test_a_retired_release_lane_still_refuses_boot(database_url: str) -> N
         await boot(client, "runs_wt", "dev-wt")
         await client.retire_release("dev-wt", force=True)
         assert await boot(client, "runs_wt", "dev-wt") == "claiming"
+
+
+async def test_lanes_marks_an_idle_dev_lane_with_since_when_and_what_to_do(
+    database_url: str,
+) -> None:
+    async with open_client(database_url) as client:
+        await boot(client, "runs_wt_open", "dev-wt_open")
+        await beat(client, "runs_wt_open", "dev-wt_open", "w-open")
+        await client.submit("plain", {}, queue_suffix="wt_open")
+        await boot(client, "runs_wt_done", "dev-wt_done")
+        await boot(client, "runs_rel_y", "rel-y")
+        for queue in ("runs_wt_open", "runs_wt_done", "runs_rel_y"):
+            await idle_for(database_url, queue, 3 * DAY)
+        await boot(client, "runs_wt_live", "dev-wt_live")
+        await beat(client, "runs_wt_live", "dev-wt_live", "w-live")
+        views = {v.queue: v for v in await client.lanes()}
+        assert [q for q, v in views.items() if v.idle_dev] == ["runs_wt_open", "runs_wt_done"]
+        assert views["runs_wt_open"].as_json()["dev"] is True
+        assert views["runs_rel_y"].as_json()["dev"] is False
+        seen = views["runs_wt_open"].last_seen
+        assert seen is not None
+        since = seen.strftime("%Y-%m-%d %H:%M UTC")
+        lines = lanes_table(list(views.values()))
+        assert (
+            f"dev-wt_open: idle dev lane: no worker since {since}, 1 open run(s) wait on it; "
+            "start its worker again (DEEPLINE_ABSURD_QUEUE_SUFFIX=wt_open), or cancel them "
+            "(`lane-worker cancel RUN_ID`), then `lane-worker lanes retire dev-wt_open` and "
+            "`lane-worker lanes prune --older-than 0`."
+        ) in lines
+        done = [line for line in lines if line.startswith("dev-wt_done: idle dev lane")]
+        assert len(done) == 1
+        assert "maintenance retires it once idle past LANE_WORKER_DEV_LANE_IDLE_AFTER" in done[0]
+        assert not [line for line in lines if "idle dev lane" in line and "rel-y" in line]
+        assert not [line for line in lines if line.startswith("dev-wt_live: idle")]

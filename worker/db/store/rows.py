@@ -252,6 +252,7 @@ class ReportLane:
     workers: list[dict[str, Any]]  # its live workers: {"workerId", "plays"}
     retired_at: datetime | None  # when `lanes retire` marked it (None while it claims)
     release_id: str | None = None  # as deployed (lane_release_id, migration 0030)
+    last_seen: datetime | None = None  # its newest heartbeat, else its last registration
 
 
 @dataclass(frozen=True)
