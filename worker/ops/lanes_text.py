@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 from worker.ops.lane_view import UNKNOWN_BLOCKER, Blocker, LaneView
@@ -79,9 +80,16 @@ def lanes_table(views: list[LaneView]) -> list[str]:
     return lines
 
 
+def idle_since(view: LaneView) -> str:
+    """When a worker of the lane was last seen, in UTC to the minute (``ever``: never)."""
+    if view.last_seen is None:
+        return "ever"
+    return view.last_seen.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def idle_dev_line(view: LaneView) -> str:
     """Say that a dev lane has no worker, since when, and how it goes (or comes back)."""
-    since = view.last_seen.strftime("%Y-%m-%d %H:%M UTC") if view.last_seen else "ever"
+    since = idle_since(view)
     start = (
         "start its worker again (`lane-worker dev` in its worktree)"
         if view.release_id.lower() == "dev"
