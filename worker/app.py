@@ -12,7 +12,7 @@ from types import ModuleType
 
 from worker.run.context import PlayFn
 
-__all__ = ["App", "PlayFn", "load_app"]
+__all__ = ["App", "PlayFn", "PlayRegistrationError", "load_app"]
 
 
 def _is_async(fn: object) -> bool:
@@ -30,10 +30,35 @@ def _is_async(fn: object) -> bool:
 
 
 def _described(fn: object) -> str:
-    """Name what was registered as a play, for the refusal: ``a plain function greet``."""
+    """Name what was registered as a play, for the refusal: ``a plain function greet at
+    acme/plays.py line 7``."""
     if inspect.isfunction(fn) or inspect.ismethod(fn):
-        return f"a plain function {fn.__qualname__}"
+        return f"a plain function {fn.__qualname__}{_where(fn)}"
     return f"a {type(fn).__name__} object"
+
+
+def _where(fn: object) -> str:
+    """`` at FILE line N`` of a function's ``def`` (relative to the current directory when
+    under it), or nothing when it cannot be told."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)  # type: ignore[arg-type]
+    if code is None or not code.co_filename or code.co_filename.startswith("<"):
+        return ""
+    path = code.co_filename
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        relative = path
+    shown = path if relative.startswith("..") else relative
+    return f" at {shown} line {code.co_firstlineno}"
+
+
+class PlayRegistrationError(TypeError, ValueError):
+    """``@app.play`` refused a play (not ``async def``, a blank or repeated name).
+
+    Raised while the app's module is imported: ``load_app`` says it in one line, with
+    the play's file and line, and no traceback (the sentence says all there is). A
+    ``TypeError`` and a ``ValueError`` both, as the refusals were before.
+    """
 
 
 class App:
@@ -50,16 +75,18 @@ class App:
         function may be plain: ``ctx.step`` runs it in a thread.)
         """
         if not name or not name.strip():
-            raise ValueError("a play needs a non-blank name")
+            raise PlayRegistrationError("a play needs a non-blank name")
 
         def register(fn: PlayFn) -> PlayFn:
             if not _is_async(fn):
-                raise TypeError(
+                raise PlayRegistrationError(
                     f"play {name!r}: plays must be async def (got {_described(fn)}); "
                     "write it as `async def ...(ctx, params)`"
                 )
             if name in self.plays:
-                raise ValueError(f"play {name!r} is registered twice")
+                raise PlayRegistrationError(
+                    f"play {name!r} is registered twice{_where(fn)}: each name once"
+                )
             self.plays[name] = fn
             return fn
 
@@ -89,6 +116,9 @@ def load_app(spec: str) -> App:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
+    except PlayRegistrationError as exc:
+        # The sentence names the play, the rule and where: a traceback adds only noise.
+        raise ImportError(f"importing {module_name}: {exc}") from exc
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise ImportError(

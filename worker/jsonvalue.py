@@ -8,6 +8,7 @@ int keys reads back with str keys) would make a replay diverge silently.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import sys
@@ -140,6 +141,12 @@ def _problem_at(value: Any) -> str | None:
                     return f"a key with a lone surrogate (not UTF-8) at {where}"
                 stack.append((v, _path(where, key), depth + 1))
             continue
+        if inspect.isawaitable(item):
+            # `return ctx.step(...)` in an async play: the step never ran.
+            return (
+                f"a {type(item).__name__} at {where}, a call that was never awaited "
+                "(did you forget `await`, as in `await ctx.step(...)`?)"
+            )
         return f"a {type(item).__module__}.{type(item).__qualname__} at {where}".replace(
             "builtins.", ""
         )

@@ -321,6 +321,8 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "asOf": row["asOf"],
         "drainingSeconds": row["drainingSeconds"],
         "foreignTasks": 0,  # no other system's task on its queue
+        "dev": False,  # a release lane, not a worktree's
+        "lastSeen": row["lastSeen"],
     }
     assert row["drainingSeconds"] >= 0  # since the retire a moment ago
     assert "no live worker of" in row["blockedBy"][0]["remedy"]

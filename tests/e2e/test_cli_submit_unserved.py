@@ -4,8 +4,9 @@ A real daemon and the real CLI against a fresh database: before the release's
 worker boots, ``submit`` prints the run id on stdout and one warning on stderr
 naming the lane's queue and the worker that would serve it (``--json``: ``served``
 false and ``warning``); with the worker up, or its lane still claiming after it
-stopped, nothing is said; retired with none of its workers live, the warning
-says so.
+stopped, nothing is said; a play none of its live workers registers is accepted
+with a warning naming the plays they do; retired with none of its workers live,
+the warning says so.
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ async def test_submit_says_when_no_worker_serves_the_lane(database_url: str) -> 
         report = json.loads(run_cli(env, "submit", "plain", "--json").stdout)
         assert report["served"] is True
         assert "warning" not in report
+        # A play none of the live workers registers (store 0038): accepted, with a warning.
+        _, said = submit_text(env, "no_such_play")
+        assert len(said) == 1
+        assert said[0].startswith(
+            "lane-worker: warning: no live worker of lane runs_rel_b registers play "
+            "'no_such_play' (they register "
+        )
+        assert "plain" in said[0]
+        report = json.loads(run_cli(env, "submit", "no_such_play", "--json").stdout)
+        assert (report["served"], report["playServed"], report["created"]) == (True, False, True)
+        assert report["warning"] == said[0].removeprefix("lane-worker: warning: ")
         worker.terminate()
         assert await worker.wait_exit() == 0
 

@@ -181,6 +181,41 @@ async def test_value_that_is_not_json_fails_the_attempt_at_once_naming_type_and_
     assert [(a["outcome"], a["error"]) for a in attempts] == [("retrying", status.error)]
 
 
+def forgets_await() -> App:
+    """Plays that forget ``await`` on a step: returning it, or inside their output."""
+    app = App()
+
+    @app.play("returns-step")
+    async def returns_step(ctx: TaskContext, params: Any) -> Any:
+        return ctx.step("make", lambda: 1)  # no await
+
+    @app.play("holds-step")
+    async def holds_step(ctx: TaskContext, params: Any) -> Any:
+        return {"made": ctx.step("make", lambda: 1)}  # no await
+
+    return app
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # "coroutine ... was never awaited"
+@pytest.mark.parametrize(("play", "where"), [("returns-step", "$"), ("holds-step", "$.made")])
+async def test_a_play_that_forgets_await_on_a_step_is_told_so(
+    database_url: str, play: str, where: str
+) -> None:
+    """Its failure says a call was never awaited, where, and asks: did you forget `await`?"""
+    async with (
+        open_client(database_url, ENV) as client,
+        open_runtime(database_url, forgets_await(), RELEASE) as rt,
+    ):
+        submitted = await client.submit(play)
+        assert await work_once_contained(rt) == ["retrying"]
+        status = await client.status(submitted.run_id)
+    assert status.error["name"] == "NotJsonError"
+    assert status.error["message"].startswith(
+        f"the output of play {play!r} is not JSON: it holds a coroutine at {where}, a call "
+        "that was never awaited (did you forget `await`, as in `await ctx.step(...)`?)."
+    )
+
+
 # -- errors that are hard to store ---------------------------------------------------------
 
 

@@ -62,9 +62,11 @@ def test_a_plain_def_play_is_refused_at_registration() -> None:
 
     with pytest.raises(TypeError) as refused:
         app.play("report")(report)  # type: ignore[arg-type]
+    line = report.__code__.co_firstlineno
     assert str(refused.value) == (
         "play 'report': plays must be async def (got a plain function "
-        "test_a_plain_def_play_is_refused_at_registration.<locals>.report); "
+        "test_a_plain_def_play_is_refused_at_registration.<locals>.report at "
+        f"tests/unit/test_app_registration.py line {line}); "
         "write it as `async def ...(ctx, params)`"
     )
     assert app.plays == {}
@@ -73,7 +75,7 @@ def test_a_plain_def_play_is_refused_at_registration() -> None:
 @pytest.mark.parametrize(
     ("play", "got"),
     [
-        (lambda ctx, params: {}, "a plain function <lambda>"),
+        (lambda ctx, params: {}, "a plain function <lambda> at tests/unit/"),
         (print, "a builtin_function_or_method object"),
         (None, "a NoneType object"),
         (CallablePlay, "a type object"),  # the class, not an instance
@@ -83,7 +85,7 @@ def test_what_gives_no_coroutine_is_refused(play: Any, got: str) -> None:
     """A lambda, a builtin, a non-callable, a class: each refused, saying what it was."""
     with pytest.raises(TypeError, match="plays must be async def") as refused:
         App().play("p")(play)
-    assert f"(got {got})" in str(refused.value)
+    assert f"(got {got}" in str(refused.value)
 
 
 def test_a_sync_play_is_refused_before_a_duplicate_name() -> None:

@@ -169,6 +169,9 @@ def test_suffix_that_normalizes_to_nothing_is_refused() -> None:
         ("LANE_WORKER_DRAIN_SECONDS", "-5"),
         ("LANE_WORKER_PRUNE_AFTER", "24h"),
         ("LANE_WORKER_PRUNE_AFTER", "-1"),
+        ("LANE_WORKER_DEV_LANE_IDLE_AFTER", "7d"),
+        ("LANE_WORKER_DEV_LANE_IDLE_AFTER", "-1"),
+        ("LANE_WORKER_DEV_LANE_IDLE_AFTER", "31536001"),
         ("LANE_WORKER_HEALTH_PORT", "65536"),
         ("LANE_WORKER_HEALTH_PORT", "http"),
         ("LANE_WORKER_MAX_ATTEMPTS", "0"),
@@ -199,6 +202,7 @@ def test_tuning_values_are_parsed() -> None:
             "LANE_WORKER_MAX_ATTEMPTS": "3",
             "LANE_WORKER_LOG_FORMAT": "JSON",
             "LANE_WORKER_PRUNE_AFTER": "0",
+            "LANE_WORKER_DEV_LANE_IDLE_AFTER": "3600",
             "LANE_WORKER_DRAIN_SECONDS_IGNORED": "",
         }
     )
@@ -208,6 +212,9 @@ def test_tuning_values_are_parsed() -> None:
     assert tuning.log_format == "json"
     assert tuning.prune_after_s == 0.0
     assert Settings.from_env({"WORKFLOW_RUNTIME_POSTGRES": DB}).tuning.prune_after_s == 86_400.0
+    assert tuning.dev_lane_idle_after_s == 3600.0
+    default = Settings.from_env({"WORKFLOW_RUNTIME_POSTGRES": DB}).tuning
+    assert default.dev_lane_idle_after_s == 604_800.0  # a week: a long weekend keeps the lane
 
 
 def test_blank_tuning_value_means_default() -> None:

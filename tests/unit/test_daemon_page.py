@@ -169,3 +169,19 @@ def test_a_drained_lane_says_nothing_of_its_live_workers_claiming() -> None:
         html = page.render([drained])
         assert 'data-field="claimHealthUnknown"' not in html
         assert 'data-field="noClaims"' not in html
+
+
+def test_an_idle_dev_lane_says_since_when_beside_its_status() -> None:
+    """A worktree's lane with no live worker: "idle: no worker since ...", the remedy as its
+    title; a release lane with no worker, or a dev lane with one, carries no such mark."""
+    seen = datetime(2026, 12, 1, 9, 30, 12, tzinfo=UTC)
+    idle = {**BASE, "live_workers": 0}
+    views = [
+        LaneView(release_id="dev-wt", queue="runs_wt", status="claiming", last_seen=seen, **idle),
+        LaneView(release_id="rel-a", queue="runs_rel_a", status="claiming", last_seen=seen, **idle),
+        LaneView(release_id="dev-up", queue="runs_up", status="claiming", last_seen=seen, **BASE),
+    ]
+    html = page.render(views)
+    assert html.count('data-field="idleDev"') == 1
+    assert ">idle: no worker since 2026-12-01 09:30 UTC</span>" in html
+    assert escape("`lane-worker lanes retire dev-wt`") in html

@@ -161,9 +161,11 @@ def _submit_from(source: str, as_json: bool) -> None:
 
 
 def warn_unserved(runs: list[SubmittedRun]) -> None:
-    """Say on stderr, once per lane, that nothing serves it (the run ids stay on stdout)."""
+    """Say on stderr each warning the submits were answered with, once each: nothing
+    serves a lane, or none of its live workers registers a play (the run ids stay on
+    stdout; the runs are accepted all the same)."""
     said: set[str] = set()
     for run in runs:
-        if not run.served and run.queue not in said:
-            said.add(run.queue)
+        if run.warning is not None and run.warning not in said:
+            said.add(run.warning)
             click.echo(printable(f"lane-worker: warning: {run.warning}"), err=True)

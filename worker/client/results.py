@@ -17,6 +17,10 @@ class SubmittedRun:
     ``served`` is False when nothing serves its lane (no worker registered it or
     is live there, and it is not the registry's current release): the run waits
     until a worker of that release starts; ``warning`` then says which would.
+    ``play_served`` is False when the lane is served but none of its live workers
+    registers the play (store migration 0038): the run waits for a worker whose
+    app registers it; ``warning`` then names the plays they do register. Either
+    way the run is accepted.
     """
 
     run_id: str
@@ -25,6 +29,7 @@ class SubmittedRun:
     created: bool = True
     served: bool = True
     warning: str | None = None
+    play_served: bool = True
 
     @classmethod
     def from_json(cls, said: dict[str, Any]) -> SubmittedRun:
@@ -35,11 +40,14 @@ class SubmittedRun:
             said["queue"],
             said["created"],
             said["served"],
-            said.get("warning"),  # only when not served
+            said.get("warning"),  # only when not served, or the play not served
+            # Absent from a store before migration 0038, and when nothing is said of the play.
+            said.get("playServed", True),
         )
 
     def as_json(self) -> dict[str, Any]:
-        """Return ``submit --json``'s fields: the store's result (``warning`` when not served)."""
+        """Return ``submit --json``'s fields: the store's result (``warning`` when not served,
+        ``playServed`` and ``warning`` when no live worker of the lane registers the play)."""
         said: dict[str, Any] = {
             "runId": self.run_id,
             "releaseId": self.release_id,
@@ -47,6 +55,8 @@ class SubmittedRun:
             "created": self.created,
             "served": self.served,
         }
+        if not self.play_served:
+            said["playServed"] = False
         if self.warning is not None:
             said["warning"] = self.warning
         return said

@@ -43,6 +43,9 @@ PGBOUNCER_ENV = "LANE_WORKER_PGBOUNCER"
 DEFER_ALERT_AFTER_ENV = "LANE_WORKER_DEFER_ALERT_AFTER"
 DEFER_FAIL_AFTER_ENV = "LANE_WORKER_DEFER_FAIL_AFTER"
 PRUNE_AFTER_ENV = "LANE_WORKER_PRUNE_AFTER"
+# A dev lane (a worktree's) with no live worker and no open run this long is retired by
+# maintenance, then pruned as any retired lane (LANE_WORKER_PRUNE_AFTER).
+DEV_LANE_IDLE_AFTER_ENV = "LANE_WORKER_DEV_LANE_IDLE_AFTER"
 # The machine a worker runs on, as the scaler knows it: Fly sets FLY_MACHINE_ID,
 # the scaler's process backend LANE_WORKER_MACHINE_ID.
 MACHINE_ID_ENV = "LANE_WORKER_MACHINE_ID"

@@ -14,6 +14,7 @@ from worker.config.env import (
     DATABASE_URL_ENV,
     DEFER_ALERT_AFTER_ENV,
     DEFER_FAIL_AFTER_ENV,
+    DEV_LANE_IDLE_AFTER_ENV,
     DRAIN_SECONDS_ENV,
     EVENT_LOOP_ENV,
     HEALTH_HOST_ENV,
@@ -73,6 +74,11 @@ class Tuning:
     # A retired lane with nothing unfinished left this long is pruned by maintenance
     # (its engine queue dropped, its history kept): a week of deploys does not pile up.
     prune_after_s: float = 86_400.0  # 0: never (`lanes prune` by hand only)
+    # A dev lane (release id dev / dev-<suffix>: a worktree's) with no live worker and no
+    # open run this long is retired by maintenance (then pruned as above): deleted
+    # worktrees do not pile up. Its worker booting again activates it. 7 days: a worktree
+    # left over a long weekend keeps its lane.
+    dev_lane_idle_after_s: float = 604_800.0  # 0: never
     # Ledger delivery to the app's runtime API (worker/daemon/relay.py).
     ledger_path: str = "/api/runtime/run-ledger"
     ledger_concurrency: int = 16
@@ -109,6 +115,14 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
     (
         "prune_after_s",
         PRUNE_AFTER_ENV,
+        decimal_number,
+        0.0,
+        31_536_000.0,
+        "a number of seconds (0: never)",
+    ),
+    (
+        "dev_lane_idle_after_s",
+        DEV_LANE_IDLE_AFTER_ENV,
         decimal_number,
         0.0,
         31_536_000.0,

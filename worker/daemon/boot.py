@@ -163,8 +163,11 @@ async def open_database(settings: Settings) -> Database:
 async def install_and_register(db: Database, store: Store, settings: Settings) -> LaneState:
     """Install or upgrade both schemas, make the lane's queue, register the lane as claiming.
 
-    Registration never un-retires a lane: a retired lane boots draining while runs
-    only this release may run remain, and refuses (``LaneDrainedError``) once drained.
+    Registration never un-retires a release lane: a retired lane boots draining while
+    runs only this release may run remain, and refuses (``LaneDrainedError``) once
+    drained. A dev lane (a worktree's: every spelling ``dev`` or ``dev-...``) is no
+    deploy: retired or pruned (by hand, or by maintenance once idle), its worker
+    booting again makes it claim again, its engine queue made again if it was dropped.
     """
     s = settings
     await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
@@ -174,6 +177,15 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     await db.run(lambda c: engine.watch_queue(c, s.queue))
     status = await db.run(lambda c: store.lanes.register(c, queue=s.queue, release_id=s.release_id))
     if status != LaneStatus.RETIRED:
+        return LaneState.CLAIMING
+    if await db.run(lambda c: store.lanes.activate_dev(c, queue=s.queue)):
+        # A prune may have dropped the queue between ensure_queue and the activation
+        # (it holds only while the lane is retired): make it again, now that it claims.
+        await db.run(
+            lambda c: engine.ensure_queue(c, s.queue, record=store.lanes.record_created_queue)
+        )
+        await db.run(lambda c: engine.watch_queue(c, s.queue))
+        log.info("lane.dev_activated", queue=s.queue, release_id=s.release_id)
         return LaneState.CLAIMING
     # Draining: its workers may boot (an orchestrator restarts a crashed machine
     # mid-drain) and finish what only they may run. Drained: no.

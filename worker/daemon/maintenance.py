@@ -96,12 +96,16 @@ async def maintain(
     metrics: Metrics | None = None,
     rotation: Rotation | None = None,
     prune_after_s: float = 0.0,
+    dev_idle_after_s: float = 0.0,
 ) -> bool:
     """Run one pass; return False when another worker was cleaning (nothing done).
 
     ``prune_after_s`` (``LANE_WORKER_PRUNE_AFTER``; 0: never): retired lanes with
     nothing unfinished, retired at least that long ago, are pruned as ``lanes
     prune`` prunes them, at most ``PRUNE_CHECKS_PER_PASS`` looked at a pass.
+    ``dev_idle_after_s`` (``LANE_WORKER_DEV_LANE_IDLE_AFTER``; 0: never): dev lanes
+    (a worktree's) with no live worker for that long and no open run are retired
+    first (``retire_idle_dev_lanes``), so the prune takes them in turn.
     """
     rotation = rotation if rotation is not None else Rotation()
 
@@ -135,6 +139,11 @@ async def maintain(
     closed = await db.run(lambda c: store.attempts.close_abandoned(c, limit=ATTEMPT_SWEEP_BATCH))
     if closed:
         log.info("maintenance.attempts_closed", worker_id=worker_id, attempts=len(closed))
+    retired = (
+        await retire_idle_dev_lanes(db, store, rotation, dev_idle_after_s, worker_id)
+        if dev_idle_after_s
+        else 0
+    )
     pruned = await _prune(db, store, rotation, prune_after_s, worker_id) if prune_after_s else 0
     # What this pass covered: with more queues than a pass takes, the rest come next.
     log.info(
@@ -145,6 +154,7 @@ async def maintain(
         cleaned=cleaned,
         lanes=len(registry),
         reconciled=len(chosen),
+        dev_retired=retired,
         pruned=pruned,
     )
     return True
@@ -173,6 +183,51 @@ async def _prune(
     for queue in pruned:
         log.info("lane.pruned", worker_id=worker_id, queue=queue, after_s=prune_after_s)
     return len(pruned)
+
+
+async def retire_idle_dev_lanes(
+    db: Database, store: Store, rotation: Rotation, idle_after_s: float, worker_id: str
+) -> int:
+    """Retire this pass's share of the dev lanes idle over ``idle_after_s``; return how many.
+
+    A worktree deleted leaves its lane claiming with no worker for ever. Only a lane
+    every spelling of which is a dev one (never a release's), with no live worker
+    seen for that long, no open run or pending sandbox cleanup, on a queue no other
+    system uses (the TypeScript app's shares the dev queue names): each re-checked
+    under the lane row's lock. One with open runs stays (``lanes`` shows it idle).
+    Its worker booting again activates it (boot: ``activate_dev``).
+    """
+    rows = await db.run(lambda c: store.lanes.idle_dev(c, idle_after_s=idle_after_s))
+    lanes = {r.queue: r for r in rows if not r.busy}
+    picked = rotation.take("dev-retire", list(lanes), PRUNE_CHECKS_PER_PASS)
+    if not picked:
+        return 0
+
+    async def nothing() -> None:
+        return None  # the daemon checked the schemas at boot
+
+    pruning = LanePruning(db, store, check_schemas=nothing)
+    retired = 0
+    for queue in picked:
+        if await pruning.another_systems(queue):
+            continue
+        if not await db.run(
+            lambda c, q=queue: store.lanes.retire_idle_dev(  # type: ignore[misc]
+                c, queue=q, idle_after_s=idle_after_s
+            )
+        ):
+            continue  # a worker came back, or a run arrived, meanwhile
+        retired += 1
+        log.info(
+            "lane.dev_retired",
+            worker_id=worker_id,
+            queue=queue,
+            release_id=lanes[queue].release_id,
+            last_seen=lanes[queue].last_seen.isoformat(),
+            idle_after_s=idle_after_s,
+        )
+    rotation.done("dev-retire", picked[-1])
+    return retired
 
 
 async def _clean(conn: Connection, store: Store, queues: list[str]) -> list[tuple[str, str]] | None:

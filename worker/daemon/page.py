@@ -17,7 +17,7 @@ from typing import Any
 from worker.daemon.report_cache import PAGE_OPEN_RUNS
 from worker.db.store.rows import OpenRun
 from worker.ops.lane_view import BUCKETS, LaneView
-from worker.ops.lanes_text import shown_blockers
+from worker.ops.lanes_text import idle_dev_line, idle_since, shown_blockers
 from worker.ops.remedies import MAX_LIST, OPEN
 from worker.ops.report import collapsed
 from worker.ops.workers import (
@@ -104,6 +104,13 @@ def _row(view: LaneView) -> str:
         if view.foreign_tasks
         else ""
     )
+    # A worktree's lane with no worker (deleted?): how it goes, or comes back.
+    idle = (
+        f' <span class="note" data-field="idleDev" title="{escape(idle_dev_line(view))}">'
+        f"idle: no worker since {escape(idle_since(view))}</span>"
+        if view.idle_dev
+        else ""
+    )
     # A drained lane's machines are safe to stop: whether they claim says nothing more.
     quiet_status = view.status == "drained"
     if not quiet_status and not view.stranded and view.live_workers and not view.claiming_workers:
@@ -137,7 +144,7 @@ def _row(view: LaneView) -> str:
         f'<td data-field="releaseId">{escape(view.release_id)}{badge}</td>'
         f"<td><code>{escape(view.queue)}</code></td>"
         f'<td><span class="{status}" data-field="status">{status}</span>'
-        f"{pruned}{stranded}{foreign}</td>"
+        f"{pruned}{stranded}{foreign}{idle}</td>"
         f'<td class="n" data-field="liveWorkers">{view.live_workers}</td>'
         f'<td class="n" data-field="machines">{machines}{scaler}</td>'
         f'<td data-field="workers">{"".join(_worker(w) for w in view.workers)}</td>'

@@ -360,6 +360,7 @@ class Supervisor:
                     metrics=self.metrics,
                     rotation=rotation,
                     prune_after_s=self.settings.tuning.prune_after_s,
+                    dev_idle_after_s=self.settings.tuning.dev_lane_idle_after_s,
                 ),
             ):
                 return

@@ -82,6 +82,19 @@ class LaneView:
     open_runs: tuple[OpenRun, ...] = ()
     # Unfinished tasks on its queue that lane-worker did not create (another system's).
     foreign_tasks: int = 0
+    # When a worker of it was last seen (its newest heartbeat, else its registration).
+    last_seen: datetime | None = None
+
+    @property
+    def dev(self) -> bool:
+        """Tell whether it is a dev lane only (a worktree's: every spelling dev / dev-...)."""
+        ids = self.release_ids or (self.release_id,)
+        return all(i.lower() == "dev" or i.lower().startswith("dev-") for i in ids)
+
+    @property
+    def idle_dev(self) -> bool:
+        """Tell whether it is a claiming dev lane with no live worker (a worktree gone?)."""
+        return self.dev and self.status == "claiming" and not self.live_workers
 
     @property
     def claiming_workers(self) -> int:
@@ -171,6 +184,8 @@ class LaneView:
             "drainingSeconds": self.draining_s,
             # Information only: another system's tasks never keep a lane draining.
             "foreignTasks": self.foreign_tasks,
+            "dev": self.dev,
+            "lastSeen": self.last_seen.isoformat() if self.last_seen else None,
             "sandboxCleanup": {
                 "pending": self.cleanups_pending,
                 "failed": len(self.cleanups_failed),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC
 from typing import Any
 
 from worker.ops.lane_view import UNKNOWN_BLOCKER, Blocker, LaneView
@@ -74,7 +75,39 @@ def lanes_table(views: list[LaneView]) -> list[str]:
             lines += [f"{v.release_id}: {line}" for line in _listed(shown_blockers(v), ids=False)]
         if v.foreign_tasks:
             lines.append(f"{v.release_id}: {foreign_line(v)}")
+        if v.idle_dev:
+            lines.append(f"{v.release_id}: {idle_dev_line(v)}")
     return lines
+
+
+def idle_since(view: LaneView) -> str:
+    """When a worker of the lane was last seen, in UTC to the minute (``ever``: never)."""
+    if view.last_seen is None:
+        return "ever"
+    return view.last_seen.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def idle_dev_line(view: LaneView) -> str:
+    """Say that a dev lane has no worker, since when, and how it goes (or comes back)."""
+    since = idle_since(view)
+    start = (
+        "start its worker again (`lane-worker dev` in its worktree)"
+        if view.release_id.lower() == "dev"
+        else f"start its worker again (DEEPLINE_ABSURD_QUEUE_SUFFIX={view.release_id[4:]})"
+    )
+    if view.counts_open:
+        return (
+            f"idle dev lane: no worker since {since}, {view.counts_open} open run(s) wait "
+            f"on it; {start}, or cancel them (`lane-worker cancel RUN_ID`), then "
+            f"`lane-worker lanes retire {view.release_id}` and "
+            "`lane-worker lanes prune --older-than 0`."
+        )
+    return (
+        f"idle dev lane: no worker since {since}; maintenance retires it once idle past "
+        f"LANE_WORKER_DEV_LANE_IDLE_AFTER and prunes it (its worker booting again brings "
+        f"it back), or now: `lane-worker lanes retire {view.release_id}` then "
+        "`lane-worker lanes prune --older-than 0`."
+    )
 
 
 def foreign_line(view: LaneView) -> str:

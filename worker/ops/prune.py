@@ -120,6 +120,11 @@ class LanePruning:
         open_tasks, _ = await self.db.run(lambda c: self.store.lanes.open_tasks(c, queue=queue))
         return open_tasks > 0
 
+    async def another_systems(self, queue: str) -> bool:
+        """Tell whether another system uses the queue: lane-worker has no record of creating
+        it, or it holds a task lane-worker did not create (the TypeScript app's)."""
+        return await self._not_ours(queue) or await self._foreign(queue)
+
     async def _holds_foreign(self, conn: Connection, queue: str) -> bool:
         return await engine.queue_exists(conn, queue) and await self.store.lanes.holds_foreign_task(
             conn, queue=queue

@@ -203,6 +203,7 @@ def _views(
                 else (),
                 **_registry_fields(deployed.get(queue), scaler),
                 as_of=now,
+                last_seen=row.last_seen if row is not None else None,
                 draining_s=_age_s(now, row.retired_at) or 0.0
                 if status == "draining" and row is not None
                 else 0.0,

@@ -77,7 +77,16 @@ export interface SubmittedRun {
    * worker, not the registry's current release): the run waits until one does.
    */
   served: boolean;
-  /** Only when `served` is false: one sentence naming the lane and what would serve it. */
+  /**
+   * False (store migration 0038) when the lane is served but none of its live workers
+   * registers the play: the run is kept and waits for a worker whose app registers it.
+   * Absent otherwise.
+   */
+  playServed?: boolean;
+  /**
+   * When `served` is false: one sentence naming the lane and what would serve it; when
+   * `playServed` is false: one naming the plays the lane's live workers do register.
+   */
   warning?: string;
 }
 

@@ -10,6 +10,7 @@ from worker.db.pool import Connection
 from worker.db.store.base import Queries
 from worker.db.store.rows import (
     ClaimingLane,
+    IdleDevLane,
     LaneRow,
     MaintainedLane,
     PlayOnLane,
@@ -92,6 +93,18 @@ class LaneQueries(Queries):
 
     async def prunable(self, conn: Connection, *, older_than_s: float) -> list[PrunableLane]:
         return await self._rows(conn, PrunableLane, "prunable_lanes", older_than_s)
+
+    async def idle_dev(self, conn: Connection, *, idle_after_s: float) -> list[IdleDevLane]:
+        """Claiming dev lanes with no live worker seen for over ``idle_after_s`` seconds."""
+        return await self._rows(conn, IdleDevLane, "idle_dev_lanes", idle_after_s)
+
+    async def retire_idle_dev(self, conn: Connection, *, queue: str, idle_after_s: float) -> bool:
+        """Retire an idle dev lane, re-checked under its row lock; say whether it was."""
+        return await self._value(conn, "retire_idle_dev_lane", queue, idle_after_s) is not None
+
+    async def activate_dev(self, conn: Connection, *, queue: str) -> bool:
+        """Make a retired dev lane claim again (its worker boots); say whether it was retired."""
+        return await self._value(conn, "activate_dev_lane", queue) is not None
 
     async def open_tasks(self, conn: Connection, *, queue: str) -> tuple[int, int]:
         """Return the queue's unfinished engine tasks, and how many this store did not create."""

@@ -220,6 +220,16 @@ class PrunableLane:
 
 
 @dataclass(frozen=True)
+class IdleDevLane:
+    """A claiming dev lane none of whose workers was live for a while (``idle_dev_lanes``)."""
+
+    queue: str
+    release_id: str
+    last_seen: datetime  # its last heartbeat, else its last registration
+    busy: bool  # an open run or a pending sandbox cleanup: kept, shown idle
+
+
+@dataclass(frozen=True)
 class MaintainedLane:
     """A lane a maintenance pass reconciles."""
 
@@ -242,6 +252,7 @@ class ReportLane:
     workers: list[dict[str, Any]]  # its live workers: {"workerId", "plays"}
     retired_at: datetime | None  # when `lanes retire` marked it (None while it claims)
     release_id: str | None = None  # as deployed (lane_release_id, migration 0030)
+    last_seen: datetime | None = None  # its newest heartbeat, else its last registration
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,71 @@ select l.queue, l.release_ids, l.retired_at,
    -- statement locks every retired lane's task table.
  order by l.retired_at, l.queue;
 
+-- name: idle_dev_lanes
+-- Claiming dev lanes (every release id a worker registered for it is `dev` or
+-- `dev-...`: a worktree's or a preview's, lane_is_dev per spelling, migration 0035;
+-- a queue a release ever registered is never one) none of whose workers was live
+-- for over $1 seconds (its last heartbeat, else its last registration), with
+-- whether it still holds an open run or a pending sandbox cleanup (`busy`: kept,
+-- shown idle). Maintenance retires the others (retire_idle_dev_lane).
+select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id,
+       s.last_seen,
+       exists (select 1 from {schema}.runs r
+                where r.queue = l.queue
+                  and r.status not in ('completed', 'failed', 'cancelled'))
+         or exists (select 1 from {schema}.run_sandboxes x
+                     where x.cleanup_queue = l.queue and x.cleanup = 'pending') as busy
+  from {schema}.releases l
+  cross join lateral (
+    select greatest(l.updated_at, max(w.heartbeat_at)) as last_seen,
+           coalesce(bool_or({schema}.worker_live(w.heartbeat_at, w.stopped_at)), false) as live
+      from {schema}.workers w where w.queue = l.queue) s
+ where l.status = 'claiming'
+   and cardinality(l.release_ids) > 0
+   and not exists (select 1 from unnest(l.release_ids) r
+                    where not {schema}.lane_is_dev(array[r]))
+   and not s.live
+   and s.last_seen < now() - make_interval(secs => $1)
+ order by s.last_seen, l.queue;
+
+-- name: retire_idle_dev_lane
+-- Retire dev lane $1, re-checked under its row lock: still claiming, still a dev
+-- lane only, no live worker, none seen for $2 seconds, no open run, no pending
+-- sandbox cleanup, not a release the registry deploys. `lanes prune`'s rules (and
+-- maintenance's LANE_WORKER_PRUNE_AFTER) take it from there; its worker booting
+-- again activates it (activate_dev_lane).
+update {schema}.releases l
+   set status = 'retired', retired_at = now(), updated_at = now()
+ where l.queue = $1 and l.status = 'claiming'
+   and cardinality(l.release_ids) > 0
+   and not exists (select 1 from unnest(l.release_ids) r
+                    where not {schema}.lane_is_dev(array[r]))
+   and l.updated_at < now() - make_interval(secs => $2)
+   and not exists (select 1 from {schema}.workers w
+                    where w.queue = l.queue
+                      and (w.heartbeat_at >= now() - make_interval(secs => $2)
+                           or {schema}.worker_live(w.heartbeat_at, w.stopped_at)))
+   and not exists (select 1 from {schema}.runs r
+                    where r.queue = l.queue
+                      and r.status not in ('completed', 'failed', 'cancelled'))
+   and not exists (select 1 from {schema}.run_sandboxes x
+                    where x.cleanup_queue = l.queue and x.cleanup = 'pending')
+   and not exists (select 1 from {schema}.deployments d
+                    where d.queue = l.queue and d.role in ('current', 'previous'))
+returning l.queue;
+
+-- name: activate_dev_lane
+-- A worker of dev lane $1 boots: the lane claims again, retired or pruned (by hand
+-- or by maintenance's idle rule), so a worktree that comes back just works. Only a
+-- lane every spelling of which is a dev one: a release lane stays retired.
+update {schema}.releases l
+   set status = 'claiming', retired_at = null, pruned_at = null, updated_at = now()
+ where l.queue = $1 and l.status = 'retired'
+   and cardinality(l.release_ids) > 0
+   and not exists (select 1 from unnest(l.release_ids) r
+                    where not {schema}.lane_is_dev(array[r]))
+returning l.status;
+
 -- name: queue_tasks
 -- The unfinished engine tasks of queue $1, and how many this store did not create.
 select open_tasks, foreign_tasks from {schema}.queue_open_tasks($1);

@@ -33,7 +33,11 @@ select l.queue, l.status, l.release_ids, l.created_at, l.retired_at,
                                   order by w.worker_id)
                    from {schema}.workers w
                   where w.queue = l.queue
-                    and {schema}.worker_live(w.heartbeat_at, w.stopped_at)), '[]'::jsonb) as workers
+                    and {schema}.worker_live(w.heartbeat_at, w.stopped_at)), '[]'::jsonb) as workers,
+       -- When a worker of it was last seen (its newest heartbeat; workers_queue_live_idx),
+       -- else when one last registered it: an idle dev lane says since when.
+       greatest(l.updated_at, (select max(w.heartbeat_at) from {schema}.workers w
+                                where w.queue = l.queue)) as last_seen
   from {schema}.releases l
  order by l.created_at, l.queue;
 
