@@ -137,6 +137,10 @@ async def test_bulk_retry_previews_each_target_and_keeps_to_it(
         )
         status, body, _ = await op.post("/actions/preview", {**asked, "to": A})
         assert targets(body) == {A: 2}, body
+        # A confirmation edited to another target than its preview showed does nothing.
+        edited = {**form(body, "/actions/run"), "to": ""}
+        status, refused, _ = await op.post("/actions/run", edited)
+        assert (status, "another action, filter or target release" in refused) == (409, True)
         status, body, response = await op.post("/actions/run", form(body, "/actions/run"))
         assert status == 303, body
         row = await finished_action(database_url, int(response.headers["Location"][16:]))

@@ -280,8 +280,9 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
     "to_release",
     type=RELEASE_ID,
     metavar="RELEASE",
-    help="Retry on this claiming release (default: the newest claiming release "
-    "with a live worker that registers the play).",
+    help="Retry on this claiming release (default: a dev lane's run on its own dev "
+    "lane; a release's run on the newest claiming release with a live worker that "
+    "registers the play, never a dev lane).",
 )
 @click.option(
     "--completed", is_flag=True, help="Also retry a run that completed (its work runs again)."

@@ -271,7 +271,7 @@ class OperatorPages:
         if groups is not None and count == 0:
             said = page_forms.nothing_to_retry(groups)
             return html(page_forms.refused_page(200, said, bulk.filter.url()))
-        preview = self._previews.keep(session.sid, plans)
+        preview = self._previews.keep(session.sid, bulk, plans)
         csrf = self._auth.csrf(session)
         page = page_forms.confirm_page(bulk, count, as_of, csrf, preview, confirmed, groups)
         return html(page, 409 if confirmed is not None else 200)
@@ -286,11 +286,12 @@ class OperatorPages:
             as_of, seen = parse_as_of(form.get("asOf")), parse_count(form.get("seen"))
         except InvalidRequestError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
-        counted = self._previews.runs(form.get("preview", ""), session.sid)
+        counted = self._previews.runs(form.get("preview", ""), session.sid, bulk)
         if counted is None:
             said = (
                 "this confirmation's preview is gone (kept 15 minutes, and not across a "
-                "restart of the worker): preview the action again."
+                "restart of the worker), or was of another action, filter or target "
+                "release: preview the action again."
             )
             return html(page_forms.refused_page(409, said, bulk.filter.url()), 409)
         schema = self._store.schema_sql

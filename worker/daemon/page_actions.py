@@ -71,26 +71,28 @@ class Previews:
     """
 
     def __init__(self) -> None:
-        self._held: OrderedDict[str, tuple[float, str, Plans]] = OrderedDict()
+        self._held: OrderedDict[str, tuple[float, str, Bulk, Plans]] = OrderedDict()
 
-    def keep(self, sid: str, plans: Plans) -> str:
-        """Remember the runs a preview of session ``sid`` counted, each with what the
-        preview said a retry of it would do (None for other actions); return its id."""
+    def keep(self, sid: str, bulk: Bulk, plans: Plans) -> str:
+        """Remember the runs a preview of ``bulk`` by session ``sid`` counted, each with
+        what it said a retry of the run would do (None for other actions); return its id."""
         now = time.monotonic()
         self._expire(now)
         key = secrets.token_urlsafe(18)
-        self._held[key] = (now, sid, dict(plans))
+        self._held[key] = (now, sid, bulk, dict(plans))
         while len(self._held) > MAX_PREVIEWS:
             self._held.popitem(last=False)
         return key
 
-    def runs(self, key: str, sid: str) -> Plans | None:
-        """The runs preview ``key`` of session ``sid`` counted; None when unknown or expired."""
+    def runs(self, key: str, sid: str, bulk: Bulk) -> Plans | None:
+        """The runs preview ``key`` of session ``sid`` counted for ``bulk``; None when
+        unknown, expired, or previewed for another action, filter or target release
+        (a confirmation does what its preview showed, or nothing)."""
         self._expire(time.monotonic())
         held = self._held.get(key)
-        if held is None or held[1] != sid:
+        if held is None or held[1] != sid or held[2] != bulk:
             return None
-        return held[2]
+        return held[3]
 
     def _expire(self, now: float) -> None:
         while self._held and now - next(iter(self._held.values()))[0] > PREVIEW_TTL_S:

@@ -307,12 +307,16 @@ class Remedies:
 
         async def plan(conn: Connection) -> dict[uuid.UUID, RetryPlan]:
             plans: dict[uuid.UUID, RetryPlan] = {}
+            # A target depends on the play and, for a dev lane's run, its lane: asked
+            # once each, not once for each of up to 10,000 runs.
+            targets: dict[tuple[str, str], RetryPlan] = {}
             for run_id in run_ids:
                 row = await self.store.runs.get(conn, run_id)
                 if row is None:  # runs are never deleted; a wrong id is not retried
                     plans[run_id] = RetryPlan(refused=f"no run {run_id}")
-                else:
-                    plans[run_id] = await plan_retry(self.store, conn, row, to_release)
+                    continue
+                plan = await plan_retry(self.store, conn, row, to_release, targets)
+                plans[run_id] = plan
             return plans
 
         return await self.db.run(plan)

@@ -102,19 +102,31 @@ class RetryPlan:
 
 
 async def plan_retry(
-    store: Store, conn: Connection, old: RunRow, to_release: str | None
+    store: Store,
+    conn: Connection,
+    old: RunRow,
+    to_release: str | None,
+    targets: dict[tuple[str, str], RetryPlan] | None = None,
 ) -> RetryPlan:
     """What ``runs retry`` (with ``--to to_release``) would do to ``old`` now; writes nothing.
 
     Only the target and the already-retried case are judged here; a retry can still
     be refused at the time it is made (an attempt in flight, an unreadable payload).
+    ``targets`` keeps the targets found, by play and (a dev lane's run) lane, for
+    the next run of a preview (``to_release`` is one for all of them).
     """
     if old.retried_by is not None:
         return RetryPlan(retried=True)
     if old.status not in TERMINAL_STATUSES:
         return RetryPlan(refused=f"it is {old.status}: only a run that ended is retried")
+    key = (old.play, old.queue if is_dev(old.release_id) and to_release is None else "")
+    if targets is not None and key in targets:
+        return targets[key]
     try:
         release_id, queue = await retry_target(store, conn, old, to_release)
+        plan = RetryPlan(release_id=release_id, queue=queue)
     except LaneWorkerError as exc:
-        return RetryPlan(refused=str(exc))
-    return RetryPlan(release_id=release_id, queue=queue)
+        plan = RetryPlan(refused=str(exc))
+    if targets is not None:
+        targets[key] = plan
+    return plan
