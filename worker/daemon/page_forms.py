@@ -76,7 +76,7 @@ def confirm_page(
         if confirmed is not None
         else ""
     )
-    again += _retry_groups(groups) if groups is not None else ""
+    targets = _retry_groups(groups) if groups is not None else ""
     fields = {
         **bulk.filter.as_query(),
         "action": bulk.action,
@@ -91,7 +91,7 @@ def confirm_page(
     body = (
         f"<h1>{escape(bulk.action)} {count} run(s)?</h1>{again}"
         f'<p data-field="count" data-count="{count}">{escape(bulk.describe(count))}, '
-        f"created by {escape(when(as_of))}{escape(where)}.</p>"
+        f"created by {escape(when(as_of))}{escape(where)}.</p>{targets}"
         '<p class="note">Only these runs are acted on: runs created after that, or that '
         "enter the filter meanwhile, are left alone. Should any run enter the filter before "
         "you confirm, nothing is done and you are asked again; fewer is fine.</p>"
