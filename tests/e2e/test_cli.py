@@ -161,6 +161,8 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
     """status --json reports exactly the design's fields for a run no worker has claimed."""
     submitted = ok_json(env, "submit", "p", "--input", '{"domain": "example.com"}')
     report = ok_json(env, "status", submitted["runId"])
+    assert isinstance(report["maxAttempts"], int)
+    assert report["maxAttempts"] >= 1
     assert report == {
         "runId": submitted["runId"],
         "play": "p",
@@ -168,7 +170,9 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
         "releaseId": "dev",
         "adoptedReleaseId": None,
         "queue": "runs",
-        "attempts": [],
+        "attempts": 0,  # spent, as `runs` counts them; each worker's take is a claim
+        "maxAttempts": report["maxAttempts"],
+        "claims": [],
         "output": None,
         "error": None,
         "retryOf": None,
@@ -187,10 +191,12 @@ def test_status_text_is_a_readable_summary(env: dict[str, str]) -> None:
         ("status", "queued"),
         ("release", "dev"),
         ("queue", "runs"),
-        ("attempts", "(none yet)"),
+        ("claims", "(none yet)"),
     ]:
         assert any(line.split(None, 1) == [label, value] for line in out.splitlines()), out
     assert "adopted release" in out
+    [spent] = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("attempts")]
+    assert spent.startswith("0 of "), out
 
 
 @pytest.mark.parametrize("run_id", ["9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f", "not-a-uuid"])

@@ -91,7 +91,7 @@ async def test_a_sigkilled_workers_attempt_is_closed_when_the_run_is_taken_over(
         assert (rows[-1]["disposition"], rows[-1]["outcome"]) == ("own", "completed")
         status = await lane_worker_json(database_url, "status", run_id)
         assert status["status"] == "completed"
-        assert [a for a in status["attempts"] if a["outcome"] is None] == [], status["attempts"]
+        assert [a for a in status["claims"] if a["outcome"] is None] == [], status["claims"]
         assert (tmp_path / "two.log").read_text().count("\n") == 2  # K's, then K2's re-run
 
 
@@ -129,4 +129,4 @@ async def test_a_sigkilled_workers_attempt_is_closed_by_maintenance_after_a_canc
         ], [dict(r) for r in rows]
         status = await lane_worker_json(database_url, "status", run_id)
         assert status["status"] == "cancelled"
-        assert [a["outcome"] for a in status["attempts"]] == ["lease_lost"]
+        assert [a["outcome"] for a in status["claims"]] == ["lease_lost"]

@@ -46,7 +46,7 @@ async def listed(database_url: str, *filters: str) -> list[str]:
 
 def attempts(status: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     """Return a status's attempts as (release, disposition, outcome)."""
-    return [(a["releaseId"], a["disposition"], a["outcome"]) for a in status["attempts"]]
+    return [(a["releaseId"], a["disposition"], a["outcome"]) for a in status["claims"]]
 
 
 def steps(status: dict[str, Any]) -> list[tuple[str, str | None]]:

@@ -115,7 +115,7 @@ async def test_open_runs_listed_and_linked_and_each_run_has_a_page(database_url:
         assert finished.text("bucket") == []  # a finished run has no bucket
         assert finished.text("waits for") == []
         assert [row[:2] for row in table_rows(html, "steps")] == [["step:echo", WORKER_A]]
-        assert [row[1:3] for row in table_rows(html, "attempts")] == [["own", "completed"]]
+        assert [row[1:3] for row in table_rows(html, "claims")] == [["own", "completed"]]
         assert f'"release": "{WORKER_A}"' in finished.first("output")
 
         _, html = await get(port, f"/runs/{fresh[0]}")

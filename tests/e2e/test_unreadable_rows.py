@@ -98,7 +98,7 @@ async def test_unreadable_rows_fail_alone_and_every_remedy_works(database_url: s
         reasons = {}
         for run_id, attempts in ((deep, 1), (digits, 1), (waiter, 2)):
             status = await status_of(database_url, run_id)
-            assert len(status["attempts"]) == attempts, status
+            assert len(status["claims"]) == attempts, status
             reasons[run_id] = status["error"]["message"]
         assert "its input cannot be read back" in reasons[deep]
         assert "nested too deeply" in reasons[deep]

@@ -232,8 +232,10 @@ async def test_cancel_settles_once_with_its_fact_and_status_shows_it_without_sec
     assert [f["type"] for f in status["facts"]] == ["run.cancelled"]
     assert set(status) == {
         "runId", "play", "status", "releaseId", "adoptedReleaseId", "queue", "attempts",
+        "attemptCount", "maxAttempts", "claims",  # 0036: attempts spent, and the claims
         "output", "error", "retryOf", "steps", "facts",
     }  # fmt: skip
+    assert (status["attemptCount"], status["claims"], status["attempts"]) == (0, [], [])
     assert TOKEN not in json.dumps(status)
     with pytest.raises(asyncpg.NoDataFoundError, match="no run"):
         await call(conn, "run_status", uuid.uuid4())

@@ -856,7 +856,7 @@ async def test_each_step_names_the_release_and_attempt_that_committed_it(
         }
         for s in status.steps
     ]
-    assert [(a["releaseId"], a["disposition"]) for a in shown["attempts"]] == [
+    assert [(a["releaseId"], a["disposition"]) for a in shown["claims"]] == [
         (A, "own"),
         (A, "own"),
         (B, "adopt"),
@@ -890,7 +890,7 @@ async def test_a_run_adopted_after_a_sleep_shows_its_steps_on_a_and_on_b(
         ("step:second", B),
     ]
     assert ("sleep:nap", B) in steps  # ended by B, which resumed the run after it
-    assert [(a["releaseId"], a["disposition"], a["outcome"]) for a in shown["attempts"]] == [
+    assert [(a["releaseId"], a["disposition"], a["outcome"]) for a in shown["claims"]] == [
         (A, "own", "parked"),
         (B, "adopt", "completed"),
     ]

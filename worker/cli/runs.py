@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -20,10 +19,11 @@ from worker.cli.params import (
 )
 from worker.cli.root import cli
 from worker.client import AttemptView, LaneClient, RunReport
-from worker.errors import counted, printable
+from worker.errors import printable
 from worker.jsonvalue import unreadable_in
 from worker.ops.lanes_text import aligned
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
+from worker.ops.run_view import claims_line
 
 
 @cli.command()
@@ -112,7 +112,7 @@ def runner_result(run_id: str, runner_attempt: int, data: Any, as_json: bool) ->
 @click.argument("run_id")
 @json_option
 def status(run_id: str, as_json: bool) -> None:
-    """Show a run's status, release, queue, attempts and result."""
+    """Show a run's status, release, queue, attempts spent, claims and result."""
     now = with_client(lambda client: client.status(run_id))
     rows = [
         ("run", now.run_id),
@@ -121,9 +121,11 @@ def status(run_id: str, as_json: bool) -> None:
         ("release", now.release_id),
         ("adopted release", now.adopted_release_id or "(none)"),
         ("queue", now.queue),
-        ("attempts", _attempts_line(now.attempts)),
+        # Attempts spent as `runs` and the run page count them; each claim below.
+        ("attempts", _attempts_line(now)),
+        ("claims", claims_line((a.disposition, a.attempt) for a in now.claims)),
     ]
-    for n, a in enumerate(now.attempts, start=1):
+    for n, a in enumerate(now.claims, start=1):
         rows += _claim_rows(a.claim or n, a)
     for step in now.steps:
         by = f"release {step.release_id} (attempt {step.attempt})" if step.release_id else "?"
@@ -199,15 +201,10 @@ def _delivery_line(delivery: dict[str, Any]) -> str:
     return f"delivery pending ({tries} tries so far{f', last: {why}' if why else ''})"
 
 
-def _attempts_line(claims: Sequence[Any]) -> str:
-    """Count the claims that ran the play; a defer or a refusal spends no attempt."""
-    ran = sum(1 for a in claims if a.disposition in ("own", "adopt"))
-    back = len(claims) - ran
-    if not claims:
-        return "(none yet)"
-    return f"{ran}" + (
-        f" (and {counted(back, 'claim')} put back without an attempt)" if back else ""
-    )
+def _attempts_line(now: RunReport) -> str:
+    """The engine attempts the run spent, of its most (a park and its resume are one)."""
+    of = f" of {now.max_attempts}" if now.max_attempts is not None else ""
+    return f"{now.attempt_count}{of}"
 
 
 @cli.group("runs", invoke_without_command=True)
@@ -283,8 +280,9 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
     "to_release",
     type=RELEASE_ID,
     metavar="RELEASE",
-    help="Retry on this claiming release (default: the newest claiming release "
-    "with a live worker that registers the play).",
+    help="Retry on this claiming release (default: a dev lane's run on its own dev "
+    "lane; a release's run on the newest claiming release with a live worker that "
+    "registers the play, never a dev lane).",
 )
 @click.option(
     "--completed", is_flag=True, help="Also retry a run that completed (its work runs again)."

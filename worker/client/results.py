@@ -109,6 +109,8 @@ class RunReport:
     release_id: str
     adopted_release_id: str | None
     queue: str
+    # Every claim of the run (the name is older than `claims`, which reads the same):
+    # an attempt that began or resumed after a park, or a put-back. Not a count.
     attempts: tuple[AttemptView, ...]
     output: Any
     error: Any
@@ -117,6 +119,15 @@ class RunReport:
     steps: tuple[StepView, ...] = ()
     # The ledger facts as run_status gives them (type, when written, delivery).
     ledger: tuple[dict[str, Any], ...] = ()
+    # The engine attempts spent, as max attempts counts them: what `runs` and the run
+    # page say (store migration 0036's attemptCount). A park and its resume are none.
+    attempt_count: int = 0
+    max_attempts: int | None = None
+
+    @property
+    def claims(self) -> tuple[AttemptView, ...]:
+        """Every claim of the run (``attempts``, under the name ``status`` shows)."""
+        return self.attempts
 
     @classmethod
     def from_json(cls, said: dict[str, Any]) -> RunReport:
@@ -141,8 +152,10 @@ class RunReport:
                     machine_id=a.get("machineId"),
                     error=a.get("error"),
                 )
-                for a in said["attempts"]
+                for a in said.get("claims", said["attempts"])
             ),
+            attempt_count=said.get("attemptCount", 0),
+            max_attempts=said.get("maxAttempts"),
             output=said["output"],
             error=said["error"],
             facts=tuple(f["type"] for f in said["facts"]),
@@ -174,7 +187,11 @@ class RunReport:
             "releaseId": self.release_id,
             "adoptedReleaseId": self.adopted_release_id,
             "queue": self.queue,
-            "attempts": [
+            # One meaning everywhere (issue 31): the engine attempts spent, as `runs
+            # --json` says; each time a worker took the run is a claim.
+            "attempts": self.attempt_count,
+            "maxAttempts": self.max_attempts,
+            "claims": [
                 {
                     "attempt": a.attempt,
                     "claim": a.claim,

@@ -22,11 +22,14 @@ from aiohttp import web
 from worker.daemon import deploys_page, page_forms, runs_page
 from worker.daemon.page_actions import (
     Bulk,
+    Plans,
     Previews,
+    RetryGroups,
     Running,
     parse_as_of,
     parse_count,
     perform,
+    to_retry,
 )
 from worker.daemon.page_auth import COOKIE, PageAuth, Session, checked_who
 from worker.db.pool import Connection
@@ -222,7 +225,6 @@ class OperatorPages:
         if refused is not None:
             return refused
         assert session is not None  # _checked refuses a POST without one
-        csrf = self._auth.csrf(session)
         try:
             bulk = Bulk.from_form(form)
         except InvalidRequestError as exc:
@@ -242,25 +244,54 @@ class OperatorPages:
             return html(page_forms.refused_page(200, "no run matches the filter.", back))
         if len(ids) > MAX_BULK:
             return html(page_forms.refused_page(400, runs_page.TOO_MANY, back), 400)
-        preview = self._previews.keep(session.sid, ids)
-        return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview))
+        return await self._ask(bulk, ids, as_of, session)
+
+    async def _plans(self, bulk: Bulk, ids: list[uuid.UUID]) -> Plans:
+        """What a retry of each run would do now (where it goes); None for other actions."""
+        if bulk.action != "retry":
+            return dict.fromkeys(ids)
+        db = await self._reads.page_database()
+        return await Remedies(db, self._store, _no_check).plan_retries(ids, bulk.to)
+
+    async def _ask(
+        self,
+        bulk: Bulk,
+        ids: list[uuid.UUID],
+        as_of: datetime,
+        session: Session,
+        confirmed: int | None = None,
+    ) -> web.Response:
+        """The confirmation of ``ids`` (asked again, 409, when ``confirmed`` is given)."""
+        try:
+            plans = await self._plans(bulk, ids)
+        except Exception as exc:
+            return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
+        groups = RetryGroups.of(plans) if bulk.action == "retry" else None
+        count = groups.count if groups is not None else len(ids)
+        if groups is not None and count == 0:
+            said = page_forms.nothing_to_retry(groups)
+            return html(page_forms.refused_page(200, said, bulk.filter.url()))
+        preview = self._previews.keep(session.sid, bulk, plans)
+        csrf = self._auth.csrf(session)
+        page = page_forms.confirm_page(bulk, count, as_of, csrf, preview, confirmed, groups)
+        return html(page, 409 if confirmed is not None else 200)
 
     async def _act(self, request: web.Request) -> web.StreamResponse:
         form, session, refused = await self._checked(request)
         if refused is not None:
             return refused
         assert session is not None  # _checked refuses a POST without one
-        csrf = self._auth.csrf(session)
         try:
             bulk = Bulk.from_form(form)
             as_of, seen = parse_as_of(form.get("asOf")), parse_count(form.get("seen"))
         except InvalidRequestError as exc:
             return html(page_forms.refused_page(400, str(exc)), 400)
-        counted = self._previews.runs(form.get("preview", ""), session.sid)
+        counted = self._previews.runs(form.get("preview", ""), session.sid, bulk)
         if counted is None:
             said = (
                 "this confirmation's preview is gone (kept 15 minutes, and not across a "
-                "restart of the worker): preview the action again."
+                "restart of the worker), or was of another action, filter or target "
+                "release: preview the action again."
             )
             return html(page_forms.refused_page(409, said, bulk.filter.url()), 409)
         schema = self._store.schema_sql
@@ -268,13 +299,15 @@ class OperatorPages:
             ids = await self._read(lambda c: run_list.matching_ids(c, schema, bulk.filter, as_of))
         except Exception as exc:
             return html(page_forms.refused_page(503, unavailable(exc)[1]), 503)
-        if len(ids) > seen or any(run_id not in counted for run_id in ids):
+        # A retry acts only on the runs its preview said would get a new retry (never
+        # one it counted as retried already, or as not retriable then).
+        acting = to_retry(counted, ids) if bulk.action == "retry" else ids
+        if len(acting) > seen or any(run_id not in counted for run_id in ids):
             # More than confirmed, or a run the preview did not count entered the filter
             # since: ask again, with the runs that match now (only those a new
             # confirmation may act on).
-            preview = self._previews.keep(session.sid, ids)
-            return html(page_forms.confirm_page(bulk, len(ids), as_of, csrf, preview, seen), 409)
-        if not ids:
+            return await self._ask(bulk, ids, as_of, session, seen)
+        if not acting:
             return html(page_forms.refused_page(200, "no run matches the filter any more."))
         store, remote = self._store, request.remote
         db = await self._reads.page_database()
@@ -287,14 +320,15 @@ class OperatorPages:
                 filter=bulk.filter.as_json(),
                 target=bulk.to,
                 count_seen=seen,
-                matched=len(ids),
+                matched=len(acting),
                 worker_id=self._worker_id,
             )
         )
         log.info("page.action", action_id=action_id, action=bulk.action, who=session.who,
-                 runs=len(ids), remote=remote)  # fmt: skip
+                 runs=len(acting), remote=remote)  # fmt: skip
         remedies = Remedies(db, store, _no_check)
-        self._running.start(
-            perform(db, store, remedies, bulk, ids, who=session.who, action_id=action_id)
+        work = perform(
+            db, store, remedies, bulk, acting, who=session.who, action_id=action_id, plans=counted
         )
+        self._running.start(work)
         return web.HTTPSeeOther(f"/actions#action-{action_id}")

@@ -8,7 +8,7 @@ import json
 from datetime import datetime
 from html import escape
 
-from worker.daemon.page_actions import ACTIONS, Bulk
+from worker.daemon.page_actions import ACTIONS, Bulk, RetryGroups
 from worker.daemon.runs_page import shell, when
 from worker.db.store.page import PageAction
 from worker.ops.run_list import MAX_BULK, RunFilter
@@ -41,13 +41,16 @@ def action_form(flt: RunFilter, csrf: str, who: str) -> str:
         '<form method="post" action="/actions/preview" data-field="action">'
         f"{_hidden({**flt.as_query(), 'csrf': csrf})}"
         f'<label>on everything matching: <select name="action">{options}</select></label> '
-        '<label>to release (move) <input name="to" size="14"></label> '
+        "<label>to release (move; retry: optional, else each run's own target) "
+        '<input name="to" size="14"></label> '
         f'<button type="submit">count them first</button></form>'
         f'<form method="post" action="/signout">{_hidden({"csrf": csrf})}'
         f'<span class="note">signed in as <b data-field="who">{escape(who)}</b></span> '
         '<button type="submit">sign out</button></form>'
         f'<p class="note">Retry needs status failed or cancelled, move status queued; at most '
-        f"{MAX_BULK} runs. Each run goes through the CLI's remedy; "
+        f"{MAX_BULK} runs. Each run goes through the CLI's remedy (a retry without a release "
+        "goes where <code>runs retry</code> sends it: a dev lane's run to its own dev lane, "
+        "a release's run to the newest claiming release; the count first says where); "
         '<a href="/actions">the audit trail</a> lists every action.</p></div>'
     )
 
@@ -59,11 +62,13 @@ def confirm_page(
     csrf: str,
     preview: str,
     confirmed: int | None = None,
+    groups: RetryGroups | None = None,
 ) -> str:
     """Ask to confirm ``count`` runs; the form carries the filter, ``asOf``, the count and
     the preview's id (the runs it counted are the only ones a confirmation acts on).
 
     ``confirmed``: the fewer runs a confirmation carried (it is asked again).
+    ``groups``: a retry's targets (where each run's retry goes), and the runs not retried.
     """
     again = (
         f'<p class="refused" data-field="again">Nothing done: {count} runs match now, you '
@@ -71,6 +76,7 @@ def confirm_page(
         if confirmed is not None
         else ""
     )
+    targets = _retry_groups(groups) if groups is not None else ""
     fields = {
         **bulk.filter.as_query(),
         "action": bulk.action,
@@ -80,19 +86,63 @@ def confirm_page(
         "csrf": csrf,
         **({"to": bulk.to} if bulk.to else {}),
     }
+    where = f": {groups.describe()}" if groups is not None else ""
+    button = f"{bulk.action} {count} run(s){where}"
     body = (
         f"<h1>{escape(bulk.action)} {count} run(s)?</h1>{again}"
         f'<p data-field="count" data-count="{count}">{escape(bulk.describe(count))}, '
-        f"created by {escape(when(as_of))}.</p>"
+        f"created by {escape(when(as_of))}{escape(where)}.</p>{targets}"
         '<p class="note">Only these runs are acted on: runs created after that, or that '
         "enter the filter meanwhile, are left alone. Should any run enter the filter before "
         "you confirm, nothing is done and you are asked again; fewer is fine.</p>"
         f'<form method="post" action="/actions/run" data-field="confirm">{_hidden(fields)}'
-        f'<button type="submit">yes, {escape(bulk.action)} {count} run(s)</button></form>'
+        f'<button type="submit">yes, {escape(button)}</button></form>'
         f'<p><a href="{escape(bulk.filter.url())}" data-field="back">no, back to the list'
         "</a></p>"
     )
     return shell(f"lane-worker: {bulk.action} {count} runs?", body)
+
+
+def _retry_groups(groups: RetryGroups) -> str:
+    """Where the retries go, per target release, and the matching runs that get none."""
+    items = "".join(
+        f'<li data-field="target" data-release="{escape(release)}" data-queue="{escape(queue)}" '
+        f'data-count="{n}">{n} run(s) -&gt; release <b>{escape(release)}</b> '
+        f'<span class="note">(lane {escape(queue)})</span></li>'
+        for release, queue, n in groups.targets
+    )
+    html = f'<p>Where the retries go:</p><ul data-field="targets">{items}</ul>'
+    if groups.retried:
+        html += (
+            f'<p class="note" data-field="retried" data-count="{groups.retried}">'
+            f"{groups.retried} matching run(s) were retried already: a run is retried once, "
+            "so nothing is submitted for them.</p>"
+        )
+    html += _not_retried(groups)
+    return html + (
+        '<p class="note">Each run is retried only where this page says; should its target '
+        "change before it is retried, it is refused (listed in the audit trail), never sent "
+        "elsewhere.</p>"
+    )
+
+
+def _not_retried(groups: RetryGroups) -> str:
+    if not groups.refused:
+        return ""
+    items = "".join(
+        f'<li data-field="cannot" data-count="{n}">{n} run(s): {escape(why)}</li>'
+        for why, n in groups.refused
+    )
+    return f'<p>Not retried (left as they are):</p><ul data-field="not-retried">{items}</ul>'
+
+
+def nothing_to_retry(groups: RetryGroups) -> str:
+    """The sentence when a retry preview finds no run that would get a new retry."""
+    parts = []
+    if groups.retried:
+        parts.append(f"{groups.retried} matching run(s) were retried already")
+    parts += [f"{n} run(s) cannot be retried: {why}" for why, n in groups.refused[:3]]
+    return "nothing to retry: " + "; ".join(parts or ["no run would get a new retry"]) + "."
 
 
 def refused_page(status: int, sentence: str, back: str = "/runs") -> str:

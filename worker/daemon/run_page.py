@@ -21,7 +21,7 @@ import anyio
 from worker import checkpoint
 from worker.daemon.page import REFRESH_S, STYLE, age, bucket_html
 from worker.jsonvalue import unreadable_in
-from worker.ops.run_view import RunView
+from worker.ops.run_view import RunView, claims_line
 
 # Output and error are cut to this many characters (the CLI prints them whole).
 VALUE_CHARS = 2000
@@ -156,6 +156,7 @@ def _page(title: str, body: str, status_note: str = "") -> str:
 def render_run(view: RunView) -> str:
     """Return the whole run page."""
     said, row = view.status, view.row
+    claims = said["claims"]  # each time a worker took the run; "attempts" counts spent ones
     run_id = str(said["runId"])
     facts: list[tuple[str, str]] = [
         ("status", escape(str(said["status"]))),
@@ -164,6 +165,7 @@ def render_run(view: RunView) -> str:
         ("adopted by release", escape(str(said["adoptedReleaseId"] or "(none)"))),
         ("queue", f"<code>{escape(str(said['queue']))}</code>"),
         ("attempts", f"{row.attempts} of {row.max_attempts}"),
+        ("claims", escape(claims_line((a["disposition"], a["attempt"]) for a in claims))),
         ("created", f"{_when(row.created_at)} ({age(_seconds(row.as_of, row.created_at))} ago)"),
         ("updated", _when(row.updated_at)),
     ]
@@ -206,9 +208,9 @@ def render_run(view: RunView) -> str:
                 escape(str(a["attempt"])) if a["disposition"] in ("own", "adopt") else "",
                 _claim_error(a.get("error")),
             )
-            for n, a in enumerate(said["attempts"], start=1)
+            for n, a in enumerate(claims, start=1)
         ],
-        "attempts",
+        "claims",
     )  # fmt: skip
     steps = _table(
         ("checkpoint", "committed by release", "attempt", "worker", "when"),
@@ -236,7 +238,7 @@ def render_run(view: RunView) -> str:
     body = (
         f"<h1>run <code>{escape(run_id)}</code></h1>{act}"
         f'<table data-field="run"><tbody>{rows}</tbody></table>'
-        f"<h2>attempts</h2>{attempts}<h2>steps and waits (checkpoints)</h2>{steps}"
+        f"<h2>claims</h2>{attempts}<h2>steps and waits (checkpoints)</h2>{steps}"
         f"<h2>ledger facts</h2>{ledger}"
     )
     note = f' &middot; as of <span data-field="asOf">{escape(_when(row.as_of))}</span>'

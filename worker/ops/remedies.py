@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 from worker import lanes
 from worker.db import engine
 from worker.db.store import Store
-from worker.db.store.rows import LaneRow, RunRow
+from worker.db.store.rows import RunRow
 from worker.errors import (
     InvalidRequestError,
-    NoClaimingLaneError,
     RetryRefusedError,
     RunNotFoundError,
     RunStillOpenError,
@@ -30,6 +29,7 @@ from worker.jsonvalue import unreadable_in
 from worker.ops.remedy_results import MoveReport as MoveReport  # what the remedies return
 from worker.ops.remedy_results import RetriedRun as RetriedRun
 from worker.ops.remedy_results import RunSummary as RunSummary
+from worker.ops.retry_target import RetryPlan, cannot_run, plan_retry, retry_target
 from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -51,12 +51,6 @@ async def spawn_run_task(
 ) -> uuid.UUID:
     """Spawn the engine task of a run row written in this transaction; wake its lane."""
     return await store.runs.spawn_task(conn, run_id=run_id, queue=queue, max_attempts=max_attempts)
-
-
-def _is_dev(release_id: str) -> bool:
-    """Tell whether a release id names a dev lane (``dev`` or ``dev-<suffix>``)."""
-    trimmed = (release_id or "").strip()
-    return trimmed == lanes.DEV_RELEASE_ID or trimmed.startswith(lanes.DEV_RELEASE_PREFIX)
 
 
 def parse_run_id(run_id: str) -> uuid.UUID:
@@ -155,14 +149,18 @@ class Remedies:
         to_release: str | None = None,
         completed: bool = False,
         drop_unreadable_signals: bool = False,
+        expect_queue: str | None = None,
     ) -> RetriedRun:
         """Submit a new run with the ended run's play and input, on a lane that can run it.
 
-        The target is ``to_release``'s lane, or else the newest claiming lane with a
-        live worker that registers the play (a dev lane only for a run of a dev
-        lane). The new run's ``retryOf`` names the old one, and it receives the
-        events the old one had received. A run is retried at most once: a second
-        call returns the first retry (``created`` false), whoever made it.
+        The target is ``to_release``'s lane; else, for a run of a dev lane, that
+        dev lane alone; else the newest claiming release lane (never a dev lane)
+        with a live worker that registers the play (``retry_target.py``). With
+        ``expect_queue`` (the page's preview) a retry that would now go to another
+        lane is refused (``RetryRefusedError``), never sent there. The new run's
+        ``retryOf`` names the old one, and it receives the events the old one had
+        received. A run is retried at most once: a second call returns the first
+        retry (``created`` false), whoever made it.
         Refused (``RunStillOpenError``) while the run has not ended, or while an
         attempt of it may still be executing; a completed run only with
         ``completed=True`` (``RetryRefusedError``): its work would run again.
@@ -204,7 +202,14 @@ class Remedies:
                     "with an input lane-worker can read."
                 )
             dropped = await self._unreadable_signals(conn, old, drop=drop_unreadable_signals)
-            release_id, queue = await self._retry_target(conn, old, to_release)
+            release_id, queue = await retry_target(self.store, conn, old, to_release)
+            if expect_queue is not None and queue != expect_queue:
+                # The page's preview said where this retry goes: never somewhere else.
+                raise RetryRefusedError(
+                    f"run {old.run_id} was not retried: its retry would now go to lane "
+                    f"{queue} (release {release_id}), not {expect_queue} as the preview "
+                    "said; preview the action again."
+                )
             launch = {
                 **(old.launch or {}),
                 "absurdReleaseId": release_id,
@@ -294,41 +299,27 @@ class Remedies:
         """
         return await self.store.attempts.on_live_worker(conn, run_id=run.run_id)
 
-    async def _retry_target(
-        self, conn: Connection, old: RunRow, to_release: str | None
-    ) -> tuple[str, str]:
-        play = old.play
-        if to_release is not None:
-            queue = lanes.queue_name_for_release(to_release)
-            lane = await self.store.lanes.row(conn, queue=queue)
-            why = await self._cannot_run(conn, lane, queue, play)
-            if why:
-                raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
-            assert lane is not None
-            return lane.release_id or to_release.strip(), queue
-        dev_run = _is_dev(old.release_id)
-        for claiming in await self.store.lanes.claiming_for_play(conn, play=play):
-            if dev_run or not _is_dev(claiming.release_id):
-                return claiming.release_id, claiming.queue
-        raise NoClaimingLaneError(
-            f"no claiming release has a live worker that registers play {play!r}, so nothing "
-            "would run the retry; start one, or name a release with --to."
-        )
+    async def plan_retries(
+        self, run_ids: list[uuid.UUID], to_release: str | None
+    ) -> dict[uuid.UUID, RetryPlan]:
+        """What retrying each run would do now (the page's preview); writes nothing."""
+        await self.check_schemas()
 
-    async def _cannot_run(
-        self, conn: Connection, lane: LaneRow | None, queue: str, play: str
-    ) -> str:
-        """Say why runs of ``play`` put on lane ``queue`` would not run there, or ''."""
-        if lane is None or lane.status != "claiming":
-            state = "not a registered lane" if lane is None else "retired"
-            return f"lane {queue} is {state}; runs go only to a lane that claims new runs"
-        plays = await self.store.lanes.live_plays(conn, queue=queue)
-        if play not in plays:
-            return (
-                f"no live worker of lane {queue} registers play {play!r} (its live workers "
-                f"register: {', '.join(sorted(plays)) or 'none'})"
-            )
-        return ""
+        async def plan(conn: Connection) -> dict[uuid.UUID, RetryPlan]:
+            plans: dict[uuid.UUID, RetryPlan] = {}
+            # A target depends on the play and, for a dev lane's run, its lane: asked
+            # once each, not once for each of up to 10,000 runs.
+            targets: dict[tuple[str, str], RetryPlan] = {}
+            for run_id in run_ids:
+                row = await self.store.runs.get(conn, run_id)
+                if row is None:  # runs are never deleted; a wrong id is not retried
+                    plans[run_id] = RetryPlan(refused=f"no run {run_id}")
+                    continue
+                plan = await plan_retry(self.store, conn, row, to_release, targets)
+                plans[run_id] = plan
+            return plans
+
+        return await self.db.run(plan)
 
     async def cancel_run(
         self, run_id: str, *, reason: str | None = None, source: str = "client"
@@ -439,7 +430,7 @@ class Remedies:
                 "(lane-worker runs fail / runs retry)"
             )
         lane = await self.store.lanes.row(conn, queue=to_queue)
-        why = await self._cannot_run(conn, lane, to_queue, run.play)
+        why = await cannot_run(self.store, conn, lane, to_queue, run.play)
         if why:
             return why
         if run.task_id is not None:

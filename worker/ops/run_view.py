@@ -1,6 +1,7 @@
 """One run as the run page (``/runs/<runId>`` on the health port) shows it.
 
-The store's ``run_status`` (what ``lane-worker status --json`` prints: attempts,
+The store's ``run_status`` (what ``lane-worker status --json`` prints: attempts
+spent, claims,
 steps with the release that committed each, ledger facts) plus what only the
 page shows: the wait the run is parked in, its drain-report bucket while it is
 open, and its clock. Both are read in one snapshot.
@@ -9,6 +10,7 @@ open, and its clock. Both are read in one snapshot.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,3 +34,30 @@ async def read_run(conn: Connection, store: Store, run_id: uuid.UUID) -> RunView
         if row is None:
             return None
         return RunView(status=await store.api.status(conn, run_id=run_id), row=row)
+
+
+def claims_line(claims: Iterable[tuple[str, int]]) -> str:
+    """Say what a run's claims were, given each one's (disposition, engine attempt).
+
+    ``status`` and the run page both show it under "claims", beside "attempts" (the
+    engine attempts spent, as max attempts counts them): a claim that resumed an
+    engine attempt already begun (after a park) spends none, nor does a put-back.
+    """
+    began: set[int] = set()
+    resumed = back = 0
+    for disposition, attempt in claims:
+        if disposition not in ("own", "adopt"):
+            back += 1
+        elif attempt in began:
+            resumed += 1
+        else:
+            began.add(attempt)
+    total = len(began) + resumed + back
+    if not total:
+        return "(none yet)"
+    parts = [f"{len(began)} began an attempt"]
+    if resumed:
+        parts.append(f"{resumed} resumed after a park")
+    if back:
+        parts.append(f"{back} put back without running it")
+    return f"{total} ({', '.join(parts)})"

@@ -186,6 +186,14 @@ export interface RunReport {
   /** The release whose worker adopted the run after a deploy, else null. */
   adoptedReleaseId: string | null;
   queue: string;
+  /** The engine attempts the run spent, as maxAttempts counts them (store migration 0036;
+   * absent before it). A park and its resume are not attempts. */
+  attemptCount?: number;
+  maxAttempts?: number;
+  /** Each time a worker took the run: an attempt that began or resumed, or a put-back
+   * (store migration 0036; absent before it). */
+  claims?: AttemptReport[];
+  /** The claims under their old name (older builds read it): not a count of attempts. */
   attempts: AttemptReport[];
   /** What the play returned (a completed run), else null. */
   output: JsonValue;

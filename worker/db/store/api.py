@@ -151,10 +151,14 @@ class ApiQueries(Queries):
             facts.append(fact)
         result["facts"] = facts
         # Numbered once each (`attempt` is the engine's: a defer or a resumed
-        # park repeats it), with the claim's error or put-back reason.
-        attempts = zip(result["attempts"], row["claims"], row["attempt_errors"], strict=True)
-        for n, (attempt, claim, error) in enumerate(attempts, start=1):
+        # park repeats it), with the claim's error or put-back reason. The claims
+        # are `claims` since 0036; `attempts` is the same list under its old name.
+        claims = result.get("claims", result["attempts"])
+        for n, (attempt, claim, error) in enumerate(
+            zip(claims, row["claims"], row["attempt_errors"], strict=True), start=1
+        ):
             attempt.update(claim=n, **claim, error=error)
+        result["claims"] = result["attempts"] = claims
         result["steps"] = sorted(
             [*result["steps"], *row["sleeps"]],
             key=lambda s: datetime.fromisoformat(s["committedAt"]),
