@@ -8,6 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from worker import lanes
 from worker.cli.bulk import read_submits, submit_from
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure
@@ -16,6 +17,7 @@ from worker.cli.params import (
     IDEMPOTENCY_KEY,
     INPUT,
     PLAY,
+    RELEASE_ID,
     RUNTIME_API,
     SUFFIX,
     Seconds,
@@ -25,6 +27,7 @@ from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport, SubmittedRun
 from worker.config import settings
 from worker.errors import printable
+from worker.limits import MAX_ATTEMPTS
 
 
 @cli.command()
@@ -55,6 +58,20 @@ from worker.errors import printable
 )
 @click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
 @click.option(
+    "--release",
+    "release_id",
+    type=RELEASE_ID,
+    metavar="RELEASE",
+    help="Submit to this release's lane instead of this process's "
+    "(DEEPLINE_RUNTIME_DEPLOY_VERSION's); not with --queue-suffix.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, MAX_ATTEMPTS),
+    metavar="N",
+    help=f"This run's attempts, 1..{MAX_ATTEMPTS} (default LANE_WORKER_MAX_ATTEMPTS, 5).",
+)
+@click.option(
     "--runtime-api",
     type=RUNTIME_API,
     metavar="@FILE|-",
@@ -82,6 +99,8 @@ def submit(
     input_: Any,
     idempotency_key: str | None,
     queue_suffix: str | None,
+    release_id: str | None,
+    max_attempts: int | None,
     runtime_api: dict[str, Any] | None,
     wait: bool,
     timeout: float,
@@ -96,6 +115,8 @@ def submit(
                 ("--input", input_),
                 ("--idempotency-key", idempotency_key),
                 ("--queue-suffix", queue_suffix),
+                ("--release", release_id),
+                ("--max-attempts", max_attempts),
                 ("--runtime-api", runtime_api),
                 ("--wait", wait or None),
             )
@@ -110,6 +131,8 @@ def submit(
         return
     if play is None:
         raise click.UsageError("Missing argument 'PLAY' (or --from FILE).")
+    if release_id is not None and queue_suffix is not None:
+        raise click.UsageError("--release and --queue-suffix each name the lane: pass one.")
     if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
         raise click.UsageError("--timeout only applies together with --wait.")
 
@@ -120,13 +143,21 @@ def submit(
             idempotency_key=idempotency_key,
             queue_suffix=queue_suffix,
             runtime_api=runtime_api,
+            release_id=release_id,
+            max_attempts=max_attempts,
         )
         if not as_json:
             click.echo(run.run_id)  # before waiting, so an operator can follow the run
             warn_unserved([run])
         return run.as_json(), (await client.wait(run.run_id, timeout) if wait else None)
 
-    check = (settings.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
+    # Only the variables this submit reads: an explicit lane or budget stands for its own.
+    check = tuple(
+        name
+        for name in SUBMIT_VARIABLES
+        if (name != lanes.RELEASE_ID_ENV or (queue_suffix is None and release_id is None))
+        and (name != settings.MAX_ATTEMPTS_ENV or max_attempts is None)
+    )
     report, final = with_client(action, check=check)
     if final is None:
         if as_json:

@@ -45,6 +45,7 @@ from worker.errors import UnknownLaneError as UnknownLaneError
 from worker.limits import (
     checked_input,
     checked_key,
+    checked_max_attempts,
     checked_payload,
     checked_play,
     checked_runtime_api,
@@ -249,11 +250,16 @@ class LaneClient(OperatorCalls):
         idempotency_key: str | None = None,
         queue_suffix: str | None = None,
         runtime_api: Mapping[str, Any] | None = None,
+        release_id: str | None = None,
+        max_attempts: int | None = None,
     ) -> SubmittedRun:
         """Submit a run of ``play`` on this process's release lane (or a preview suffix's).
 
         One call of the store's ``submit_run`` (the app's SQL API). ``runtime_api``:
         where the run's ledger facts are delivered (``baseUrl``, ``executorToken``, ...).
+        ``release_id``: that release's lane instead (``p_release_id``; not with a
+        suffix); ``max_attempts``: this run's attempt budget, 1..1000 (``p_max_attempts``;
+        default ``LANE_WORKER_MAX_ATTEMPTS``).
         Raises ``InvalidRequestError`` for an input that is not a JSON object of at
         most 1 MiB, a blank or over-long play or key, a suffix that names no queue or
         an unusable runtime API context; ``IdempotencyConflict`` when the key already
@@ -265,7 +271,13 @@ class LaneClient(OperatorCalls):
         api = checked_runtime_api(
             dict(runtime_api) if isinstance(runtime_api, Mapping) else runtime_api
         )
-        release_id = self._submit_release(queue_suffix)
+        attempts = checked_max_attempts(max_attempts)
+        if release_id is None:
+            release_id = self._submit_release(queue_suffix)
+        else:
+            release_id = self._named_release(release_id, queue_suffix)
+        if attempts is None:
+            self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         await self.ensure_schemas()
 
         async def submit(conn: Connection) -> dict[str, Any]:
@@ -276,7 +288,7 @@ class LaneClient(OperatorCalls):
                 release_id=release_id,
                 idempotency_key=idempotency_key,
                 runtime_api=api,
-                max_attempts=self._max_attempts,
+                max_attempts=self._max_attempts if attempts is None else attempts,
             )
 
         try:
@@ -300,6 +312,7 @@ class LaneClient(OperatorCalls):
         items = submit_items(requests, self._submit_release, self._max_attempts)
         if not items:
             return []
+        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         await self.ensure_schemas()
 
         async def submit(conn: Connection) -> list[Any]:
@@ -313,8 +326,8 @@ class LaneClient(OperatorCalls):
 
     def _submit_release(self, queue_suffix: str | None) -> str:
         """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
-        if queue_suffix is None:
-            self._refuse_on(SUBMIT_VARIABLES)
+        if queue_suffix is None:  # LANE_WORKER_MAX_ATTEMPTS is the caller's to check
+            self._refuse_on((lanes.RELEASE_ID_ENV,))
             return lanes.launch_release_id(self._env)
         if not isinstance(queue_suffix, str):
             raise InvalidRequestError(
@@ -327,9 +340,17 @@ class LaneClient(OperatorCalls):
                 "underscore, so it names no queue: pass the preview's suffix, or None for "
                 "this process's lane."
             )
-        release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
-        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
-        return release_id
+        return lanes.release_id_for_suffix(queue_suffix, self._env)
+
+    def _named_release(self, release_id: Any, queue_suffix: str | None) -> str:
+        """``release_id`` as given, checked by the lane rules (never beside a suffix)."""
+        if queue_suffix is not None:
+            raise InvalidRequestError("pass release_id or queue_suffix, not both.")
+        text = release_id if isinstance(release_id, str) else ""
+        problem = settings.release_id_problem(text) if text else "a release id must be a string"
+        if problem:
+            raise InvalidRequestError(f"release_id {shown(str(release_id))}: {problem}.")
+        return str(release_id).strip()
 
     async def worker_release_id(
         self, queue_suffix: str | None = None, deploy_version: str | None = None
