@@ -14,7 +14,7 @@ import pytest
 
 from support.cli import operator_env, run_cli
 from support.db import fetch
-from worker.client import LaneClient
+from worker.client import LaneClient, SubmitRequest
 from worker.errors import InvalidRequestError
 
 
@@ -134,3 +134,36 @@ async def test_a_full_run_id_is_read_in_any_case_and_spacing(database_url: str) 
     made = ok_json(env, "submit", "p")
     shown = ok_json(env, "status", f" {str(made['runId']).upper()} ")
     assert shown["runId"] == made["runId"]
+
+
+async def test_from_lines_take_release_id_and_max_attempts(database_url: str) -> None:
+    """--from lines name them as submit_runs' items do (releaseId, maxAttempts); a line
+    without them takes the process's, and only then are their variables read."""
+    env = operator_env(database_url, DEEPLINE_RUNTIME_DEPLOY_VERSION="dev")  # unusable
+    lines = (
+        '{"play": "a", "releaseId": "rel-e", "maxAttempts": 4}\n'
+        '{"play": "b", "releaseId": "rel-f", "maxAttempts": 1}\n'
+    )
+    made = run_cli(env, "submit", "--from", "-", "--json", stdin=lines.encode())
+    assert made.returncode == 0, made.stderr
+    runs = json.loads(made.stdout)["runs"]
+    assert [await stored(database_url, r["runId"]) for r in runs] == [
+        ("rel-e", "runs_rel_e", 4),
+        ("rel-f", "runs_rel_f", 1),
+    ]
+    own = run_cli(env, "submit", "--from", "-", stdin=b'{"play": "c", "maxAttempts": 2}\n')
+    assert own.returncode == 78, own.stderr
+    assert "DEEPLINE_RUNTIME_DEPLOY_VERSION" in own.stderr
+
+
+async def test_submit_many_takes_release_id_and_max_attempts(database_url: str) -> None:
+    async with await LaneClient.connect(env=operator_env(database_url)) as client:
+        made = await client.submit_many(
+            [SubmitRequest("p", release_id="rel-g", max_attempts=9), SubmitRequest("q")]
+        )
+        assert [await stored(database_url, m.run_id) for m in made] == [
+            ("rel-g", "runs_rel_g", 9),
+            ("dev", "runs", 5),
+        ]
+        with pytest.raises(InvalidRequestError, match="item 1: max_attempts must be"):
+            await client.submit_many([SubmitRequest("p"), SubmitRequest("p", max_attempts=-1)])

@@ -38,7 +38,7 @@ from worker.limits import MAX_ATTEMPTS
     metavar="FILE|-",
     help="Submit one run per line of FILE (- for stdin), all in one transaction: "
     "each line a JSON object with play, and optionally input, "
-    "idempotencyKey, queueSuffix, runtimeApi. Prints one run id per line "
+    "idempotencyKey, queueSuffix, runtimeApi, releaseId, maxAttempts. Prints one run id per line "
     '(--json: {"runs": [...]}); a bad line is refused by its number and '
     "nothing is submitted.",
 )
@@ -125,7 +125,8 @@ def submit(
         if given:
             raise click.UsageError(
                 f"--from takes every submit from its lines, not from {', '.join(given)}: "
-                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi."
+                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi, "
+                "releaseId, maxAttempts."
             )
         _submit_from(from_file, as_json)
         return
@@ -151,12 +152,8 @@ def submit(
             warn_unserved([run])
         return run.as_json(), (await client.wait(run.run_id, timeout) if wait else None)
 
-    # Only the variables this submit reads: an explicit lane or budget stands for its own.
-    check = tuple(
-        name
-        for name in SUBMIT_VARIABLES
-        if (name != lanes.RELEASE_ID_ENV or (queue_suffix is None and release_id is None))
-        and (name != settings.MAX_ATTEMPTS_ENV or max_attempts is None)
+    check = _read_variables(
+        own_lane=queue_suffix is None and release_id is None, own_attempts=max_attempts is None
     )
     report, final = with_client(action, check=check)
     if final is None:
@@ -181,14 +178,27 @@ def submit(
 
 def _submit_from(source: str, as_json: bool) -> None:
     numbers, requests = read_submits(source)
-    own_lane = any(r.queue_suffix is None for r in requests)
-    check = SUBMIT_VARIABLES if own_lane else (settings.MAX_ATTEMPTS_ENV,)
+    check = _read_variables(
+        own_lane=any(r.queue_suffix is None and r.release_id is None for r in requests),
+        own_attempts=any(r.max_attempts is None for r in requests),
+    )
     made = with_client(lambda client: submit_from(client, source, numbers, requests), check=check)
     if as_json:
         emit(True, {"runs": [run.as_json() for run in made]})
     elif made:
         emit(False, None, *(run.run_id for run in made))
         warn_unserved(made)
+
+
+def _read_variables(*, own_lane: bool, own_attempts: bool) -> tuple[str, ...]:
+    """The variables a submit reads (refused when unusable): an explicit lane or attempt
+    budget stands for its variable, which is then neither read nor checked."""
+    return tuple(
+        name
+        for name in SUBMIT_VARIABLES
+        if (name != lanes.RELEASE_ID_ENV or own_lane)
+        and (name != settings.MAX_ATTEMPTS_ENV or own_attempts)
+    )
 
 
 def warn_unserved(runs: list[SubmittedRun]) -> None:

@@ -25,7 +25,7 @@ import asyncpg
 from worker import lanes
 from worker.client import results
 from worker.client.bulk import SubmitRequest as SubmitRequest  # public API
-from worker.client.bulk import submit_items
+from worker.client.bulk import named_release, submit_items
 from worker.client.operator import OperatorCalls
 from worker.client.results import AttemptView as AttemptView
 from worker.client.results import RunnerReport as RunnerReport
@@ -275,9 +275,8 @@ class LaneClient(OperatorCalls):
         if release_id is None:
             release_id = self._submit_release(queue_suffix)
         else:
-            release_id = self._named_release(release_id, queue_suffix)
-        if attempts is None:
-            self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
+            release_id = named_release(release_id, queue_suffix)
+        attempts = self._own_max_attempts() if attempts is None else attempts
         await self.ensure_schemas()
 
         async def submit(conn: Connection) -> dict[str, Any]:
@@ -288,7 +287,7 @@ class LaneClient(OperatorCalls):
                 release_id=release_id,
                 idempotency_key=idempotency_key,
                 runtime_api=api,
-                max_attempts=self._max_attempts if attempts is None else attempts,
+                max_attempts=attempts,
             )
 
         try:
@@ -309,10 +308,17 @@ class LaneClient(OperatorCalls):
         request whose idempotency key names a run answers that run (``created``
         False); a later request with the key of an earlier one answers the earlier's.
         """
-        items = submit_items(requests, self._submit_release, self._max_attempts)
+        items = submit_items(
+            requests,
+            lambda r: (
+                named_release(r.release_id, r.queue_suffix)
+                if r.release_id is not None
+                else self._submit_release(r.queue_suffix)
+            ),
+            self._own_max_attempts,
+        )
         if not items:
             return []
-        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
         await self.ensure_schemas()
 
         async def submit(conn: Connection) -> list[Any]:
@@ -342,15 +348,10 @@ class LaneClient(OperatorCalls):
             )
         return lanes.release_id_for_suffix(queue_suffix, self._env)
 
-    def _named_release(self, release_id: Any, queue_suffix: str | None) -> str:
-        """``release_id`` as given, checked by the lane rules (never beside a suffix)."""
-        if queue_suffix is not None:
-            raise InvalidRequestError("pass release_id or queue_suffix, not both.")
-        text = release_id if isinstance(release_id, str) else ""
-        problem = settings.release_id_problem(text) if text else "a release id must be a string"
-        if problem:
-            raise InvalidRequestError(f"release_id {shown(str(release_id))}: {problem}.")
-        return str(release_id).strip()
+    def _own_max_attempts(self) -> int | None:
+        """This process's ``LANE_WORKER_MAX_ATTEMPTS`` (read only when a submit needs it)."""
+        self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
+        return self._max_attempts
 
     async def worker_release_id(
         self, queue_suffix: str | None = None, deploy_version: str | None = None
