@@ -127,3 +127,18 @@ def checked_runtime_api(value: Any) -> dict[str, Any] | None:
         # json_problem names the kind of value and where it sits, never the value.
         raise InvalidRequestError(f"the runtime API context is not storable JSON: {problem}.")
     return value
+
+
+MAX_ATTEMPTS = 1000  # the store's submit_run refuses more (migration 0025)
+
+
+def checked_max_attempts(value: Any) -> int | None:
+    """Return a run's attempt budget (None: LANE_WORKER_MAX_ATTEMPTS), or refuse it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidRequestError(
+            f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS} (or None), "
+            f"not {shown(value)}."
+        )
+    return value

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,8 @@ def assert_demo_completed(dev: Dev, queue: str) -> None:
     for play in DEMO_PLAYS:
         completed = [line for line in dev.lines(f"dev: {play} ") if "  completed -> " in line]
         assert len(completed) == 1, f"{play}: {completed}\n{dev.tail()}"
+        # The whole run id, which status, signal and cancel take (never a prefix).
+        uuid.UUID(completed[0].split()[2])
     assert "dev: every demo run completed" in out, dev.tail()
     headers = [line for line in out.splitlines() if line.split()[:2] == ["RELEASE", "QUEUE"]]
     assert len(headers) == 1, dev.tail()

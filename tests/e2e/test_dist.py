@@ -232,9 +232,9 @@ def test_a_git_url_builds_the_same_package(tmp_path: Path) -> None:
     PyPI); the work tree's uncommitted changes are not in it, so it is compared with HEAD.
     """
     head = run(["git", "rev-parse", "HEAD"], REPO, os.environ).stdout.strip()
-    # The README's form is "lane-worker @ git+https://HOST/...@REF"; a file:// URL has no host,
-    # which the requirement parser of .tools' pip (23.2) refuses after a name: a bare URL here.
-    url = f"git+file://{REPO}@{head}"
+    # The README's form for a local checkout: named, with the host localhost, which pip
+    # before 24.1 (.tools' is 23.2) needs after a name (git+file:///path is refused there).
+    url = f"lane-worker[embedded] @ git+file://localhost{REPO}@{head}"
     env = {k: v for k, v in tool_env().items() if not k.startswith("UV_")}
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     pip = str(REPO / ".tools" / "bin" / "pip")
@@ -283,3 +283,66 @@ async def test_a_user_project_runs_its_plays_on_the_installed_wheel(
         daemon.terminate()
         assert await daemon.wait_exit(timeout_s=60) == 0
         assert not daemon.malformed_lines()
+
+
+def quickstart_blocks() -> list[tuple[str, str]]:
+    """Return the README Quickstart's code blocks, (language, text), in order."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Quickstart\n") : text.index("\n## ", text.index("## Quickstart"))]
+    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+
+
+def commands(block: str) -> list[str]:
+    """Return a shell block's commands, without comments and the `# or:` alternatives."""
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+async def test_the_readme_quickstart_runs_as_written(
+    venv: Path, empty_database_url: str, tmp_path: Path
+) -> None:
+    """The Quickstart on a database of one's own: its plays file, migrate, run, the CLI block.
+
+    Its install block is what the venv fixture did (from the wheel rather than a git URL:
+    test_a_git_url_builds_the_same_package shows both build the same package); `dev` is
+    test_dev's. Each command of the submit block runs in bash (set -e) as written.
+    """
+    blocks = quickstart_blocks()
+    (plays,) = [body for lang, body in blocks if lang == "python"]
+    project = tmp_path / "quickstart"
+    (project / "myproj").mkdir(parents=True)
+    (project / "myproj" / "__init__.py").write_text("")
+    (project / "myproj" / "plays.py").write_text(plays)
+    env = user_env(venv, empty_database_url)
+    del env["DEEPLINE_RUNTIME_DEPLOY_VERSION"]  # the Quickstart's worker serves the dev lane
+    shells = [commands(body) for lang, body in blocks if lang == "sh"]
+    (worker_block,) = [c for c in shells if "lane-worker migrate" in c]
+    (submit_block,) = [c for c in shells if any(line.startswith("RUN=") for line in c)]
+    assert worker_block[-2:] == ["lane-worker migrate", "lane-worker run --app myproj.plays:app"]
+    run(["bash", "-ec", worker_block[-2]], project, env)
+
+    daemon_env = {
+        **{k: v for k, v in base_env(empty_database_url, "x").items() if k != "PYTHONPATH"},
+        **env,
+    }
+    del daemon_env["DEEPLINE_RUNTIME_DEPLOY_VERSION"]
+    async with Daemons(empty_database_url) as pool:
+        daemon = pool.start_raw(
+            "quickstart", daemon_env, argv=worker_block[-1].split(), cwd=project
+        )
+        await daemon.ready(timeout_s=60)
+        script = "\n".join([*submit_block, 'echo "RUN=$RUN"'])
+        said = (await run_async(["bash", "-ec", script], project, env)).stdout
+        assert "status: completed" in said, said
+        assert '{"greeting": "hello, ada"}' in said, said
+        run_id = said.split("RUN=")[-1].strip()
+        await daemon.wait_for("run.completed", run_id=run_id)
+        (row,) = await fetch(
+            empty_database_url,
+            "select status, output from runtime_scheduler.runs where run_id = $1::uuid",
+            run_id,
+        )
+        assert row["status"] == "completed"
+        assert row["output"] == {"order": "A-7", "approved": True, "by": "ada"}
+        daemon.terminate()
+        assert await daemon.wait_exit(timeout_s=60) == 0

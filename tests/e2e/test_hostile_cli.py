@@ -322,7 +322,6 @@ def _cases() -> Iterator[Case]:
         ("lanes", ("lanes",)),
         ("lanes-json", ("lanes", "--json")),
         ("status", ("status", some_run)),
-        ("status-not-a-uuid", ("status", "not-a-uuid")),
         ("signal", ("signal", some_run, "approved", "--data", '{"by": "ops"}')),
         ("cancel", ("cancel", some_run)),
         ("retire", ("lanes", "retire", "rel-a")),

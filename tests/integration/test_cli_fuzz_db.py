@@ -257,7 +257,7 @@ def test_each_outcome_of_the_database_commands(fuzz_env: dict[str, str]) -> None
         (["cancel", run], 0),
         (["cancel", run], 0),  # already cancelled: nothing to do
         (["signal", run, "late"], 0),  # the run has ended: ignored
-        (["status", "not-a-uuid"], 1),
+        (["status", "not-a-uuid"], 2),  # not a run id: a usage error
         (["status", str(uuid.UUID(int=1))], 1),
     ]
     for argv, code in steps:

@@ -67,11 +67,17 @@ def test_scrub_leaves_text_without_secrets_alone() -> None:
     assert scrub("plain words", "") == "plain words"
 
 
+RUN = "9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f"
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
         (["submit", "p", "--input", "{"], "is not valid JSON"),
-        (["signal", "r", "k", "--data", "nope"], "is not valid JSON"),
+        (["signal", RUN, "k", "--data", "nope"], "is not valid JSON"),
+        (["signal", "r", "k"], "'r' is not a run id: give the full run id"),
+        (["submit", "p", "--max-attempts", "0"], "0 is not in the range 1<=x<=1000"),
+        (["submit", "p", "--release", "..."], "names no lane"),
         (["submit", " "], "needs a play name"),
         (["submit", "p", "--idempotency-key", " "], "must be a non-blank string"),
         (["submit", "p", "--queue-suffix", "..."], "names no queue"),

@@ -1,10 +1,11 @@
 """``lane-worker submit --from FILE``: one JSON object a line, all submitted in one transaction.
 
 Each line holds ``submit``'s arguments by their JSON names (``play``, ``input``,
-``idempotencyKey``, ``queueSuffix``, ``runtimeApi``), checked as ``submit`` checks its
-command line. A line that is not such an object is refused naming its line number,
-before anything is sent; a line the store refuses is named too, and then nothing
-is written either (``LaneClient.submit_many``: one ``submit_runs`` call).
+``idempotencyKey``, ``queueSuffix``, ``runtimeApi``, ``releaseId``, ``maxAttempts``),
+checked as ``submit`` checks its command line. A line that is not such an object is
+refused naming its line number, before anything is sent; a line the store refuses is
+named too, and then nothing is written either (``LaneClient.submit_many``: one
+``submit_runs`` call).
 """
 
 from __future__ import annotations
@@ -17,9 +18,18 @@ from worker import lanes, limits
 from worker.cli.exits import UsageFailure
 from worker.cli.params import parse_json_text
 from worker.client import LaneClient, SubmitRequest, SubmittedRun
+from worker.config import settings
 from worker.errors import IdempotencyConflict, InvalidRequestError, LaneWorkerError
 
-FIELDS = ("play", "input", "idempotencyKey", "queueSuffix", "runtimeApi")
+FIELDS = (
+    "play",
+    "input",
+    "idempotencyKey",
+    "queueSuffix",
+    "runtimeApi",
+    "releaseId",
+    "maxAttempts",
+)
 _ITEM = re.compile(r"item (\d+): ")
 
 
@@ -55,17 +65,14 @@ def _request(line: bytes) -> SubmitRequest:
         raise ValueError("not UTF-8 text.") from None
     value = parse_json_text(text, "the line")
     if not isinstance(value, dict):
-        raise ValueError(
-            "a submit is a JSON object (play, input, idempotencyKey, queueSuffix, "
-            f"runtimeApi), not {_kind(value)}."
-        )
+        raise ValueError(f"a submit is a JSON object ({', '.join(FIELDS)}), not {_kind(value)}.")
     unknown = [k for k in value if k not in FIELDS]
     if unknown:
         raise ValueError(
             f"a submit has no field {unknown[0]!r}: it takes {', '.join(FIELDS[:-1])} "
             f"and {FIELDS[-1]}."
         )
-    for name in ("play", "idempotencyKey", "queueSuffix"):
+    for name in ("play", "idempotencyKey", "queueSuffix", "releaseId"):
         if value.get(name) is not None and not isinstance(value[name], str):
             raise ValueError(f"{name} must be a JSON string, not {_kind(value[name])}.")
     play = limits.checked_play((value.get("play") or "").strip())
@@ -81,7 +88,24 @@ def _request(line: bytes) -> SubmitRequest:
         raise ValueError(
             f"runtimeApi must be a JSON object (baseUrl, executorToken, ...), not {_kind(api)}."
         )
-    return SubmitRequest(play, limits.checked_input(value.get("input")), key, suffix, api)
+    release = value.get("releaseId")
+    if release is not None:
+        if suffix is not None:
+            raise ValueError("releaseId and queueSuffix each name the lane: give one.")
+        problem = settings.release_id_problem(release)
+        if problem:
+            raise ValueError(f"releaseId: {problem}.")
+        release = release.strip()
+    attempts = value.get("maxAttempts")
+    if attempts is not None and (
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
+        or not 1 <= attempts <= limits.MAX_ATTEMPTS
+    ):
+        raise ValueError(f"maxAttempts must be a whole number from 1 to {limits.MAX_ATTEMPTS}.")
+    return SubmitRequest(
+        play, limits.checked_input(value.get("input")), key, suffix, api, release, attempts
+    )
 
 
 def _kind(value: Any) -> str:

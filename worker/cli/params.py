@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,21 @@ def _release_problem(value: str) -> str | None:
     return f"{problem}." if problem else None
 
 
+def _run_id_problem(value: str) -> str | None:
+    try:
+        uuid.UUID(value.strip())
+    except ValueError:
+        # A short or partial id is not looked up by prefix: say what a run id is and where
+        # the whole one is (the store keys runs by the full UUID only).
+        return (
+            f"{value.strip()!r} is not a run id: give the full run id, a UUID such as "
+            "9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f (submit prints it; `lane-worker runs` "
+            "lists them; the page's /runs shows them); a short or partial id is not "
+            "accepted."
+        )
+    return None
+
+
 def _app_problem(value: str) -> str | None:
     module, _, attr = value.partition(":")
     return None if module.strip() and attr.strip() else f"{value!r} is not MODULE:ATTRIBUTE."
@@ -170,6 +186,7 @@ IDEMPOTENCY_KEY = Checked("key", _key_problem("an idempotency key"), str)
 EVENT_KEY = Checked("event_key", _key_problem("an event key"), str)
 RELEASE_ID = Checked("release_id", _release_problem, str.strip)
 SUFFIX = Checked("suffix", _suffix_problem, str.strip)
+RUN_ID = Checked("run_id", _run_id_problem, lambda v: str(uuid.UUID(v.strip())))
 APP_SPEC = Checked("module:attr", _app_problem, str.strip)
 
 

@@ -37,14 +37,14 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
         return views, scaler, await client.releases.held()
 
     views, scaler, hold = with_client(read)
-    rows = [["release", "status", "workers", "ready", "scaler sees", "image"]]
+    rows = [["release", "status", "workers", "ready", "scaler", "image"]]
     rows += [
         [
             v.release_id,
-            v.status,
-            f"{v.live_workers}/{v.desired}",
+            v.status.split(" (")[0],  # its why is a note under the table
+            f"{v.live_workers}/{_wanted(v)}",
             str(v.ready_workers),
-            _scaler_sees(v.scaler),
+            _scaler_counts(v.scaler),
             v.image,
         ]
         for v in views
@@ -64,7 +64,38 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
     }
     lines = aligned(rows) if views else ["no release deployed yet"]
     held = [] if hold is None else [_hold_line(hold)]
-    emit(as_json, report, *held, *lines, *_machine_lines(views), scaler_line)
+    notes = [_printable(n) for v in views for n in _notes(v, hold is not None)]
+    emit(as_json, report, *held, *lines, *notes, *_machine_lines(views), scaler_line)
+
+
+def _wanted(v: ReleaseView) -> int:
+    """How many machines the release should run now: the scaler's target (0 once it is
+    retired), else its deployed count."""
+    target = (v.scaler or {}).get("target")
+    return target if isinstance(target, int) and not isinstance(target, bool) else v.desired
+
+
+def _printable(line: str) -> str:
+    return line if line.isprintable() else repr(line)
+
+
+def _notes(v: ReleaseView, held: bool) -> list[str]:
+    """What the table's cells leave out: why a superseded release still claims, and the
+    scaler's own words on a release (waiting for ..., a refused boot, an error)."""
+    notes = []
+    if v.role == "previous":
+        why = (
+            "the releases are held, so the scaler retires nothing until `lane-worker "
+            "releases resume`"
+            if held
+            else "until the current release's machines are ready; then the scaler retires it"
+        )
+        notes.append(f"{v.release_id}: superseded, still claiming: {why}")
+    said = v.scaler or {}
+    words = [str(a) for a in said.get("actions") or [] if str(a).startswith("waiting")]
+    words += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
+    notes += [f"{v.release_id}: scaler: {w}" for w in words]
+    return notes
 
 
 def _hold_line(hold: ReleaseHold) -> str:
@@ -91,16 +122,14 @@ def _machine_lines(views: list[ReleaseView]) -> list[str]:
     return lines
 
 
-def _scaler_sees(said: dict[str, Any]) -> str:
-    """The scaler's last word on a release's machines: running, stopping, outdated, unlisted."""
+def _scaler_counts(said: dict[str, Any]) -> str:
+    """The scaler's last count of a release's machines: running, stopping, outdated, unlisted
+    (what it says beside them is a note under the table)."""
     if not said:
         return "-"
     parts = [f"{said.get('running', 0)} running"]
     parts += [f"{said[k]} {k}" for k in ("stopping", "outdated", "unlisted") if said.get(k)]
-    # Why it is not at its count, in the table too (not only in --json).
-    parts += [a for a in said.get("actions") or [] if str(a).startswith("waiting")]
-    parts += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
-    return "; ".join(parts)
+    return ", ".join(parts)
 
 
 @releases_group.command()
@@ -212,21 +241,17 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
     done, reason = state.done, state.reason
     # A rollout that cannot finish (superseded, or nothing to take over with) is
     # said as soon as it is known, not after the timeout.
-    when = "" if state.final else f" after {timeout:g} s"
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [
         f"release {said['releaseId']} is current (queue {said['queue']}, "
         f"{counted(said['desired'], 'machine')}); superseded: {previous}."
     ]
-    if wait:
+    if wait and done:
         ran = (
             "its machines are ready" if said["desired"] else "it runs no machine (deployed with 0)"
         )
-        text.append(
-            f"rolled out: {ran} and what it supersedes is retired."
-            if done
-            else f"not rolled out{when}: {reason}."
-        )
+        text.append(f"rolled out: {ran} and what it supersedes is retired.")
+    # Not rolled out: said once, by the error line below (stderr), not on stdout too.
     emit(as_json, {**said, "rolledOut": done if wait else None, "reason": reason}, *text)
     if not done:
         within = "" if state.final else f" within {timeout:g} s"

@@ -14,6 +14,7 @@ from worker.cli.params import (
     PAYLOAD,
     PLAY,
     RELEASE_ID,
+    RUN_ID,
     TEXT,
     json_option,
 )
@@ -27,7 +28,7 @@ from worker.ops.run_view import claims_line
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.argument("event_key", type=EVENT_KEY)
 @click.option(
     "--data",
@@ -67,7 +68,7 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--reason", type=TEXT, help="Why: recorded in the run's run.cancelled fact.")
 @json_option
 def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
@@ -84,7 +85,7 @@ def cancel(run_id: str, reason: str | None, as_json: bool) -> None:
 
 
 @cli.command("runner-result")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.argument("runner_attempt", type=click.IntRange(min=1), metavar="ATTEMPT")
 @click.option(
     "--data",
@@ -109,7 +110,7 @@ def runner_result(run_id: str, runner_attempt: int, data: Any, as_json: bool) ->
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @json_option
 def status(run_id: str, as_json: bool) -> None:
     """Show a run's status, release, queue, attempts spent, claims and result."""
@@ -263,7 +264,7 @@ def runs_group(
 
 
 @runs_group.command("fail")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option("--reason", type=TEXT, required=True, help="Why: stored as the run's error.")
 @json_option
 def fail_run(run_id: str, reason: str, as_json: bool) -> None:
@@ -274,7 +275,7 @@ def fail_run(run_id: str, reason: str, as_json: bool) -> None:
 
 
 @runs_group.command("retry")
-@click.argument("run_id")
+@click.argument("run_id", type=RUN_ID)
 @click.option(
     "--to",
     "to_release",

@@ -8,6 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from worker import lanes
 from worker.cli.bulk import read_submits, submit_from
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure
@@ -16,6 +17,7 @@ from worker.cli.params import (
     IDEMPOTENCY_KEY,
     INPUT,
     PLAY,
+    RELEASE_ID,
     RUNTIME_API,
     SUFFIX,
     Seconds,
@@ -25,6 +27,7 @@ from worker.cli.root import cli
 from worker.client import SUBMIT_VARIABLES, LaneClient, RunReport, SubmittedRun
 from worker.config import settings
 from worker.errors import printable
+from worker.limits import MAX_ATTEMPTS
 
 
 @cli.command()
@@ -35,7 +38,7 @@ from worker.errors import printable
     metavar="FILE|-",
     help="Submit one run per line of FILE (- for stdin), all in one transaction: "
     "each line a JSON object with play, and optionally input, "
-    "idempotencyKey, queueSuffix, runtimeApi. Prints one run id per line "
+    "idempotencyKey, queueSuffix, runtimeApi, releaseId, maxAttempts. Prints one run id per line "
     '(--json: {"runs": [...]}); a bad line is refused by its number and '
     "nothing is submitted.",
 )
@@ -54,6 +57,20 @@ from worker.errors import printable
     help="At most one run per KEY (at most 255 characters).",
 )
 @click.option("--queue-suffix", type=SUFFIX, help="Submit to this suffix's dev lane instead.")
+@click.option(
+    "--release",
+    "release_id",
+    type=RELEASE_ID,
+    metavar="RELEASE",
+    help="Submit to this release's lane instead of this process's "
+    "(DEEPLINE_RUNTIME_DEPLOY_VERSION's); not with --queue-suffix.",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, MAX_ATTEMPTS),
+    metavar="N",
+    help=f"This run's attempts, 1..{MAX_ATTEMPTS} (default LANE_WORKER_MAX_ATTEMPTS, 5).",
+)
 @click.option(
     "--runtime-api",
     type=RUNTIME_API,
@@ -82,6 +99,8 @@ def submit(
     input_: Any,
     idempotency_key: str | None,
     queue_suffix: str | None,
+    release_id: str | None,
+    max_attempts: int | None,
     runtime_api: dict[str, Any] | None,
     wait: bool,
     timeout: float,
@@ -96,6 +115,8 @@ def submit(
                 ("--input", input_),
                 ("--idempotency-key", idempotency_key),
                 ("--queue-suffix", queue_suffix),
+                ("--release", release_id),
+                ("--max-attempts", max_attempts),
                 ("--runtime-api", runtime_api),
                 ("--wait", wait or None),
             )
@@ -104,12 +125,15 @@ def submit(
         if given:
             raise click.UsageError(
                 f"--from takes every submit from its lines, not from {', '.join(given)}: "
-                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi."
+                "each line holds play, input, idempotencyKey, queueSuffix, runtimeApi, "
+                "releaseId, maxAttempts."
             )
         _submit_from(from_file, as_json)
         return
     if play is None:
         raise click.UsageError("Missing argument 'PLAY' (or --from FILE).")
+    if release_id is not None and queue_suffix is not None:
+        raise click.UsageError("--release and --queue-suffix each name the lane: pass one.")
     if not wait and ctx.get_parameter_source("timeout") is not ParameterSource.DEFAULT:
         raise click.UsageError("--timeout only applies together with --wait.")
 
@@ -120,13 +144,17 @@ def submit(
             idempotency_key=idempotency_key,
             queue_suffix=queue_suffix,
             runtime_api=runtime_api,
+            release_id=release_id,
+            max_attempts=max_attempts,
         )
         if not as_json:
             click.echo(run.run_id)  # before waiting, so an operator can follow the run
             warn_unserved([run])
         return run.as_json(), (await client.wait(run.run_id, timeout) if wait else None)
 
-    check = (settings.MAX_ATTEMPTS_ENV,) if queue_suffix else SUBMIT_VARIABLES
+    check = _read_variables(
+        own_lane=queue_suffix is None and release_id is None, own_attempts=max_attempts is None
+    )
     report, final = with_client(action, check=check)
     if final is None:
         if as_json:
@@ -150,14 +178,27 @@ def submit(
 
 def _submit_from(source: str, as_json: bool) -> None:
     numbers, requests = read_submits(source)
-    own_lane = any(r.queue_suffix is None for r in requests)
-    check = SUBMIT_VARIABLES if own_lane else (settings.MAX_ATTEMPTS_ENV,)
+    check = _read_variables(
+        own_lane=any(r.queue_suffix is None and r.release_id is None for r in requests),
+        own_attempts=any(r.max_attempts is None for r in requests),
+    )
     made = with_client(lambda client: submit_from(client, source, numbers, requests), check=check)
     if as_json:
         emit(True, {"runs": [run.as_json() for run in made]})
     elif made:
         emit(False, None, *(run.run_id for run in made))
         warn_unserved(made)
+
+
+def _read_variables(*, own_lane: bool, own_attempts: bool) -> tuple[str, ...]:
+    """The variables a submit reads (refused when unusable): an explicit lane or attempt
+    budget stands for its variable, which is then neither read nor checked."""
+    return tuple(
+        name
+        for name in SUBMIT_VARIABLES
+        if (name != lanes.RELEASE_ID_ENV or own_lane)
+        and (name != settings.MAX_ATTEMPTS_ENV or own_attempts)
+    )
 
 
 def warn_unserved(runs: list[SubmittedRun]) -> None:

@@ -25,7 +25,7 @@ import asyncpg
 from worker import lanes
 from worker.client import results
 from worker.client.bulk import SubmitRequest as SubmitRequest  # public API
-from worker.client.bulk import submit_items
+from worker.client.bulk import named_release, submit_items
 from worker.client.operator import OperatorCalls
 from worker.client.results import AttemptView as AttemptView
 from worker.client.results import RunnerReport as RunnerReport
@@ -45,6 +45,7 @@ from worker.errors import UnknownLaneError as UnknownLaneError
 from worker.limits import (
     checked_input,
     checked_key,
+    checked_max_attempts,
     checked_payload,
     checked_play,
     checked_runtime_api,
@@ -249,11 +250,16 @@ class LaneClient(OperatorCalls):
         idempotency_key: str | None = None,
         queue_suffix: str | None = None,
         runtime_api: Mapping[str, Any] | None = None,
+        release_id: str | None = None,
+        max_attempts: int | None = None,
     ) -> SubmittedRun:
         """Submit a run of ``play`` on this process's release lane (or a preview suffix's).
 
         One call of the store's ``submit_run`` (the app's SQL API). ``runtime_api``:
         where the run's ledger facts are delivered (``baseUrl``, ``executorToken``, ...).
+        ``release_id``: that release's lane instead (``p_release_id``; not with a
+        suffix); ``max_attempts``: this run's attempt budget, 1..1000 (``p_max_attempts``;
+        default ``LANE_WORKER_MAX_ATTEMPTS``).
         Raises ``InvalidRequestError`` for an input that is not a JSON object of at
         most 1 MiB, a blank or over-long play or key, a suffix that names no queue or
         an unusable runtime API context; ``IdempotencyConflict`` when the key already
@@ -265,7 +271,12 @@ class LaneClient(OperatorCalls):
         api = checked_runtime_api(
             dict(runtime_api) if isinstance(runtime_api, Mapping) else runtime_api
         )
-        release_id = self._submit_release(queue_suffix)
+        attempts = checked_max_attempts(max_attempts)
+        if release_id is None:
+            release_id = self._submit_release(queue_suffix)
+        else:
+            release_id = named_release(release_id, queue_suffix)
+        attempts = self._own_max_attempts() if attempts is None else attempts
         await self.ensure_schemas()
 
         async def submit(conn: Connection) -> dict[str, Any]:
@@ -276,7 +287,7 @@ class LaneClient(OperatorCalls):
                 release_id=release_id,
                 idempotency_key=idempotency_key,
                 runtime_api=api,
-                max_attempts=self._max_attempts,
+                max_attempts=attempts,
             )
 
         try:
@@ -297,7 +308,15 @@ class LaneClient(OperatorCalls):
         request whose idempotency key names a run answers that run (``created``
         False); a later request with the key of an earlier one answers the earlier's.
         """
-        items = submit_items(requests, self._submit_release, self._max_attempts)
+        items = submit_items(
+            requests,
+            lambda r: (
+                named_release(r.release_id, r.queue_suffix)
+                if r.release_id is not None
+                else self._submit_release(r.queue_suffix)
+            ),
+            self._own_max_attempts,
+        )
         if not items:
             return []
         await self.ensure_schemas()
@@ -313,8 +332,8 @@ class LaneClient(OperatorCalls):
 
     def _submit_release(self, queue_suffix: str | None) -> str:
         """The release a submit goes to: this process's, or the preview ``queue_suffix`` names."""
-        if queue_suffix is None:
-            self._refuse_on(SUBMIT_VARIABLES)
+        if queue_suffix is None:  # LANE_WORKER_MAX_ATTEMPTS is the caller's to check
+            self._refuse_on((lanes.RELEASE_ID_ENV,))
             return lanes.launch_release_id(self._env)
         if not isinstance(queue_suffix, str):
             raise InvalidRequestError(
@@ -327,9 +346,12 @@ class LaneClient(OperatorCalls):
                 "underscore, so it names no queue: pass the preview's suffix, or None for "
                 "this process's lane."
             )
-        release_id = lanes.release_id_for_suffix(queue_suffix, self._env)
+        return lanes.release_id_for_suffix(queue_suffix, self._env)
+
+    def _own_max_attempts(self) -> int | None:
+        """This process's ``LANE_WORKER_MAX_ATTEMPTS`` (read only when a submit needs it)."""
         self._refuse_on((settings.MAX_ATTEMPTS_ENV,))
-        return release_id
+        return self._max_attempts
 
     async def worker_release_id(
         self, queue_suffix: str | None = None, deploy_version: str | None = None

@@ -122,7 +122,7 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str], embedded:
                     key, data = demo.DEMO_SIGNALS[play]
                     await client.signal(run_id, key, data)
                     signalled.add(run_id)
-                    click.echo(f"dev: signalled {key!r} to {play} ({run_id[:8]})")
+                    click.echo(f"dev: signalled {key!r} to {play} ({run_id})")
             if all(s.finished for s in statuses) or time.monotonic() > deadline:
                 break
             await anyio.sleep(_WATCH_EVERY_S)
@@ -141,4 +141,4 @@ def _progress_line(play: str, status: RunReport) -> str:
         detail = f" -> {status.output}"
     elif status.status in ("failed", "retrying") and status.error:
         detail = f" ({status.error.get('message')})"
-    return f"dev: {play:<11} {status.run_id[:8]}  {status.status}{detail}"
+    return f"dev: {play:<11} {status.run_id}  {status.status}{detail}"

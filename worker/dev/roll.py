@@ -138,7 +138,7 @@ async def _story(
         greeted = (await on_a.submit("greet", {"name": "roll"})).run_id
         await anyio.sleep(2)
         for run_id in [*naps, waiting]:
-            _say(f"  run {run_id[:8]}: {(await on_a.status(run_id)).status} on {a}")
+            _say(f"  run {run_id}: {(await on_a.status(run_id)).status} on {a}")
 
         _say(f"deploying release {b}: the scaler starts its machine, then retires {a}")
         await client.releases.deploy(b, image=app_spec, machines=1)
@@ -156,7 +156,7 @@ async def _story(
                 if final.adopted_release_id
                 else f"on {final.release_id}"
             )
-            _say(f"  run {run_id[:8]}: {final.status} ({how})")
+            _say(f"  run {run_id}: {final.status} ({how})")
             ok = ok and final.status == "completed"
 
         deadline = time.monotonic() + ROLL_TIMEOUT_S

@@ -28,13 +28,18 @@ from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
 
 
-def actor() -> str:
-    """Who is acting, for the registry's record: user@host (pid)."""
+def actor(*, pid: bool = True) -> str:
+    """Who is acting, for the registry's record: user@host (pid), or user@host alone.
+
+    A hold is a person's, and its CLI process is gone the moment it answers: its pid
+    would only be noise in every line that names the hold.
+    """
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()} (pid {os.getpid()})"
+    who = f"{user}@{socket.gethostname()}"
+    return f"{who} (pid {os.getpid()})" if pid else who
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ class Releases:
         """Hold the registry: the scaler changes no current release until ``resume``, and
         deploys and rollbacks by hand are refused unless forced."""
         await self.check_schemas()
-        who = actor()
+        who = actor(pid=False)
         # A blank reason says nothing: kept as none, not as spaces `releases` would show.
         why = (reason or "").strip() or None
         return await self.db.run(lambda c: self.store.registry.hold(c, actor=who, reason=why))
@@ -113,7 +118,7 @@ class Releases:
     async def resume(self) -> bool:
         """End the hold; False when there was none."""
         await self.check_schemas()
-        who = actor()
+        who = actor(pid=False)
         return await self.db.run(lambda c: self.store.registry.resume(c, actor=who))
 
     async def held(self) -> ReleaseHold | None:
