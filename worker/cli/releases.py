@@ -17,6 +17,7 @@ from worker.db.store.rows import ReleaseHold
 from worker.errors import counted
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import ReleaseView, RolloutState
+from worker.ops.report import SCALER_STALE_S
 
 
 @cli.group("releases", invoke_without_command=True)
@@ -54,6 +55,9 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
         if scaler is None
         else f"scaler: {scaler.holder} ({scaler.backend}), last pass {scaler.age_s:.0f} s ago"
     )
+    if scaler is not None and scaler.age_s >= SCALER_STALE_S:
+        scaler_line += " (none active: the machines it started keep running until one is)"
+
     seen = None
     if scaler is not None:
         seen = {"holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s}
@@ -81,11 +85,14 @@ def _machine_lines(views: list[ReleaseView]) -> list[str]:
     machines each pick a free one) and where its logs are."""
     lines = []
     for v in views:
+        ago = v.scaler.get("lastListedSecondsAgo")
+        # No active scaler: its machines keep running; said as its last listing.
+        when = "" if ago is None else f" (as the scaler last listed it {ago} s ago)"
         for m in v.scaler.get("machines") or []:
             if not isinstance(m, dict):
                 continue
             port = f", health port {m['healthPort']}" if m.get("healthPort") else ""
-            said = f"{m.get('state')}{port}; logs: {m.get('logs')}"
+            said = f"{m.get('state')}{when}{port}; logs: {m.get('logs')}"
             line = f"{v.release_id} machine {m.get('id')}: {said}"
             lines.append(line if line.isprintable() else repr(line))
     return lines
@@ -93,8 +100,8 @@ def _machine_lines(views: list[ReleaseView]) -> list[str]:
 
 def _scaler_sees(said: dict[str, Any]) -> str:
     """The scaler's last word on a release's machines: running, stopping, outdated, unlisted."""
-    if not said:
-        return "-"
+    if not said or "lastListedSecondsAgo" in said:
+        return "-"  # no active scaler: nothing it says now
     parts = [f"{said.get('running', 0)} running"]
     parts += [f"{said[k]} {k}" for k in ("stopping", "outdated", "unlisted") if said.get(k)]
     # Why it is not at its count, in the table too (not only in --json).

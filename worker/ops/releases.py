@@ -158,6 +158,14 @@ class Releases:
         deployments = await self.db.run(self.store.registry.deployments)
         scaler = await self.db.run(self.store.registry.scaler_state)
         said = scaler.releases if scaler is not None and scaler.age_s < SCALER_STALE_S else {}
+        if scaler is not None and not said:
+            # No active scaler: its machines outlive it (by design), so what it last
+            # listed is still shown, marked as its last word (``lastListedSecondsAgo``).
+            said = {
+                rid: {"machines": word["machines"], "lastListedSecondsAgo": round(scaler.age_s)}
+                for rid, word in scaler.releases.items()
+                if isinstance(word, dict) and word.get("machines")
+            }
         # A lane the report leaves out (pruned, or never registered) holds nothing.
         holding = await self._holding_lanes()
         return [

@@ -66,6 +66,14 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Note:
+    """A word on the release for ``releases`` (its scaler actions), not logged."""
+
+    release_id: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Say:
     """Something the pass says: ``event`` is logged (an error with ``error``, else a
     warning) with ``fields``; ``error`` becomes the release's word."""
@@ -104,4 +112,4 @@ class Held:
     release_id: str  # the current release
 
 
-Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Tally | Retire | Held
+Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Note | Tally | Retire | Held

@@ -48,6 +48,7 @@ from worker.scaler.actions import (
     Create,
     Destroy,
     Held,
+    Note,
     Recovered,
     Retire,
     Say,
@@ -265,6 +266,8 @@ class Reconciler:
                 seen.actions.append(wait)
             case Held():
                 seen.actions.append(HELD_WORD)
+            case Note():
+                seen.actions.append(action.text)
             case Backoff():
                 key = (action.release_id, action.image)
                 watch.died[key], watch.not_before[key] = action.died, action.until
