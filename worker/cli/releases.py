@@ -106,6 +106,9 @@ def _scaler_sees(said: dict[str, Any]) -> str:
     parts += [f"{said[k]} {k}" for k in ("stopping", "outdated", "unlisted") if said.get(k)]
     # Why it is not at its count, in the table too (not only in --json).
     parts += [a for a in said.get("actions") or [] if str(a).startswith("waiting")]
+    failed = said.get("bootFailed")
+    if isinstance(failed, dict) and failed.get("inARow"):
+        parts.append(f"boot failing: {failed['inARow']} in a row exited {failed.get('exitCode')}")
     parts += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
     return "; ".join(parts)
 

@@ -47,6 +47,8 @@ class Backoff:
     until: float
     why: str
     current: bool  # on the image the release records (an older image's death is not news)
+    exit_code: int | None = None
+    last_line: str | None = None  # the last line its worker printed
 
 
 @dataclass(frozen=True)

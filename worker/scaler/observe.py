@@ -77,6 +77,27 @@ _NOT_PARKED = tuple(b for b in BUCKETS if b not in PARKED)
 _ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED}
 
 
+@dataclass(frozen=True)
+class BootFailed:
+    """Machines of a release's image that refused to boot in a row, for one deploy."""
+
+    deployed_at: str
+    in_a_row: int
+    exit_code: int
+    machine_id: str
+    logs: str
+    last_line: str | None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "inARow": self.in_a_row,
+            "exitCode": self.exit_code,
+            "machine": self.machine_id,
+            "logs": self.logs,
+            "lastLine": self.last_line,
+        }
+
+
 @dataclass
 class Watch:
     """What the scaler remembers between passes (in memory: a restarted scaler starts
@@ -99,6 +120,10 @@ class Watch:
     died: dict[tuple[str, str], int] = field(default_factory=dict)
     not_before: dict[tuple[str, str], float] = field(default_factory=dict)
     why_died: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Per release and image: the machines in a row whose worker refused its
+    # configuration or its app (exit 78 or 2), with the deploy they count for
+    # (a deploy again starts over) and the last one's word (``BootFailed``).
+    boot_failed: dict[tuple[str, str], BootFailed] = field(default_factory=dict)
     # Machines whose crash was counted (while listed): a dead machine the backend will
     # not remove is one death, not one per listing.
     death_noted: set[str] = field(default_factory=set)
@@ -319,7 +344,8 @@ def _machine(
     if m.state == STOPPING or (m.running and sent is not None and now - sent < STOP_RESEND_S):
         return replace(facts, condition=Condition.STOPPING, stopping_s=_stopping_for(watch, m, now))
     if not m.running:
-        return replace(facts, condition=Condition.DOWN, logs=where_logs(mid))
+        down = replace(facts, condition=Condition.DOWN, logs=where_logs(mid))
+        return replace(down, last_line=m.last_line)
     if role is Role.DRAINED:
         return facts  # its machines stop whatever their workers do: not watched
     if facts.live:

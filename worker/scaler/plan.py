@@ -138,6 +138,7 @@ class MachineFacts:
     death_noted: bool = False  # its crash was counted at an earlier listing
     misreported: bool = False
     logs: str = ""  # where its worker's output is read
+    last_line: str | None = None  # the last line its worker printed (a dead machine's)
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,8 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
                         until,
                         _death(m),
                         current=m.image == r.image,
+                        exit_code=m.exit_code,
+                        last_line=m.last_line,
                     )
                 )
             out.append(Destroy(r.release_id, m.machine_id, "it is not running"))
@@ -356,7 +359,8 @@ def _death(m: MachineFacts) -> str:
         if m.exit_code == EXIT_CONFIG
         else "its worker could not start or crashed"
     )
-    return f"machine {m.machine_id} exited {m.exit_code} ({why}; see {m.logs})"
+    said = f"machine {m.machine_id} exited {m.exit_code} ({why}; see {m.logs})"
+    return f"{said}; its last line: {m.last_line}" if m.last_line else said
 
 
 def _start_missing(

@@ -143,6 +143,7 @@ class ProcessBackend:
             exit_code=exit_code,
             stopping_s=stopping_s,
             health_port=self._health_port(machine_id) if state in (STARTED, STOPPING) else None,
+            last_line=last_line_in(self.where_log(machine_id)) if state == FAILED else None,
         )
 
     def _health_port(self, machine_id: str) -> int | None:
@@ -251,6 +252,9 @@ class ProcessBackend:
         for suffix in (".json", ".exit", ".pids", ".stopping"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
 
+    def where_log(self, machine_id: str) -> Path:
+        return self.state_dir / f"{machine_id}.log"
+
     def where_logs(self, machine_id: str) -> str:
         return str(self.state_dir / f"{machine_id}.log")
 
@@ -268,6 +272,20 @@ def health_port_in(log: Path) -> int | None:
             if found is not None and 0 < int(found.group(1)) <= 65_535:
                 return int(found.group(1))
     return None
+
+
+def last_line_in(log: Path, limit: int = 300) -> str | None:
+    """The last line a dead machine's worker printed (why it refused to boot), cut to
+    ``limit`` characters; None when its log is empty or unreadable."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read()
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.decode("utf-8", "replace").splitlines()]
+    last = next((line for line in reversed(lines) if line), None)
+    return None if last is None else last[:limit]
 
 
 def _alive(pid: int | None, machine_id: str) -> bool:
