@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from worker.cli.connect import with_client
-from worker.cli.exits import Failure
+from worker.cli.exits import Failure, UsageFailure
 from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
@@ -18,6 +18,7 @@ from worker.errors import counted
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import ReleaseView, RolloutState
 from worker.ops.report import SCALER_STALE_S
+from worker.scaler.app_check import check_app
 
 
 @cli.group("releases", invoke_without_command=True)
@@ -140,6 +141,12 @@ def _scaler_sees(said: dict[str, Any]) -> str:
 @click.option(
     "--force", is_flag=True, help="Go ahead even while the releases are held (releases hold)."
 )
+@click.option(
+    "--skip-app-check",
+    is_flag=True,
+    help="Process backend: deploy without first checking that the app (--image) loads "
+    "as the scaler's machines would load it.",
+)
 @json_option
 def deploy(
     release_id: str,
@@ -148,9 +155,17 @@ def deploy(
     wait: bool,
     timeout: float,
     force: bool,
+    skip_app_check: bool,
     as_json: bool,
 ) -> None:
-    """Record RELEASE_ID as the current release, with its image and machine count."""
+    """Record RELEASE_ID as the current release, with its image and machine count.
+
+    With the process backend the app (--image, module:attr) is first loaded in a
+    subprocess as the scaler's machines would load it; a deploy whose app does not
+    load is refused (exit 2) and nothing is recorded.
+    """
+    if not skip_app_check:
+        _check_app(release_id, image)
     _record(
         release_id,
         wait,
@@ -206,6 +221,23 @@ def resume(as_json: bool) -> None:
     ended = with_client(lambda c: c.releases.resume())
     text = "the hold is over." if ended else "the releases were not held: nothing to resume."
     emit(as_json, {"resumed": ended}, text)
+
+
+def _check_app(release_id: str, image: str) -> None:
+    """Refuse the deploy of an app the process backend's machines cannot load."""
+    outcome = check_app(image, release_id, with_client(lambda c: c.releases.scaler()))
+    if outcome is None:
+        return  # no process-backend scaler has reported: nothing to check against
+    if outcome.problem:
+        raise UsageFailure(
+            f"release {release_id} was not deployed: its app {image} does not load as the "
+            f"scaler's machines would load it: {outcome.problem}"
+        )
+    if outcome.cannot:
+        raise Failure(
+            f"release {release_id} was not deployed: its app {image} cannot be checked here "
+            f"({outcome.cannot}); pass --skip-app-check to deploy without the check"
+        )
 
 
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]

@@ -121,6 +121,11 @@ class Releases:
         who = actor()
         return await self.db.run(lambda c: self.store.registry.resume(c, actor=who))
 
+    async def scaler(self) -> ScalerState | None:
+        """The scaler's last word (which backend, where it runs), or None."""
+        await self.check_schemas()
+        return await self.db.run(self.store.registry.scaler_state)
+
     async def held(self) -> ReleaseHold | None:
         """The registry's hold, or None."""
         await self.check_schemas()

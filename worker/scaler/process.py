@@ -72,7 +72,7 @@ class ProcessBackend:
     def __init__(self, state_dir: Path, env: Mapping[str, str]) -> None:
         self.state_dir = state_dir
         self.store_id = ""  # the scaler sets it before its first call
-        self.env = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+        self.env = inherited(env)
         # Machines inherit the scaler's drain window: a margin above their longest stop.
         self.stop_deadline_s = machine_stop_s(self.env) + 30.0
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -165,12 +165,7 @@ class ProcessBackend:
 
     async def create(self, release_id: str, image: str) -> Machine:
         machine_id = f"m-{secrets.token_hex(4)}"
-        env = {
-            **self.env,
-            "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
-            "LANE_WORKER_MACHINE_ID": machine_id,
-            "LANE_WORKER_HEALTH_PORT": "0",
-        }
+        env = machine_env(self.env, release_id, machine_id)
         # Recorded before it starts: a scaler cut off between the two leaves a
         # record the next pass finds (and cleans up), never an untracked process.
         if not self.store_id:
@@ -257,6 +252,21 @@ class ProcessBackend:
 
     def where_logs(self, machine_id: str) -> str:
         return str(self.state_dir / f"{machine_id}.log")
+
+
+def inherited(env: Mapping[str, str]) -> dict[str, str]:
+    """What a machine inherits of the scaler's environment (``_NOT_INHERITED`` aside)."""
+    return {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+
+
+def machine_env(env: Mapping[str, str], release_id: str, machine_id: str) -> dict[str, str]:
+    """A machine's environment: the scaler's ``env`` as inherited, its release and id."""
+    return {
+        **inherited(env),
+        "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
+        "LANE_WORKER_MACHINE_ID": machine_id,
+        "LANE_WORKER_HEALTH_PORT": "0",
+    }
 
 
 def health_port_in(log: Path) -> int | None:
