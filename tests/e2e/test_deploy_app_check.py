@@ -72,7 +72,8 @@ async def test_a_deploy_whose_app_does_not_load_is_refused_before_anything_is_wr
     assert refused == []  # nothing recorded by the refused deploys
     assert good.returncode == 0, good.stderr
     assert skipped.returncode == 0, skipped.stderr
-    assert await recorded(database_url, "chk-a") == ["deployed"]
+    # (The scaler, still running then, may have created its machine since.)
+    assert (await recorded(database_url, "chk-a"))[:1] == ["deployed"]
     assert (await recorded(database_url, "chk-b"))[:1] == ["deployed"]
 
 
