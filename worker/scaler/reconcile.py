@@ -41,6 +41,7 @@ import structlog
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
+from worker.masking import mask_value
 from worker.ops.releases import BOOT_CONFIG_EXITS, BOOT_FAILS_FINAL
 from worker.ops.report import read_report
 from worker.scaler.actions import (
@@ -122,6 +123,8 @@ class Reconciler:
         self.watch = Watch()
         # The store's word on this scaler's creates is loaded at the next pass.
         self._recall = True
+        # Masked in what is recorded of a machine's output (its last line).
+        self.secrets: tuple[str, ...] = ()
         self._deployed: dict[str, str] = {}  # each release's deployed_at, as the pass read it
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
@@ -344,8 +347,9 @@ class Reconciler:
         seen.boot_failed = failed.as_json()
         if failed.in_a_row == BOOT_FAILS_FINAL:
             await self.guard()
-            await self._record(action.release_id, "boot_failed", failed.as_json())
-            log.error("scaler.boot_failed", release_id=action.release_id, **failed.as_json())
+            said = mask_value(failed.as_json(), self.secrets)
+            await self._record(action.release_id, "boot_failed", said)
+            log.error("scaler.boot_failed", release_id=action.release_id, **said)
 
     async def _create(self, seen: ReleaseSeen, action: Create) -> None:
         release_id, image, reason = action.release_id, action.image, action.reason

@@ -149,6 +149,7 @@ class Scaler:
         self.stop = anyio.Event()
         self.reconciler = Reconciler(client.db, client.store, backend, actor=f"scaler {actor()}")
         self.reconciler.guard = _lost  # until it holds the lock
+        self.reconciler.secrets = self.secrets  # masked in what it records of a machine's output
         self.left_running: list[str] = []  # its machines running at its last pass
 
     async def _readiness(self) -> dict[str, Any]:
