@@ -121,9 +121,15 @@ async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreate
         await destroy_all(state)
     assert not rolled.done
     assert rolled.reason is not None
-    assert "a machine refused to boot: machine m-" in rolled.reason, rolled.reason
-    assert "exited 2 (its worker could not start" in rolled.reason
-    assert f"see {state}/m-" in rolled.reason  # where its log is
+    if rolled.final:  # two machines in a row exited 2: the wait ends (issue 31)
+        assert "its machines cannot boot: 2 in a row exited 2" in rolled.reason, rolled.reason
+        assert "could not load the app" in rolled.reason
+        assert f"logs: {state}/m-" in rolled.reason  # where its log is
+    else:
+        assert "a machine refused to boot: machine m-" in rolled.reason, rolled.reason
+        assert "exited 2 (its worker could not start" in rolled.reason
+        assert f"see {state}/m-" in rolled.reason  # where its log is
+    assert "support.apps.nowhere" in rolled.reason  # its last line says which module
     said = [e for e in events(log) if e.get("event") == "scaler.machine_destroyed"]
     assert said, log.read_text()[-2000:]
     assert all(e["exit_code"] == 2 for e in said)  # the app did not load: usage error
@@ -134,7 +140,8 @@ async def test_a_release_whose_machines_cannot_boot_is_reported_and_not_recreate
 async def refused_boot(client: LaneClient, release_id: str) -> RolloutState | None:
     """The rollout's state once it says a machine refused to boot (None before)."""
     state = await client.releases.rollout_state(release_id)
-    return state if state.reason and "refused to boot" in state.reason else None
+    said = state.reason or ""
+    return state if "refused to boot" in said or "cannot boot" in said else None
 
 
 async def test_a_new_image_of_the_current_release_replaces_its_machines_new_ones_first(
@@ -160,7 +167,7 @@ async def test_a_new_image_of_the_current_release_replaces_its_machines_new_ones
             )
             assert not bad.done
             assert bad.reason is not None
-            assert "refused to boot" in bad.reason, bad.reason
+            assert "boot" in bad.reason, bad.reason
             still = {m.machine_id: m for m in await backend.list()}
             assert still[old.machine_id].running  # the old image keeps serving the lane
             done = (await c.submit("plain", {"n": 1})).run_id

@@ -15,9 +15,10 @@ from typing import Any
 import aiohttp
 
 from support.cli import lane_worker, lane_worker_json
-from support.machines import destroy_all
-from support.runtime import eventually, open_client
-from support.scaler import events, machine_health_port, start_scaler
+from support.db import execute
+from support.machines import destroy_all, store_backend
+from support.runtime import SCHEMA, eventually, open_client
+from support.scaler import events, machine_health_port, passes_seen, start_scaler
 from worker.scaler.process import health_port_in
 
 APP = "support.apps.basic:app"
@@ -91,3 +92,47 @@ def test_the_port_is_read_from_a_json_or_a_console_log(tmp_path: Path) -> None:
     assert health_port_in(log) == 8123
     log.write_text("2026-01-01 [info] worker.ready  concurrency=8 health_port=45001 listen=True\n")
     assert health_port_in(log) == 45001
+
+
+async def test_machines_left_running_by_a_stopped_scaler_are_shown(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The process backend's machines outlive the scaler by design (issue 31): its stop says
+    which it leaves running, and `releases` keeps showing them as its last listing."""
+    state = tmp_path / "machines"
+    log = tmp_path / "scaler.log"
+    scaler = start_scaler(database_url, state, log)
+    try:
+        async with open_client(database_url, {}) as c:
+            await c.releases.deploy("left-a", image=APP, machines=1)
+            rolled = await c.releases.wait_rolled_out("left-a", timeout_s=60)
+            assert rolled.done, rolled.reason
+            await passes_seen(database_url, 1)  # a pass that listed it started
+            scaler.send_signal(signal.SIGTERM)
+            assert scaler.wait(timeout=30) == 0
+            backend = await store_backend(database_url, state)
+            [machine] = [m for m in await backend.list() if m.running]
+            # The scaler's word goes stale as if its last pass were a minute ago.
+            await execute(
+                database_url,
+                f"update {SCHEMA}.scaler_state set beat_at = now() - interval '1 minute'",
+            )
+            text = await lane_worker(database_url, "releases")
+            said = await lane_worker_json(database_url, "releases")
+    finally:
+        if scaler.poll() is None:
+            scaler.send_signal(signal.SIGTERM)
+            scaler.wait(timeout=30)
+        await destroy_all(state)
+    [stopped] = [e for e in events(log) if e.get("event") == "scaler.stopped"]
+    assert stopped["machines_left_running"] == [machine.machine_id], stopped
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert any(
+        line.startswith(f"left-a machine {machine.machine_id}: started (as the scaler last listed")
+        for line in lines
+    ), text.stdout
+    assert "none active: the machines it started keep running" in text.stdout, text.stdout
+    [release] = said["releases"]
+    assert [m["id"] for m in release["scaler"]["machines"]] == [machine.machine_id]
+    assert release["scaler"]["lastListedSecondsAgo"] >= 60

@@ -20,6 +20,7 @@ from worker.scaler.actions import (
     Create,
     Destroy,
     Held,
+    Note,
     Recovered,
     Retire,
     Say,
@@ -34,6 +35,7 @@ from worker.scaler.plan import (
     MADE_SURPLUS,
     MAX_CREATES_PER_PASS,
     MAX_RESTART_BACKOFF_S,
+    PAUSED_WORD,
     UNLISTED_AFTER_S,
     Condition,
     MachineFacts,
@@ -88,6 +90,8 @@ def brief(action: Action) -> str:
             return f"retire superseded by {action.release_id}"
         case Held():
             return f"held: {action.release_id} retires nothing"
+        case Note():
+            return f"note {action.text}"
         case Tally():
             return "tally"
 
@@ -291,6 +295,16 @@ CASES = [
         "a stranded draining release gets one",
         release(role=Role.DRAINING, desired=0, stranded=True),
         ["create img"],
+    ),
+    (
+        "parked runs that wait for the current release (scaled to 0) boot nothing old",
+        release(role=Role.DRAINING, desired=1, stranded=True, waits_for_current=True),
+        [f"note {PAUSED_WORD}"],
+    ),
+    (
+        "a draining machine still running keeps draining while the current is scaled to 0",
+        release(up("m1", ready=False), role=Role.DRAINING, desired=2, waits_for_current=True),
+        [f"note {PAUSED_WORD}"],
     ),
     (
         "a drained release's machines stop",

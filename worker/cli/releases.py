@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from worker.cli.connect import with_client
-from worker.cli.exits import Failure
+from worker.cli.exits import Failure, UsageFailure
 from worker.cli.output import emit
 from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
@@ -17,6 +17,8 @@ from worker.db.store.rows import ReleaseHold
 from worker.errors import counted
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import ReleaseView, RolloutState
+from worker.ops.report import SCALER_STALE_S
+from worker.scaler.app_check import check_app
 
 
 @cli.group("releases", invoke_without_command=True)
@@ -54,6 +56,9 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
         if scaler is None
         else f"scaler: {scaler.holder} ({scaler.backend}), last pass {scaler.age_s:.0f} s ago"
     )
+    if scaler is not None and scaler.age_s >= SCALER_STALE_S:
+        scaler_line += " (none active: the machines it started keep running until one is)"
+
     seen = None
     if scaler is not None:
         seen = {"holder": scaler.holder, "backend": scaler.backend, "ageSeconds": scaler.age_s}
@@ -93,6 +98,9 @@ def _notes(v: ReleaseView, held: bool) -> list[str]:
         notes.append(f"{v.release_id}: superseded, still claiming: {why}")
     said = v.scaler or {}
     words = [str(a) for a in said.get("actions") or [] if str(a).startswith("waiting")]
+    failed = said.get("bootFailed")
+    if isinstance(failed, dict) and failed.get("inARow"):
+        words.append(f"boot failing: {failed['inARow']} in a row exited {failed.get('exitCode')}")
     words += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
     notes += [f"{v.release_id}: scaler: {w}" for w in words]
     return notes
@@ -112,11 +120,14 @@ def _machine_lines(views: list[ReleaseView]) -> list[str]:
     machines each pick a free one) and where its logs are."""
     lines = []
     for v in views:
+        ago = v.scaler.get("lastListedSecondsAgo")
+        # No active scaler: its machines keep running; said as its last listing.
+        when = "" if ago is None else f" (as the scaler last listed it {ago} s ago)"
         for m in v.scaler.get("machines") or []:
             if not isinstance(m, dict):
                 continue
             port = f", health port {m['healthPort']}" if m.get("healthPort") else ""
-            said = f"{m.get('state')}{port}; logs: {m.get('logs')}"
+            said = f"{m.get('state')}{when}{port}; logs: {m.get('logs')}"
             line = f"{v.release_id} machine {m.get('id')}: {said}"
             lines.append(line if line.isprintable() else repr(line))
     return lines
@@ -125,8 +136,8 @@ def _machine_lines(views: list[ReleaseView]) -> list[str]:
 def _scaler_counts(said: dict[str, Any]) -> str:
     """The scaler's last count of a release's machines: running, stopping, outdated, unlisted
     (what it says beside them is a note under the table)."""
-    if not said:
-        return "-"
+    if not said or "lastListedSecondsAgo" in said:
+        return "-"  # no active scaler: nothing it says now
     parts = [f"{said.get('running', 0)} running"]
     parts += [f"{said[k]} {k}" for k in ("stopping", "outdated", "unlisted") if said.get(k)]
     return ", ".join(parts)
@@ -159,6 +170,12 @@ def _scaler_counts(said: dict[str, Any]) -> str:
 @click.option(
     "--force", is_flag=True, help="Go ahead even while the releases are held (releases hold)."
 )
+@click.option(
+    "--skip-app-check",
+    is_flag=True,
+    help="Process backend: deploy without first checking that the app (--image) loads "
+    "as the scaler's machines would load it.",
+)
 @json_option
 def deploy(
     release_id: str,
@@ -167,9 +184,17 @@ def deploy(
     wait: bool,
     timeout: float,
     force: bool,
+    skip_app_check: bool,
     as_json: bool,
 ) -> None:
-    """Record RELEASE_ID as the current release, with its image and machine count."""
+    """Record RELEASE_ID as the current release, with its image and machine count.
+
+    With the process backend the app (--image, module:attr) is first loaded in a
+    subprocess as the scaler's machines would load it; a deploy whose app does not
+    load is refused (exit 2) and nothing is recorded.
+    """
+    if not skip_app_check:
+        _check_app(release_id, image)
     _record(
         release_id,
         wait,
@@ -225,6 +250,23 @@ def resume(as_json: bool) -> None:
     ended = with_client(lambda c: c.releases.resume())
     text = "the hold is over." if ended else "the releases were not held: nothing to resume."
     emit(as_json, {"resumed": ended}, text)
+
+
+def _check_app(release_id: str, image: str) -> None:
+    """Refuse the deploy of an app the process backend's machines cannot load."""
+    outcome = check_app(image, release_id, with_client(lambda c: c.releases.scaler()))
+    if outcome is None:
+        return  # no process-backend scaler has reported: nothing to check against
+    if outcome.problem:
+        raise UsageFailure(
+            f"release {release_id} was not deployed: its app {image} does not load as the "
+            f"scaler's machines would load it: {outcome.problem}"
+        )
+    if outcome.cannot:
+        raise Failure(
+            f"release {release_id} was not deployed: its app {image} cannot be checked here "
+            f"({outcome.cannot}); pass --skip-app-check to deploy without the check"
+        )
 
 
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]

@@ -32,6 +32,7 @@ WORDS = {
     "machine_created": "machine created",
     "machine_destroy": "machine destroyed",
     "machine_replace": "machine replaced",
+    "boot_failed": "its machines cannot boot: the same exit (78 or 2) twice in a row",
 }
 
 

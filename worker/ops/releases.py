@@ -22,10 +22,17 @@ from typing import Any
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ReleaseHold, ScalerState
-from worker.errors import InvalidRequestError, counted
+from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
+
+# A machine whose worker exits 78 (it refused its configuration) or 2 (its --app
+# does not load) will not boot by being started again: once this many machines of
+# one deploy's image exit so in a row with the same code, the scaler says the boot
+# failed and `releases deploy --wait` ends with that, not after its timeout.
+BOOT_CONFIG_EXITS = (EXIT_CONFIG, EXIT_USAGE)
+BOOT_FAILS_FINAL = 2
 
 
 def actor(*, pid: bool = True) -> str:
@@ -121,6 +128,11 @@ class Releases:
         who = actor(pid=False)
         return await self.db.run(lambda c: self.store.registry.resume(c, actor=who))
 
+    async def scaler(self) -> ScalerState | None:
+        """The scaler's last word (which backend, where it runs), or None."""
+        await self.check_schemas()
+        return await self.db.run(self.store.registry.scaler_state)
+
     async def held(self) -> ReleaseHold | None:
         """The registry's hold, or None."""
         await self.check_schemas()
@@ -165,6 +177,14 @@ class Releases:
         deployments = await self.db.run(self.store.registry.deployments)
         scaler = await self.db.run(self.store.registry.scaler_state)
         said = scaler.releases if scaler is not None and scaler.age_s < SCALER_STALE_S else {}
+        if scaler is not None and not said:
+            # No active scaler: its machines outlive it (by design), so what it last
+            # listed is still shown, marked as its last word (``lastListedSecondsAgo``).
+            said = {
+                rid: {"machines": word["machines"], "lastListedSecondsAgo": round(scaler.age_s)}
+                for rid, word in scaler.releases.items()
+                if isinstance(word, dict) and word.get("machines")
+            }
         # A lane the report leaves out (pruned, or never registered) holds nothing.
         holding = await self._holding_lanes()
         return [
@@ -208,6 +228,9 @@ class Releases:
         if active and current_word:
             if not superseded and said.get("ready", 0) >= mine.desired and not said.get("outdated"):
                 return RolloutState(True, None)
+            failed = said.get("bootFailed")
+            if isinstance(failed, dict) and int(failed.get("inARow") or 0) >= BOOT_FAILS_FINAL:
+                return RolloutState(False, boot_failed_reason(failed), final=True)
         elif not active and not superseded and mine.ready_workers >= mine.desired:
             return RolloutState(True, None)  # machines run by hand, no scaler
         hold = await self.held() if superseded else None
@@ -241,6 +264,22 @@ class Releases:
             if state.done or state.final or time.monotonic() >= deadline:
                 return state
             await asyncio.sleep(poll_s)
+
+
+def boot_failed_reason(failed: dict[str, Any]) -> str:
+    """Why a release's machines cannot boot, from the scaler's ``bootFailed`` word."""
+    code = failed.get("exitCode")
+    what = (
+        "their worker refused its configuration: fix the environment the machines get"
+        if code == EXIT_CONFIG
+        else "their worker could not load the app (--image): fix it and deploy again"
+    )
+    said = (
+        f"its machines cannot boot: {failed.get('inARow')} in a row exited {code} ({what}); "
+        f"the last, machine {failed.get('machine')}, logs: {failed.get('logs')}"
+    )
+    last = failed.get("lastLine")
+    return f"{said}; its last line: {last}" if last else said
 
 
 def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:

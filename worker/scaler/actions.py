@@ -47,6 +47,8 @@ class Backoff:
     until: float
     why: str
     current: bool  # on the image the release records (an older image's death is not news)
+    exit_code: int | None = None
+    last_line: str | None = None  # the last line its worker printed
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,14 @@ class Wait:
 
     release_id: str
     wait_s: float
+
+
+@dataclass(frozen=True)
+class Note:
+    """A word on the release for ``releases`` (its scaler actions), not logged."""
+
+    release_id: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -104,4 +114,4 @@ class Held:
     release_id: str  # the current release
 
 
-Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Tally | Retire | Held
+Action = Create | Stop | Destroy | Backoff | Recovered | Wait | Say | Note | Tally | Retire | Held

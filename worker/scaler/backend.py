@@ -54,6 +54,7 @@ class Machine:
     exit_code: int | None = None  # how its worker exited, when the backend knows
     stopping_s: float | None = None  # since its stop was sent, when the backend knows
     health_port: int | None = None  # its worker's health port on this host, when the backend knows
+    last_line: str | None = None  # a dead machine's last line of output, when the backend has it
 
     @property
     def running(self) -> bool:

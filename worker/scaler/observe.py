@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 import structlog
 
 from worker.db.store.rows import Deployment, ScalerCreate
-from worker.ops.lane_view import LaneView
+from worker.ops.lane_view import BUCKETS, PARKED, LaneView
 from worker.scaler.backend import STOPPING, Machine, one_per_id
 from worker.scaler.plan import (
     UNLISTED_AFTER_S,
@@ -73,7 +73,29 @@ UNANSWERED = "unanswered create "
 
 log = structlog.get_logger("lane_worker.scaler")
 
+_NOT_PARKED = tuple(b for b in BUCKETS if b not in PARKED)
 _ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED}
+
+
+@dataclass(frozen=True)
+class BootFailed:
+    """Machines of a release's image that refused to boot in a row, for one deploy."""
+
+    deployed_at: str
+    in_a_row: int
+    exit_code: int
+    machine_id: str
+    logs: str
+    last_line: str | None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "inARow": self.in_a_row,
+            "exitCode": self.exit_code,
+            "machine": self.machine_id,
+            "logs": self.logs,
+            "lastLine": self.last_line,
+        }
 
 
 @dataclass
@@ -98,6 +120,10 @@ class Watch:
     died: dict[tuple[str, str], int] = field(default_factory=dict)
     not_before: dict[tuple[str, str], float] = field(default_factory=dict)
     why_died: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Per release and image: the machines in a row whose worker refused its
+    # configuration or its app (exit 78 or 2), with the deploy they count for
+    # (a deploy again starts over) and the last one's word (``BootFailed``).
+    boot_failed: dict[tuple[str, str], BootFailed] = field(default_factory=dict)
     # Machines whose crash was counted (while listed): a dead machine the backend will
     # not remove is one death, not one per listing.
     death_noted: set[str] = field(default_factory=set)
@@ -191,11 +217,21 @@ def observe(
             live_of.setdefault(machine_id, set()).add(d.release_id)
     acted_on: dict[str, Machine] = {}
     releases = []
+    # The current release runs no ready worker (deployed with 0 machines, or its
+    # machines still booting): a retired lane's parked runs wait for it (plan.py).
+    paused = any(d.role == "current" and d.ready_workers == 0 for d in deployments)
     for d in deployments:
         mine = by_release.pop(d.release_id, [])
         elsewhere = {i for i, of in live_of.items() if d.release_id not in of}
-        release = _release(watch, d, views.get(d.queue), mine, elsewhere, now, where_logs, acted_on)
-        releases.append(replace(release, made_running=made_running.get((d.release_id, d.image), 0)))
+        view = views.get(d.queue)
+        release = _release(watch, d, view, mine, elsewhere, now, where_logs, acted_on)
+        releases.append(
+            replace(
+                release,
+                made_running=made_running.get((d.release_id, d.image), 0),
+                waits_for_current=paused and release.role is Role.DRAINING and _only_parked(view),
+            )
+        )
     strays = tuple(
         Stray(release_id, sum(m.running for m in found)) for release_id, found in by_release.items()
     )
@@ -207,6 +243,14 @@ def observe(
         held=held,
     )
     return state, acted_on
+
+
+def _only_parked(view: LaneView | None) -> bool:
+    """Whether the lane's open runs are all parked (sleeps, events): none in flight, fresh,
+    retrying or handed back, which only its own release may run."""
+    if view is None:
+        return False
+    return not any(n for bucket, n in view.counts.items() if bucket in _NOT_PARKED)
 
 
 def _release(
@@ -300,7 +344,8 @@ def _machine(
     if m.state == STOPPING or (m.running and sent is not None and now - sent < STOP_RESEND_S):
         return replace(facts, condition=Condition.STOPPING, stopping_s=_stopping_for(watch, m, now))
     if not m.running:
-        return replace(facts, condition=Condition.DOWN, logs=where_logs(mid))
+        down = replace(facts, condition=Condition.DOWN, logs=where_logs(mid))
+        return replace(down, last_line=m.last_line)
     if role is Role.DRAINED:
         return facts  # its machines stop whatever their workers do: not watched
     if facts.live:

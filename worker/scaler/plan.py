@@ -11,6 +11,11 @@ here does I/O or reads a clock: the time is part of the state. The rules:
   (at least one while its lane is stranded: work only it may run and no live
   worker): a machine that died (stopped, failed, or no live worker of it for
   ``DEAD_AFTER_S`` as the scaler watched it) is replaced from the release's image;
+  except while the current release has no ready worker (deployed with 0 machines,
+  or its machines still booting) and the draining lane holds only parked runs
+  (``waits_for_current``): those wait for the current release to adopt them once
+  it runs, so no machine of the old release is started for them (one still running
+  keeps draining);
 - a drained release has its machines stopped, then destroyed;
 - a stopping machine drains undisturbed (a second stop signal would make its
   worker exit at once) and is destroyed once it stopped, or when it outlives the
@@ -60,6 +65,7 @@ from worker.scaler.actions import (
     Create,
     Destroy,
     Held,
+    Note,
     Recovered,
     Retire,
     Say,
@@ -81,6 +87,11 @@ UNLISTED_AFTER_S = 30.0
 # the release's count plus this. A listing that misreports what it made cannot
 # make it create without end.
 MADE_SURPLUS = 2
+# A draining release's word while its parked runs wait for the current release.
+PAUSED_WORD = (
+    "waiting for the current release to run (deployed with 0 machines, or none ready yet) "
+    "and adopt its parked runs: no machine is started for them"
+)
 
 
 class Role(Enum):
@@ -127,6 +138,7 @@ class MachineFacts:
     death_noted: bool = False  # its crash was counted at an earlier listing
     misreported: bool = False
     logs: str = ""  # where its worker's output is read
+    last_line: str | None = None  # the last line its worker printed (a dead machine's)
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,9 @@ class ReleaseState:
     role: Role
     desired: int
     stranded: bool = False  # its lane holds work only it may run and no live worker claims
+    # Draining, its lane holds only parked runs, and the current release has no ready
+    # worker (deployed with 0, or booting): the runs wait for it (adopted once it runs).
+    waits_for_current: bool = False
     machines: tuple[MachineFacts, ...] = ()  # as listed, in the listing's order
     unlisted: tuple[Unlisted, ...] = ()
     # The scaler's machines of this release and image that run, wherever listed.
@@ -241,6 +256,8 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
                         until,
                         _death(m),
                         current=m.image == r.image,
+                        exit_code=m.exit_code,
+                        last_line=m.last_line,
                     )
                 )
             out.append(Destroy(r.release_id, m.machine_id, "it is not running"))
@@ -303,11 +320,17 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
     # A retired lane with work only its release may run and no live worker gets one
     # machine even if the release was deployed with none.
     stranded = r.role is Role.DRAINING and r.stranded
-    target = max(r.desired, 1) if stranded else r.desired
+    base = max(r.desired, 1) if stranded else r.desired
+    # Scaling the current release to 0 pauses the app: an older release is not
+    # booted to run parked runs the current one adopts once it runs (again).
+    paused = r.role is Role.DRAINING and r.waits_for_current
+    target = 0 if paused else base
     unlisted = sorted(
         u.machine_id for u in r.unlisted if state.now - u.created_at > UNLISTED_AFTER_S
     )
     out.append(replace(counted, target=target, unlisted=len(unlisted)))
+    if paused and len(fresh) < base:
+        out.append(Note(r.release_id, PAUSED_WORD))
     out += _start_missing(r, state.now, target, len(fresh), not_before, unlisted)
     # An outdated machine stops only once the new image has the release's count
     # ready: a new image that cannot boot leaves the old ones serving.
@@ -319,7 +342,7 @@ def _release(r: ReleaseState, state: PassState) -> list[Action]:
         ]
     # A draining release keeps one machine while its lane holds work, even one
     # deployed with none (it got one while stranded): only twins above that go.
-    keep = max(target, 1) if r.role is Role.DRAINING else target
+    keep = max(base, 1) if r.role is Role.DRAINING else target
     if len(fresh) > keep:
         out += _trim(r.release_id, fresh, keep)
     return out
@@ -336,7 +359,8 @@ def _death(m: MachineFacts) -> str:
         if m.exit_code == EXIT_CONFIG
         else "its worker could not start or crashed"
     )
-    return f"machine {m.machine_id} exited {m.exit_code} ({why}; see {m.logs})"
+    said = f"machine {m.machine_id} exited {m.exit_code} ({why}; see {m.logs})"
+    return f"{said}; its last line: {m.last_line}" if m.last_line else said
 
 
 def _start_missing(

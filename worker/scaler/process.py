@@ -72,7 +72,7 @@ class ProcessBackend:
     def __init__(self, state_dir: Path, env: Mapping[str, str]) -> None:
         self.state_dir = state_dir
         self.store_id = ""  # the scaler sets it before its first call
-        self.env = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+        self.env = inherited(env)
         # Machines inherit the scaler's drain window: a margin above their longest stop.
         self.stop_deadline_s = machine_stop_s(self.env) + 30.0
         self._children: dict[str, subprocess.Popen[bytes]] = {}
@@ -143,6 +143,7 @@ class ProcessBackend:
             exit_code=exit_code,
             stopping_s=stopping_s,
             health_port=self._health_port(machine_id) if state in (STARTED, STOPPING) else None,
+            last_line=last_line_in(self.where_log(machine_id)) if state == FAILED else None,
         )
 
     def _health_port(self, machine_id: str) -> int | None:
@@ -164,12 +165,7 @@ class ProcessBackend:
 
     async def create(self, release_id: str, image: str) -> Machine:
         machine_id = f"m-{secrets.token_hex(4)}"
-        env = {
-            **self.env,
-            "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
-            "LANE_WORKER_MACHINE_ID": machine_id,
-            "LANE_WORKER_HEALTH_PORT": "0",
-        }
+        env = machine_env(self.env, release_id, machine_id)
         # Recorded before it starts: a scaler cut off between the two leaves a
         # record the next pass finds (and cleans up), never an untracked process.
         if not self.store_id:
@@ -251,8 +247,26 @@ class ProcessBackend:
         for suffix in (".json", ".exit", ".pids", ".stopping"):
             (self.state_dir / f"{machine.machine_id}{suffix}").unlink(missing_ok=True)
 
+    def where_log(self, machine_id: str) -> Path:
+        return self.state_dir / f"{machine_id}.log"
+
     def where_logs(self, machine_id: str) -> str:
         return str(self.state_dir / f"{machine_id}.log")
+
+
+def inherited(env: Mapping[str, str]) -> dict[str, str]:
+    """What a machine inherits of the scaler's environment (``_NOT_INHERITED`` aside)."""
+    return {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+
+
+def machine_env(env: Mapping[str, str], release_id: str, machine_id: str) -> dict[str, str]:
+    """A machine's environment: the scaler's ``env`` as inherited, its release and id."""
+    return {
+        **inherited(env),
+        "DEEPLINE_RUNTIME_DEPLOY_VERSION": release_id,
+        "LANE_WORKER_MACHINE_ID": machine_id,
+        "LANE_WORKER_HEALTH_PORT": "0",
+    }
 
 
 def health_port_in(log: Path) -> int | None:
@@ -268,6 +282,20 @@ def health_port_in(log: Path) -> int | None:
             if found is not None and 0 < int(found.group(1)) <= 65_535:
                 return int(found.group(1))
     return None
+
+
+def last_line_in(log: Path, limit: int = 300) -> str | None:
+    """The last line a dead machine's worker printed (why it refused to boot), cut to
+    ``limit`` characters; None when its log is empty or unreadable."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read()
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.decode("utf-8", "replace").splitlines()]
+    last = next((line for line in reversed(lines) if line), None)
+    return None if last is None else last[:limit]
 
 
 def _alive(pid: int | None, machine_id: str) -> bool:

@@ -41,6 +41,8 @@ import structlog
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
+from worker.masking import mask_value
+from worker.ops.releases import BOOT_CONFIG_EXITS, BOOT_FAILS_FINAL
 from worker.ops.report import read_report
 from worker.scaler.actions import (
     Action,
@@ -48,6 +50,7 @@ from worker.scaler.actions import (
     Create,
     Destroy,
     Held,
+    Note,
     Recovered,
     Retire,
     Say,
@@ -56,7 +59,7 @@ from worker.scaler.actions import (
     Wait,
 )
 from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
-from worker.scaler.observe import CREATE_MEMORY_S, Watch, observe
+from worker.scaler.observe import CREATE_MEMORY_S, BootFailed, Watch, observe
 from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
 
 __all__ = ["DEAD_AFTER_S", "Reconciler", "ReleaseSeen"]
@@ -87,6 +90,7 @@ class ReleaseSeen:
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     boot_refused: str | None = None
+    boot_failed: dict[str, Any] | None = None  # machines that refused to boot in a row
     # Its machines as the backend listed them: id, state, health port, where their logs are.
     machines: list[dict[str, Any]] = field(default_factory=list)
 
@@ -103,6 +107,7 @@ class ReleaseSeen:
             "actions": self.actions,
             "error": self.error,
             "bootRefused": self.boot_refused,
+            "bootFailed": self.boot_failed,
             "machines": self.machines,
         }
 
@@ -118,6 +123,9 @@ class Reconciler:
         self.watch = Watch()
         # The store's word on this scaler's creates is loaded at the next pass.
         self._recall = True
+        # Masked in what is recorded of a machine's output (its last line).
+        self.secrets: tuple[str, ...] = ()
+        self._deployed: dict[str, str] = {}  # each release's deployed_at, as the pass read it
         # A backend that refuses to list (401, 404, an outage past its retries) is
         # asked again after 2, 4, ... 60 s, not every pass: one error line each time.
         self._backend_failures = 0
@@ -190,11 +198,13 @@ class Reconciler:
         self, actions: list[Action], deployments: list[Deployment], machines: dict[str, Machine]
     ) -> dict[str, ReleaseSeen]:
         """Perform ``actions`` in order; return what the pass saw and did per release."""
+        self._deployed = {d.release_id: d.deployed_at.isoformat() for d in deployments}
         seen = {
             d.release_id: ReleaseSeen(
                 desired=d.desired,
                 image=d.image,
                 boot_refused=self.watch.why_died.get((d.release_id, d.image)),
+                boot_failed=self._boot_failed_now(d.release_id, d.image),
             )
             for d in deployments
         }
@@ -265,6 +275,8 @@ class Reconciler:
                 seen.actions.append(wait)
             case Held():
                 seen.actions.append(HELD_WORD)
+            case Note():
+                seen.actions.append(action.text)
             case Backoff():
                 key = (action.release_id, action.image)
                 watch.died[key], watch.not_before[key] = action.died, action.until
@@ -272,12 +284,14 @@ class Reconciler:
                 watch.death_noted.add(action.machine_id)
                 if action.current:  # an older image's death is not this deploy's
                     seen.boot_refused = action.why
+                    await self._count_boot_failure(seen, action)
             case Recovered():
                 key = (action.release_id, action.image)
                 watch.died.pop(key, None)
                 watch.not_before.pop(key, None)
                 watch.why_died.pop(key, None)
-                seen.boot_refused = None
+                watch.boot_failed.pop(key, None)
+                seen.boot_refused = seen.boot_failed = None
             case Create():
                 await self._create(seen, action)
             case Stop():
@@ -301,6 +315,41 @@ class Reconciler:
                     stop=action.stop_first,
                     destroy=True,
                 )
+
+    def _boot_failed_now(self, release_id: str, image: str) -> dict[str, Any] | None:
+        """The boot failures in a row of this deploy of the release's image, else None."""
+        had = self.watch.boot_failed.get((release_id, image))
+        if had is None or had.deployed_at != self._deployed.get(release_id):
+            return None
+        return had.as_json()
+
+    async def _count_boot_failure(self, seen: ReleaseSeen, action: Backoff) -> None:
+        """Count a machine of the deployed image that exited 78 or 2: the same code twice
+        in a row for one deploy is a boot that will not succeed (recorded, and said)."""
+        key = (action.release_id, action.image)
+        code = action.exit_code
+        if code is None or code not in BOOT_CONFIG_EXITS:
+            self.watch.boot_failed.pop(key, None)  # a crash, not a refusal: counted apart
+            seen.boot_failed = None
+            return
+        deployed = self._deployed.get(action.release_id, "")
+        had = self.watch.boot_failed.get(key)
+        again = had is not None and had.deployed_at == deployed and had.exit_code == code
+        failed = BootFailed(
+            deployed_at=deployed,
+            in_a_row=had.in_a_row + 1 if had is not None and again else 1,
+            exit_code=code,
+            machine_id=action.machine_id,
+            logs=self.backend.where_logs(action.machine_id),
+            last_line=action.last_line,
+        )
+        self.watch.boot_failed[key] = failed
+        seen.boot_failed = failed.as_json()
+        if failed.in_a_row == BOOT_FAILS_FINAL:
+            await self.guard()
+            said = mask_value(failed.as_json(), self.secrets)
+            await self._record(action.release_id, "boot_failed", said)
+            log.error("scaler.boot_failed", release_id=action.release_id, **said)
 
     async def _create(self, seen: ReleaseSeen, action: Create) -> None:
         release_id, image, reason = action.release_id, action.image, action.reason

@@ -35,7 +35,7 @@ from worker.daemon.health import HealthServer
 from worker.masking import mask_value
 from worker.metrics import build_info
 from worker.ops.releases import actor
-from worker.scaler.backend import Backend
+from worker.scaler.backend import RUNNING_STATES, STOPPING, Backend
 from worker.scaler.reconcile import Reconciler
 
 PASS_S = 2.0
@@ -149,6 +149,8 @@ class Scaler:
         self.stop = anyio.Event()
         self.reconciler = Reconciler(client.db, client.store, backend, actor=f"scaler {actor()}")
         self.reconciler.guard = _lost  # until it holds the lock
+        self.reconciler.secrets = self.secrets  # masked in what it records of a machine's output
+        self.left_running: list[str] = []  # its machines running at its last pass
 
     async def _readiness(self) -> dict[str, Any]:
         ready = self.active and self.last_pass_ok
@@ -165,7 +167,13 @@ class Scaler:
                 tg.cancel_scope.cancel()
         finally:
             await health.stop()
-            log.info("scaler.stopped")
+            # Its machines outlive it by design (a scaler restart must not cut
+            # steps mid-run): said, and `releases` keeps showing them.
+            log.info(
+                "scaler.stopped",
+                machines_left_running=self.left_running,
+                detail="machines keep running: `lane-worker releases` lists them",
+            )
         return 0
 
     async def _signals(self, tg: anyio.abc.TaskGroup) -> None:
@@ -272,6 +280,12 @@ class Scaler:
                 self.metrics.errors.inc()
                 log.error("scaler.pass_failed", error=repr(exc))
                 seen = {}
+            self.left_running = sorted(
+                str(m.get("id"))
+                for s in seen.values()
+                for m in s.machines
+                if m.get("state") in RUNNING_STATES or m.get("state") == STOPPING
+            )
             for release_id, s in seen.items():
                 self.metrics.machines_desired.labels(release_id).set(s.target)
                 self.metrics.machines_running.labels(release_id).set(s.running)
