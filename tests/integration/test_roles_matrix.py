@@ -1,0 +1,341 @@
+"""Least privilege (issue 33): each role made by ``lane-worker roles --apply``, table by table.
+
+The roles are made by the real command (a subprocess) on this test's database; a
+login role of each job connects as itself. The app calls every SQL API function
+and is refused (SQLSTATE 42501) every table and every other function; the viewer
+reads the bookkeeping and no payload or token. Role names are random per test
+(roles are the whole server's, shared by parallel tests) and dropped after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from support.runtime import SCHEMA
+from worker.db import roles as role_sql
+
+TOKEN = "tok-" + "s3cr3t" * 4
+DENIED = "42501"
+
+
+@dataclass(frozen=True)
+class Logins:
+    prefix: str
+    urls: dict[str, str]  # job -> URL connecting as a login member of that job's role
+
+
+def _url_as(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def _admin(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def logins(database_url: str) -> Iterator[Logins]:
+    import asyncio
+
+    prefix = "lwt_" + secrets.token_hex(5)
+    env = {**os.environ, "WORKFLOW_RUNTIME_POSTGRES": database_url}
+    env.pop("LANE_WORKER_STORE_SCHEMA", None)
+    env.pop("DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", None)
+    made = subprocess.run(
+        [sys.executable, "-m", "worker", "roles", "--prefix", prefix, "--apply", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    templates = [role_sql.role_name(prefix, job) for job in role_sql.JOBS]
+    members = [f"{prefix}_{job}_login" for job in role_sql.JOBS]
+    password = secrets.token_hex(12)
+    try:
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["applied"] is True
+        # Once more: the command is idempotent.
+        again = subprocess.run(
+            [sys.executable, "-m", "worker", "roles", "--prefix", prefix, "--apply"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert again.returncode == 0, again.stderr
+        for job, member in zip(role_sql.JOBS, members, strict=True):
+            asyncio.run(
+                _admin(
+                    database_url,
+                    f"create role {member} login password '{password}'; "
+                    f"grant {role_sql.role_name(prefix, job)} to {member}",
+                )
+            )
+        yield Logins(
+            prefix,
+            {
+                job: _url_as(database_url, member, password)
+                for job, member in zip(role_sql.JOBS, members, strict=True)
+            },
+        )
+    finally:
+        drops = [f"drop role if exists {r}" for r in members + templates]
+        asyncio.run(
+            _admin(
+                database_url,
+                "do $$ begin "
+                + " ".join(
+                    f"if exists (select from pg_roles where rolname = '{r}') then "
+                    f"execute 'drop owned by {r}'; end if;"
+                    for r in members + templates
+                )
+                + " end $$; "
+                + "; ".join(drops),
+            )
+        )
+
+
+@pytest.fixture
+async def owner(database_url: str) -> AsyncIterator[asyncpg.Connection[asyncpg.Record]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def _as(logins: Logins, job: str) -> asyncpg.Connection[asyncpg.Record]:
+    conn = await asyncpg.connect(logins.urls[job])
+    assert await conn.fetchval("select current_user") == f"{logins.prefix}_{job}_login"
+    assert not await conn.fetchval("select rolsuper from pg_roles where rolname = current_user")
+    return conn
+
+
+async def _refused(conn: asyncpg.Connection[asyncpg.Record], sql: str) -> str | None:
+    """Return None when ``sql`` is refused with 42501, else what happened."""
+    try:
+        async with conn.transaction():
+            await conn.execute(sql)
+    except asyncpg.PostgresError as exc:
+        return None if exc.sqlstate == DENIED else f"{sql}: {exc.sqlstate} {exc}"
+    return f"{sql}: allowed"
+
+
+async def _tables(owner: asyncpg.Connection[asyncpg.Record]) -> list[tuple[str, str]]:
+    rows = await owner.fetch(
+        "select n.nspname, c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+        " where n.nspname = any($1) and c.relkind in ('r', 'p') order by 1, 2",
+        [SCHEMA, role_sql.ENGINE_SCHEMA, role_sql.CONTRACT_SCHEMA],
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def _submit(conn: asyncpg.Connection[asyncpg.Record], release: str) -> dict[str, object]:
+    api = json.dumps({"baseUrl": "http://app.invalid", "executorToken": TOKEN})
+    made = await conn.fetchval(
+        f"select {SCHEMA}.submit_run('greet', $1::jsonb, $2, null, $3::jsonb, null)",
+        json.dumps({"secret": "input-of-" + release}),
+        release,
+        api,
+    )
+    result: dict[str, object] = json.loads(made)
+    return result
+
+
+async def test_app_calls_every_api_function(
+    logins: Logins, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    app = await _as(logins, "app")
+    try:
+        made = await _submit(app, "rel-roles")
+        run_id = uuid.UUID(str(made["runId"]))
+        assert made["created"] is True
+        assert made["queue"] == "runs_rel_roles"
+        many = json.loads(
+            await app.fetchval(
+                f"select {SCHEMA}.submit_runs($1::jsonb)",
+                json.dumps([{"play": "greet", "input": {}, "releaseId": "rel-roles"}]),
+            )
+        )
+        assert many[0]["created"] is True
+        release = json.loads(
+            await app.fetchval(f"select {SCHEMA}.worker_release_id('Feature/X', null)")
+        )
+        assert release == {"releaseId": "dev-feature_x", "queue": "runs_feature_x"}
+        assert await app.fetchval(f"select ({SCHEMA}.value_limits()).max_depth") == 512
+        signalled = json.loads(
+            await app.fetchval(
+                f"select {SCHEMA}.signal_run($1, 'approved', '{{\"by\": \"ada\"}}')", run_id
+            )
+        )
+        assert signalled["delivered"] is True
+        # A runner attempt is the worker's to begin (as the owner here).
+        number = await owner.fetchval(f"select {SCHEMA}.begin_runner_attempt($1, 'build')", run_id)
+        reported = json.loads(
+            await app.fetchval(
+                f"select {SCHEMA}.report_runner_result($1, $2, '{{\"ok\": true}}')",
+                run_id,
+                number,
+            )
+        )
+        assert reported["recorded"] is True
+        status_text = await app.fetchval(f"select {SCHEMA}.run_status($1)::text", run_id)
+        assert TOKEN not in status_text
+        cancelled = json.loads(
+            await app.fetchval(f"select {SCHEMA}.cancel_run($1, 'roles test')", run_id)
+        )
+        assert cancelled["cancelled"] is True
+    finally:
+        await app.close()
+    # What the app did is in the store, written with the owner's rights.
+    assert await owner.fetchval(f"select status from {SCHEMA}.runs where run_id = $1", run_id) == (
+        "cancelled"
+    )
+    assert (
+        await owner.fetchval(f"select count(*) from {SCHEMA}.signals where run_id = $1", run_id)
+        == 1
+    )
+    assert await owner.fetchval(
+        f"select result is not null from {SCHEMA}.runner_attempts where run_id = $1", run_id
+    )
+    assert (
+        await owner.fetchval(
+            f"select api->>'executorToken' from {SCHEMA}.run_runtime_api where run_id = $1", run_id
+        )
+        == TOKEN
+    )
+    assert (
+        await owner.fetchval(
+            "select count(*) from absurd.queues where queue_name = 'runs_rel_roles'"
+        )
+        == 1
+    )
+
+
+async def test_app_is_refused_every_table_and_other_function(
+    logins: Logins, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    await _submit(owner, "rel-roles")  # a lane's engine tables exist to be refused
+    tables = await _tables(owner)
+    assert (SCHEMA, "run_runtime_api") in tables
+    assert ("absurd", "t_runs_rel_roles") in tables
+    app = await _as(logins, "app")
+    try:
+        allowed = []
+        for schema, table in tables:
+            name = f'"{schema}"."{table}"'
+            for sql in (
+                f"select * from {name}",
+                f"select count(*) from {name}",
+                f"insert into {name} default values",
+                f"delete from {name} where false",
+                f"truncate {name}",
+            ):
+                allowed.append(await _refused(app, sql))
+        allowed.append(await _refused(app, f"create table {SCHEMA}.mine (x int)"))
+        allowed.append(await _refused(app, "select absurd.create_queue('runs_app_made')"))
+        allowed.append(
+            await _refused(
+                app,
+                f"select {SCHEMA}.settle_run_by(null::uuid, null::bigint, null::text, null::jsonb, "
+                f"null::jsonb, null::text, null::bigint)",
+            )
+        )
+        assert [a for a in allowed if a] == []
+    finally:
+        await app.close()
+    # Every store function but the API is out of the app's reach (and of PUBLIC's).
+    rows = await owner.fetch(
+        "select p.oid::regprocedure::text as fn, has_function_privilege($2, p.oid, 'execute')"
+        " as may, exists (select from aclexplode(coalesce(p.proacl, acldefault('f', p.proowner)))"
+        " a where a.grantee = 0) as public_may from pg_proc p"
+        " where p.pronamespace = $1::regnamespace",
+        SCHEMA,
+        f"{logins.prefix}_app_login",
+    )
+    api = {f"{SCHEMA}.{sig}".replace(", ", ",") for sig in role_sql.APP_FUNCTIONS}
+    may = {r["fn"].replace(", ", ",") for r in rows if r["may"]}
+    assert may == api
+    assert [r["fn"] for r in rows if r["public_may"]] == []
+
+
+async def test_api_functions_run_as_owner_with_a_pinned_path(
+    owner: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    # A migration that redefines one with `create or replace` resets both: restate them.
+    for signature in role_sql.DEFINER_FUNCTIONS:
+        row = await owner.fetchrow(
+            "select prosecdef, proconfig from pg_proc where oid = $1::regprocedure",
+            f"{SCHEMA}.{signature}",
+        )
+        assert row is not None
+        assert row["prosecdef"], signature
+        assert row["proconfig"] == ["search_path=pg_catalog, pg_temp"], signature
+
+
+async def test_viewer_reads_bookkeeping_never_payloads_or_tokens(
+    logins: Logins, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    made = await _submit(owner, "rel-roles")
+    run_id = uuid.UUID(str(made["runId"]))
+    viewer = await _as(logins, "viewer")
+    try:
+        row = await viewer.fetchrow(
+            f"select run_id, play, status, queue from {SCHEMA}.runs where run_id = $1", run_id
+        )
+        assert row is not None
+        assert row["status"] == "queued"
+        assert await viewer.fetchval(f"select count(*) from {SCHEMA}.releases") >= 0
+        refused = [
+            await _refused(viewer, sql)
+            for sql in (
+                f"select * from {SCHEMA}.runs",
+                f"select input from {SCHEMA}.runs",
+                f"select launch from {SCHEMA}.runs",
+                f"select output, error, checkpoint from {SCHEMA}.runs",
+                f"select idempotency_key from {SCHEMA}.runs",
+                f"select * from {SCHEMA}.run_runtime_api",
+                f"select * from {SCHEMA}.signals",
+                f"select fact from {SCHEMA}.ledger",
+                f"select result from {SCHEMA}.runner_attempts",
+                f"select error from {SCHEMA}.attempts",
+                "select * from absurd.t_runs_rel_roles",
+                f"update {SCHEMA}.runs set status = status where false",
+                f"delete from {SCHEMA}.releases where false",
+                f"select {SCHEMA}.run_status('{run_id}')",
+                f"select {SCHEMA}.submit_run('greet', '{{}}', 'rel-roles', null, null, null)",
+                f"select {SCHEMA}.cancel_run('{run_id}', null)",
+            )
+        ]
+        assert [r for r in refused if r] == []
+    finally:
+        await viewer.close()
+
+
+def test_roles_refuses_an_unusable_prefix() -> None:
+    made = subprocess.run(
+        [sys.executable, "-m", "worker", "roles", "--prefix", "Bad;drop"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 2
+    assert "role prefix" in made.stderr
+    assert made.stdout == ""
