@@ -339,3 +339,64 @@ def test_roles_refuses_an_unusable_prefix() -> None:
     assert made.returncode == 2
     assert "role prefix" in made.stderr
     assert made.stdout == ""
+
+
+async def test_a_role_granted_the_store_by_hand_keeps_its_functions(
+    database_url: str, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    # The store as 0040 left it (every function PUBLIC's and its caller's), and an
+    # operator's own worker role granted the tables by hand; then 0041 is applied.
+    hand = "lwt_hand_" + secrets.token_hex(5)
+    await owner.execute(
+        f"delete from {SCHEMA}.schema_migrations where version = 41;"
+        f"grant execute on all functions in schema {SCHEMA} to public;"
+        + "".join(
+            f"alter function {SCHEMA}.{sig} security invoker reset search_path;"
+            for sig in role_sql.DEFINER_FUNCTIONS
+        )
+        + f"create role {hand} nologin;"
+        f"grant usage on schema {SCHEMA} to {hand};"
+        f"grant select, insert, update, delete on all tables in schema {SCHEMA} to {hand};"
+    )
+    try:
+        env = {**os.environ, "WORKFLOW_RUNTIME_POSTGRES": database_url}
+        env.pop("LANE_WORKER_STORE_SCHEMA", None)
+        env.pop("DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", None)
+        made = subprocess.run(  # noqa: ASYNC221 (the real command, once)
+            [sys.executable, "-m", "worker", "migrate", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert made.returncode == 0, made.stderr
+        assert json.loads(made.stdout)["storeApplied"] == [41]
+        lost = await owner.fetch(
+            "select p.oid::regprocedure::text from pg_proc p where p.pronamespace = "
+            "$1::regnamespace and not has_function_privilege($2, p.oid, 'execute')",
+            SCHEMA,
+            hand,
+        )
+        assert [r[0] for r in lost] == []
+    finally:
+        await owner.execute(f"drop owned by {hand}; drop role {hand}")
+
+
+def test_roles_prints_without_connecting() -> None:
+    env = {**os.environ, "WORKFLOW_RUNTIME_POSTGRES": "postgresql://nobody@127.0.0.1:1/none"}
+    env["LANE_WORKER_STORE_SCHEMA"] = "lw_store"
+    made = subprocess.run(
+        [sys.executable, "-m", "worker", "roles", "--prefix", "acme", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    report = json.loads(made.stdout)
+    assert report["storeSchema"] == "lw_store"
+    assert report["applied"] is False
+    assert [r["role"] for r in report["roles"]] == [f"acme_{job}" for job in role_sql.JOBS]
+    app = report["roles"][0]["statements"]
+    assert 'grant usage on schema "lw_store" to "acme_app"' in app
+    assert not any("table" in s for s in app)
