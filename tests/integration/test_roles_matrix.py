@@ -24,6 +24,7 @@ import pytest
 
 from support.runtime import SCHEMA
 from worker.db import roles as role_sql
+from worker.db import schema
 
 TOKEN = "tok-" + "s3cr3t" * 4
 DENIED = "42501"
@@ -400,3 +401,16 @@ def test_roles_prints_without_connecting() -> None:
     app = report["roles"][0]["statements"]
     assert 'grant usage on schema "lw_store" to "acme_app"' in app
     assert not any("table" in s for s in app)
+
+
+async def test_a_role_without_the_ledger_is_not_told_another_system_owns_the_store(
+    logins: Logins,
+) -> None:
+    # information_schema hid the ledger's columns from the app's role, so migrate (the
+    # Python client's first submit) said the store was another system's (StoreSchemaConflict).
+    app = await _as(logins, "app")
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="schema_migrations"):
+            await schema.refuse_conflicts(app, SCHEMA)
+    finally:
+        await app.close()
