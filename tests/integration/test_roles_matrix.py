@@ -250,6 +250,7 @@ async def test_app_is_refused_every_table_and_other_function(
                 f"truncate {name}",
             ):
                 allowed.append(await _refused(app, sql))
+        allowed.append(await _refused(app, f"select nextval('{SCHEMA}.ledger_fact_id_seq')"))
         allowed.append(await _refused(app, f"create table {SCHEMA}.mine (x int)"))
         allowed.append(await _refused(app, "select absurd.create_queue('runs_app_made')"))
         allowed.append(
@@ -414,3 +415,36 @@ async def test_a_role_without_the_ledger_is_not_told_another_system_owns_the_sto
             await schema.refuse_conflicts(app, SCHEMA)
     finally:
         await app.close()
+
+
+async def test_worker_uses_the_engine_tables_of_a_lane_made_after_the_grants(
+    logins: Logins, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    made = await _submit(owner, "rel-later")  # its queue is created after `roles --apply`
+    worker = await _as(logins, "worker")
+    try:
+        assert (
+            await worker.fetchval(
+                "select count(*) from absurd.t_runs_rel_later where params->>'runId' = $1",
+                str(made["runId"]),
+            )
+            == 1
+        )
+        assert (
+            await worker.fetchval(
+                f"select input->>'secret' from {SCHEMA}.runs where run_id = $1", made["runId"]
+            )
+            == "input-of-rel-later"
+        )
+        refused = [
+            await _refused(worker, sql)
+            for sql in (
+                f"create table {SCHEMA}.mine (x int)",
+                "create table absurd.mine (x int)",
+                f"drop table {SCHEMA}.runs",
+                "select absurd.create_queue('runs_worker_made')",
+            )
+        ]
+        assert [r for r in refused if r] == []
+    finally:
+        await worker.close()
