@@ -16,12 +16,11 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
+from support.roles import Logins, made_roles
 from support.runtime import SCHEMA
 from worker.db import roles as role_sql
 from worker.db import schema
@@ -30,87 +29,10 @@ TOKEN = "tok-" + "s3cr3t" * 4
 DENIED = "42501"
 
 
-@dataclass(frozen=True)
-class Logins:
-    prefix: str
-    urls: dict[str, str]  # job -> URL connecting as a login member of that job's role
-
-
-def _url_as(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-async def _admin(url: str, sql: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture
 def logins(database_url: str) -> Iterator[Logins]:
-    import asyncio
-
-    prefix = "lwt_" + secrets.token_hex(5)
-    env = {**os.environ, "WORKFLOW_RUNTIME_POSTGRES": database_url}
-    env.pop("LANE_WORKER_STORE_SCHEMA", None)
-    env.pop("DEEPLINE_RUNTIME_SCHEDULER_SCHEMA", None)
-    made = subprocess.run(
-        [sys.executable, "-m", "worker", "roles", "--prefix", prefix, "--apply", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    templates = [role_sql.role_name(prefix, job) for job in role_sql.JOBS]
-    members = [f"{prefix}_{job}_login" for job in role_sql.JOBS]
-    password = secrets.token_hex(12)
-    try:
-        assert made.returncode == 0, made.stderr
-        assert json.loads(made.stdout)["applied"] is True
-        # Once more: the command is idempotent.
-        again = subprocess.run(
-            [sys.executable, "-m", "worker", "roles", "--prefix", prefix, "--apply"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert again.returncode == 0, again.stderr
-        for job, member in zip(role_sql.JOBS, members, strict=True):
-            asyncio.run(
-                _admin(
-                    database_url,
-                    f"create role {member} login password '{password}'; "
-                    f"grant {role_sql.role_name(prefix, job)} to {member}",
-                )
-            )
-        yield Logins(
-            prefix,
-            {
-                job: _url_as(database_url, member, password)
-                for job, member in zip(role_sql.JOBS, members, strict=True)
-            },
-        )
-    finally:
-        drops = [f"drop role if exists {r}" for r in members + templates]
-        asyncio.run(
-            _admin(
-                database_url,
-                "do $$ begin "
-                + " ".join(
-                    f"if exists (select from pg_roles where rolname = '{r}') then "
-                    f"execute 'drop owned by {r}'; end if;"
-                    for r in members + templates
-                )
-                + " end $$; "
-                + "; ".join(drops),
-            )
-        )
+    with made_roles(database_url) as made:
+        yield made
 
 
 @pytest.fixture
@@ -282,7 +204,7 @@ async def test_api_functions_run_as_owner_with_a_pinned_path(
     owner: asyncpg.Connection[asyncpg.Record],
 ) -> None:
     # A migration that redefines one with `create or replace` resets both: restate them.
-    for signature in role_sql.DEFINER_FUNCTIONS:
+    for signature in role_sql.DEFINER_FUNCTIONS + role_sql.WORKER_DEFINER_FUNCTIONS:
         row = await owner.fetchrow(
             "select prosecdef, proconfig from pg_proc where oid = $1::regprocedure",
             f"{SCHEMA}.{signature}",

@@ -14,8 +14,9 @@ of the template its part needs (``grant lane_worker_app to my_app_login``):
   (``SCALER_TABLES``) and its functions (``SCALER_FUNCTIONS``).
 - ``worker``: what the daemon reads and writes: every store, engine and
   contract table and function, the engine tables created later by whoever
-  applies this (``alter default privileges``). No CREATE: a worker that must
-  create its lane's queue at boot still connects as the owner (issue 33).
+  applies this (``alter default privileges``). No CREATE: its lane's queue and
+  NOTIFY trigger are made by the owner (``prepare_lane_queue``, store 0042), and
+  it boots only on schemas the owner migrated.
 - ``migrator``: the owner. Membership in the store schema's owner when that is
   not a superuser (a superuser's rights are not passed on by membership).
 
@@ -50,6 +51,8 @@ APP_FUNCTIONS: tuple[str, ...] = (
 )
 # Which of them run with the owner's rights (value_limits reads nothing).
 DEFINER_FUNCTIONS: tuple[str, ...] = APP_FUNCTIONS[:-1]
+# The worker's own (store 0042): its lane's queue and trigger, made as the owner.
+WORKER_DEFINER_FUNCTIONS: tuple[str, ...] = ("prepare_lane_queue(text)",)
 
 # What the viewer may read, table by table: None is every column. A column that
 # holds a payload (input, output, error, a fact, a result) or a secret is left out.
