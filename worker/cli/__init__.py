@@ -1,7 +1,7 @@
 """The ``lane-worker`` command line: a thin shell over settings, client and supervisor.
 
-One module per command group (``runs``, ``submit``, ``lanes``, ``database``, ``daemon``), hung
-from ``root``. ``exits`` turns what went wrong into one sentence on stderr and the
+One module per command group (``runs``, ``submit``, ``lanes``, ``database``, ``daemon``,
+``roles``), hung from ``root``. ``exits`` turns what went wrong into one sentence on stderr and the
 exit code ``errors.exit_code_for`` gives it (0 ok, 1 failure, 2 usage, 78 config);
 ``connect`` runs a database command's client; ``params`` holds the parameter types
 and shared options, ``output`` the printing.
@@ -14,6 +14,7 @@ from worker.cli import (  # noqa: F401 (they register the commands)
     database,
     lanes,
     releases,
+    roles,
     runs,
     scaler,
     submit,

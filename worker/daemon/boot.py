@@ -22,13 +22,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+import asyncpg
 import structlog
 
 from worker.app import App, load_app
 from worker.config.dburl import url_secrets
 from worker.config.settings import Settings
 from worker.daemon import logs
-from worker.db import engine, engine_schema
+from worker.daemon.loops import prepare_queue
+from worker.db import engine_schema
 from worker.db.pool import Database, PoolOptions, is_transient
 from worker.db.store import Store
 from worker.errors import (
@@ -170,11 +172,27 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     booting again makes it claim again, its engine queue made again if it was dropped.
     """
     s = settings
-    await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
-    await db.run(engine_schema.ensure_engine_schema)
-    await db.run(store.migrate)
-    await db.run(lambda c: engine.ensure_queue(c, s.queue, record=store.lanes.record_created_queue))
-    await db.run(lambda c: engine.watch_queue(c, s.queue))
+    try:
+        await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
+        await db.run(engine_schema.ensure_engine_schema)
+        await db.run(store.migrate)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        # A worker connecting as its own role (`lane-worker roles`, issue 33) may not
+        # install: it runs on schemas the owner migrated, and only on current ones.
+        current = await db.run(engine_schema.engine_schema_current) and await db.run(
+            store.is_current
+        )
+        if not current:
+            raise StoreSchemaError(
+                f"this worker's database role may not install or upgrade the schemas "
+                f"({exc.__class__.__name__}), and the engine schema or the store "
+                f"{store.schema} is not at this build's version: run `lane-worker migrate` "
+                "as the schemas' owner first.",
+                found=0,
+                known=0,
+            ) from None
+    # The lane's queue and its NOTIFY trigger (made by the owner for a worker role).
+    await db.run(lambda c: prepare_queue(c, s.queue, store.lanes))
     status = await db.run(lambda c: store.lanes.register(c, queue=s.queue, release_id=s.release_id))
     if status != LaneStatus.RETIRED:
         return LaneState.CLAIMING

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 import anyio
+import asyncpg
 import structlog
 from anyio.abc import TaskGroup
 
@@ -22,6 +23,7 @@ from worker.config.dburl import url_secrets
 from worker.daemon.listener import Listener, Wakeups
 from worker.db import engine
 from worker.db.pool import Connection, Database
+from worker.db.store.lanes import LaneQueries
 from worker.db.store.rows import RegistryLane
 from worker.metrics import Metrics
 from worker.run.claim import Capacity, LoopShared, Poller
@@ -58,14 +60,19 @@ def wanted_continuations(
 SWEEP_BATCH = 100
 
 
-async def _prepare(conn: Connection, queue: str, record: engine.QueueRecorder) -> None:
+async def prepare_queue(conn: Connection, queue: str, store_lanes: LaneQueries) -> None:
     """Create ``queue`` if missing (with its policy and its record) and its NOTIFY trigger.
 
-    In one transaction.
+    In one transaction. A worker connecting as its own role (``lane-worker roles``,
+    issue 33) may not create either (DDL in the engine schema): then the store's
+    owner makes both, through ``prepare_lane_queue`` (store migration 0042).
     """
-    async with conn.transaction():
-        await engine.ensure_queue(conn, queue, record=record)
-        await engine.watch_queue(conn, queue)
+    try:
+        async with conn.transaction():
+            await engine.ensure_queue(conn, queue, record=store_lanes.record_created_queue)
+            await engine.watch_queue(conn, queue)
+    except asyncpg.InsufficientPrivilegeError:
+        await store_lanes.prepare_queue_as_owner(conn, queue)
 
 
 def _detach_reason(lane: RegistryLane | None) -> str:
@@ -230,9 +237,9 @@ class LoopRegistry:
             # One read for all of them: a refresh that attaches a thousand loops
             # (a boot among a week's retired lanes) must not cost two transactions each.
             missing = await db.run(lambda c: engine.queues_unprepared(c, new))
-            record = runtime.store.lanes.record_created_queue
+            store_lanes = runtime.store.lanes
             for queue in missing:
-                await db.run(lambda c, q=queue: _prepare(c, q, record))  # type: ignore[misc]
+                await db.run(lambda c, q=queue: prepare_queue(c, q, store_lanes))  # type: ignore[misc]
             for queue in new:
                 self.attach(runtime, queue, runs, side)
         for queue in self.continuations():

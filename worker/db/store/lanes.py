@@ -123,6 +123,10 @@ class LaneQueries(Queries):
         """Record that this store created engine ``queue``, in the creating transaction."""
         await self._run(conn, "record_created_queue", queue)
 
+    async def prepare_queue_as_owner(self, conn: Connection, queue: str) -> None:
+        """Have the store's owner make engine ``queue`` and its NOTIFY trigger (0042)."""
+        await self._value(conn, "prepare_lane_queue", queue)
+
     async def queue_created_here(self, conn: Connection, *, queue: str) -> bool | None:
         """Tell whether this store recorded creating engine ``queue``; None: no such queue."""
         found: bool | None = await self._value(conn, "queue_created_by_store", queue)

@@ -348,3 +348,9 @@ select exists (select 1 from {schema}.runs where task_id = $1)
     or exists (select 1 from {schema}.run_sandboxes
                 where cleanup = 'pending' and cleanup_task_id = $1)
     or exists (select 1 from {schema}.run_sandboxes where cleanup_task_id = $1);
+
+-- name: prepare_lane_queue
+-- The lane's engine queue and its NOTIFY trigger, made with the store owner's
+-- rights (migration 0042): for a worker connecting as its own role, which has
+-- no DDL in the engine schema (issue 33). True: the trigger was installed now.
+select {schema}.prepare_lane_queue($1);

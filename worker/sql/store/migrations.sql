@@ -30,8 +30,15 @@ insert into {schema}.schema_migrations (version, name, compatible) values ($1, $
 -- name: ledger_columns
 -- The columns of table $2 in schema $1 (raw names), if it exists: is a
 -- `schema_migrations` there the store's ledger or another system's?
-select column_name from information_schema.columns
- where table_schema = $1 and table_name = $2;
+-- From the catalog, not information_schema.columns: that view shows only the
+-- columns the caller may use, so a role without rights on the ledger (the app's
+-- own role, issue 33) saw none and was told another system owned the schema.
+select a.attname::text as column_name
+  from pg_catalog.pg_attribute a
+  join pg_catalog.pg_class c on c.oid = a.attrelid
+  join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+ where n.nspname = $1 and c.relname = $2 and c.relkind in ('r', 'p', 'v', 'f', 'm')
+   and a.attnum > 0 and not a.attisdropped;
 
 -- name: existing_objects
 -- Which of relations $2, functions $3 and types $4 (raw names) exist in schema $1;
