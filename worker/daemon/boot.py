@@ -199,10 +199,7 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     if await db.run(lambda c: store.lanes.activate_dev(c, queue=s.queue)):
         # A prune may have dropped the queue between ensure_queue and the activation
         # (it holds only while the lane is retired): make it again, now that it claims.
-        await db.run(
-            lambda c: engine.ensure_queue(c, s.queue, record=store.lanes.record_created_queue)
-        )
-        await db.run(lambda c: engine.watch_queue(c, s.queue))
+        await db.run(lambda c: prepare_queue(c, s.queue, store.lanes))
         log.info("lane.dev_activated", queue=s.queue, release_id=s.release_id)
         return LaneState.CLAIMING
     # Draining: its workers may boot (an orchestrator restarts a crashed machine
