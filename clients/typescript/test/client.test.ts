@@ -106,9 +106,11 @@ test('signal, status, cancel and wait, with their results', async () => {
   const report = await client.status(run.runId);
   assertFields(report, [
     'runId', 'play', 'status', 'releaseId', 'adoptedReleaseId', 'queue', 'attempts', 'output',
-    'error', 'retryOf', 'steps', 'facts',
+    'error', 'retryOf', 'steps', 'facts', 'attemptCount', 'maxAttempts', 'claims',
   ]);
   assert.equal(report.status, 'queued');
+  // Store 0036: the attempts spent, of how many; the claims (none yet) as a list.
+  assert.deepEqual([report.attemptCount, report.claims], [0, []]);
   assert.equal(report.releaseId, release);
 
   // Nothing serves this lane: the run stays queued and the wait gives up.
