@@ -7,13 +7,14 @@ it fails on the code of its commit and passes once the defect is fixed.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
 from support.daemon import Daemon, Daemons
-from support.db import sql
+from support.db import execute, sql
 from support.runtime import SCHEMA, open_client
-
 
 
 async def finished_by(daemons: tuple[Daemon, ...], run_id: str) -> Daemon:
@@ -77,3 +78,68 @@ async def test_a_worktree_on_a_release_s_queue_never_runs_the_release_s_parked_r
             QUEUE_SHARED,
         )  # fmt: skip
         assert rows is not None
+
+
+SLEEPER = "sleeper"
+QUEUE_SLEEPER = "runs_sleeper"
+AGED = {"LANE_WORKER_DEV_LANE_IDLE_AFTER": "3600", "LANE_WORKER_PRUNE_AFTER": "60"}
+
+
+async def age_lane(database_url: str, queue: str) -> None:
+    """Two hours pass on lane ``queue`` with no heartbeat (a laptop asleep, a stopped VM)."""
+    for statement in (
+        f"update {SCHEMA}.releases set updated_at = now() - interval '2 hours',"
+        " retired_at = case when retired_at is not null then now() - interval '2 hours' end"
+        " where queue = $1",
+        f"update {SCHEMA}.workers set heartbeat_at = now() - interval '2 hours' where queue = $1",
+    ):
+        await execute(database_url, statement, queue)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a dev worker that was asleep (no heartbeat past LANE_WORKER_DEV_LANE_IDLE_AFTER) "
+    "wakes on a lane maintenance retired and pruned meanwhile: only a boot activates a dev "
+    "lane, so the live worker stays retired/drained and its engine queue stays dropped",
+)
+async def test_a_dev_worker_that_wakes_after_its_lane_was_pruned_serves_it_again(
+    database_url: str,
+) -> None:
+    """SIGSTOP a worktree worker, let maintenance retire and prune its lane, SIGCONT it.
+
+    The worker is alive and serving: its lane must claim again and a run submitted
+    there must complete, as if its worker had booted again.
+    """
+    dev_env = {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SLEEPER}
+    async with Daemons(database_url) as pool, open_client(database_url, dev_env) as client:
+        dev = pool.start(
+            f"dev-{SLEEPER}", name="sleeper", DEEPLINE_ABSURD_QUEUE_SUFFIX=SLEEPER,
+            DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
+        )  # fmt: skip
+        assert (await dev.ready())["queue"] == QUEUE_SLEEPER
+        first = await client.submit("plain", {})
+        await dev.wait_for("run.completed", run_id=first.run_id)
+        os.kill(dev.pid, signal.SIGSTOP)
+        try:
+            await age_lane(database_url, QUEUE_SLEEPER)
+            keeper = pool.start("rel-keeper", name="keeper", **AGED)
+            await keeper.wait_for("lane.dev_retired", queue=QUEUE_SLEEPER)
+            keeper.terminate()
+            await keeper.wait_exit(timeout_s=15)
+            await age_lane(database_url, QUEUE_SLEEPER)
+            keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
+            await keeper.wait_for("lane.pruned", queue=QUEUE_SLEEPER)
+            keeper.terminate()
+            await keeper.wait_exit(timeout_s=15)
+        finally:
+            os.kill(dev.pid, signal.SIGCONT)
+        # The worker wakes and reads its lane again (it logs what it finds).
+        await dev.wait_for("lane.drained")
+        status = await sql(
+            database_url, f"select status from {SCHEMA}.releases where queue = $1", QUEUE_SLEEPER
+        )
+        assert status == "claiming"
+        again = await client.submit("plain", {})
+        await dev.wait_for("run.completed", run_id=again.run_id)
+        dev.terminate()
+        await dev.wait_exit(timeout_s=15)
