@@ -1,0 +1,62 @@
+"""Attacks of 2026-12-07 (b) on retry targets and dev lanes, on real Postgres.
+
+Each xfail(strict) test is a defect found: it fails on the code of its commit and
+passes once the defect is fixed; the others are attacks that held.
+"""
+
+from __future__ import annotations
+
+from support.db import run_row
+from support.plays import RemedyPlays, remedies_app
+from support.runtime import (
+    SCHEMA,
+    env_of,
+    open_client,
+    open_runtime,
+    queue_of,
+    register_worker,
+    work_once,
+)
+from worker.db.store import Store
+
+REL_A = "rel-a"
+SHARED = "foo"  # release foo and worktree suffix foo: both queue runs_foo
+
+
+async def test_a_release_run_is_never_retried_onto_a_lane_a_worktree_shares(
+    database_url: str, remedy_plays: RemedyPlays
+) -> None:
+    """rel-a, then release foo; a worktree with suffix foo registers on runs_foo too.
+
+    runs_foo is dev by the store's rule (0035): a release run's retry must go to
+    rel-a (or be refused), never to runs_foo, where the worktree's worker claims it.
+    Held: the retry target asks the store's rule.
+    """
+    app = remedies_app(remedy_plays)
+    async with (
+        open_client(database_url, env_of(REL_A)) as client,
+        open_runtime(database_url, app, REL_A) as rt_a,
+        open_runtime(database_url, app, SHARED) as rt_foo,
+        open_runtime(database_url, app, f"dev-{SHARED}") as rt_wt,
+    ):
+        for release, runtime in ((REL_A, rt_a), (SHARED, rt_foo)):
+            await client.activate_release(release, force=True)
+            await register_worker(runtime)
+        # The worktree's worker boots on runs_foo: it registers its lane and itself.
+        await rt_wt.db.run(
+            lambda c: Store(SCHEMA).lanes.register(c, queue="runs_foo", release_id=f"dev-{SHARED}")
+        )
+        await register_worker(rt_wt)
+        assert rt_wt.queue == rt_foo.queue == "runs_foo"
+        is_dev = await rt_a.db.fetchval(
+            f"select {SCHEMA}.lane_is_dev(release_ids) from {SCHEMA}.releases where queue = $1",
+            "runs_foo",
+        )
+        assert is_dev  # the store's word: runs_foo is a dev lane now
+
+        run = await client.submit("plain", {"k": 1})
+        assert (await run_row(database_url, run.run_id))["queue"] == queue_of(REL_A)
+        assert await client.fail_run(run.run_id, "try again")
+        retried = await client.retry_run(run.run_id)
+        assert retried.queue == queue_of(REL_A), retried
+        assert await work_once(rt_wt) == []
