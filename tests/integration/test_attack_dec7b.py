@@ -6,6 +6,9 @@ passes once the defect is fixed; the others are attacks that held.
 
 from __future__ import annotations
 
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
 from support.db import run_row
 from support.plays import RemedyPlays, remedies_app
 from support.runtime import (
@@ -17,6 +20,7 @@ from support.runtime import (
     register_worker,
     work_once,
 )
+from worker.daemon.page_auth import same_origin
 from worker.db.store import Store
 
 REL_A = "rel-a"
@@ -60,3 +64,40 @@ async def test_a_release_run_is_never_retried_onto_a_lane_a_worktree_shares(
         retried = await client.retry_run(run.run_id)
         assert retried.queue == queue_of(REL_A), retried
         assert await work_once(rt_wt) == []
+
+
+# The page's origin check (page_auth.same_origin), attacked with what a page of another
+# site can make a browser send: every one is refused (held).
+CROSS_SITE = (
+    {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},
+    {"Origin": "http://evil.example"},
+    {"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+    {"Origin": "http://page.example:9999", "Sec-Fetch-Site": "same-site"},
+    {"Origin": "http://sub.page.example:8080", "Sec-Fetch-Site": "same-site"},
+    {"Origin": "http://page.example:8080@evil.example"},
+    {"Origin": "http://evil.example/page.example:8080"},
+    {"Sec-Fetch-Site": "none"},
+    {"Sec-Fetch-Site": "Same-Origin ", "Origin": "http://evil.example"},
+    {},
+)
+
+
+@pytest.mark.parametrize("headers", CROSS_SITE)
+def test_the_page_refuses_every_cross_site_post(headers: dict[str, str]) -> None:
+    request = make_mocked_request(
+        "POST", "/actions/run", headers={"Host": "page.example:8080", **headers}
+    )
+    assert not same_origin(request), headers
+
+
+def test_the_page_takes_its_own_posts() -> None:
+    own = (
+        {"Sec-Fetch-Site": "same-origin"},
+        {"Origin": "http://page.example:8080"},
+        {"Origin": "https://PUBLIC.example", "X-Forwarded-Host": "public.example, proxy"},
+    )
+    for headers in own:
+        request = make_mocked_request(
+            "POST", "/actions/run", headers={"Host": "page.example:8080", **headers}
+        )
+        assert same_origin(request), headers
