@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from support.builds import build
 from support.cli import lane_worker
-from support.daemon import TESTS_DIR, Daemon, Daemons
+from support.daemon import TESTS_DIR, Daemon, Daemons, base_env
 from support.db import execute, sql
 from support.runtime import SCHEMA, open_client
 from support.scaler import passes_seen, scaler_running
@@ -192,3 +193,56 @@ async def test_the_deploy_time_app_check_never_shows_the_scaler_s_secrets(
     assert "was not deployed" in said, said
     assert SCALER_PASSWORD not in said, said
     assert "fm2_attack_token_0042" not in said, said
+
+
+OLD_BUILD = "395febb"  # main's last commit of 0.2.1 (support.builds.OLDER_BUILDS)
+OLD_SUFFIX = "oldwt"
+QUEUE_OLD_WT = "runs_oldwt"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="maintenance retires and prunes an idle dev lane whatever build its worker runs; "
+    "only a HEAD worker's boot activates it again: a worktree on an older build "
+    "(0.2.1) boots on its retired lane as a drained release would, and refuses",
+)
+async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_retired(
+    database_url: str,
+) -> None:
+    """A worktree runs the 0.2.1 build; a HEAD release worker's maintenance retires and
+    prunes the worktree's idle lane; the worktree's worker boots again and must serve."""
+    old = build(OLD_BUILD)
+    env = {
+        **base_env(database_url, "unused"),
+        "PYTHONPATH": str(old.tests_dir),
+        "DEEPLINE_ABSURD_QUEUE_SUFFIX": OLD_SUFFIX,
+    }
+    env.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    argv = old.argv("run", "--app", "support.apps.basic:app")
+    async with Daemons(database_url) as pool:
+        wt = pool.start_raw("old-worktree", env, argv=argv, cwd=old.root)
+        assert (await wt.ready())["queue"] == QUEUE_OLD_WT
+        wt.terminate()
+        assert await wt.wait_exit(timeout_s=15) == 0
+
+        await age_lane(database_url, QUEUE_OLD_WT)
+        keeper = pool.start("rel-keeper", name="keeper", **AGED)
+        await keeper.wait_for("lane.dev_retired", queue=QUEUE_OLD_WT)
+        keeper.terminate()
+        await keeper.wait_exit(timeout_s=15)
+        await age_lane(database_url, QUEUE_OLD_WT)
+        keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
+        await keeper.wait_for("lane.pruned", queue=QUEUE_OLD_WT)
+        keeper.terminate()
+        await keeper.wait_exit(timeout_s=15)
+
+        back = pool.start_raw("old-worktree-back", env, argv=argv, cwd=old.root)
+        await back.ready()
+        run_id = await sql(
+            database_url,
+            f"select ({SCHEMA}.submit_run('plain', '{{}}'::jsonb, $1))->>'runId'",
+            f"dev-{OLD_SUFFIX}",
+        )
+        await back.wait_for("run.completed", run_id=run_id)
+        back.terminate()
+        await back.wait_exit(timeout_s=15)
