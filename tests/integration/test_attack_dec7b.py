@@ -6,14 +6,19 @@ passes once the defect is fixed; the others are attacks that held.
 
 from __future__ import annotations
 
+import asyncio
+
+import asyncpg
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from support.db import run_row
+from support.db import run_row, sql
 from support.plays import RemedyPlays, remedies_app
 from support.runtime import (
     SCHEMA,
+    connect,
     env_of,
+    eventually,
     open_client,
     open_runtime,
     queue_of,
@@ -101,3 +106,62 @@ def test_the_page_takes_its_own_posts() -> None:
             "POST", "/actions/run", headers={"Host": "page.example:8080", **headers}
         )
         assert same_origin(request), headers
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cancel_run_by (0039, as cancel_run before it) locks the store's run row, then "
+    "the engine's (absurd.cancel_task); a completion locks the engine's (complete_run), then "
+    "the store's (settle_run): opposite orders, so a cancel racing a completion can deadlock "
+    "and one side is aborted (40P01) instead of waiting for the other",
+)
+async def test_a_cancel_racing_a_completion_waits_and_never_deadlocks(
+    database_url: str, remedy_plays: RemedyPlays
+) -> None:
+    """The completion's first step holds the engine's run row (as absurd.complete_run
+    does) when an operator cancels; the completion then settles the store's row.
+
+    Either may win, with exactly one terminal fact, but neither is aborted.
+    """
+    async with open_client(database_url, env_of(REL_A)) as client:
+        run = await client.submit("plain", {"k": 9})
+        row = await run_row(database_url, run.run_id)
+        completing = await connect(database_url)
+        cancelling = await connect(database_url)
+        try:
+            tx = completing.transaction()
+            await tx.start()
+            await completing.execute(
+                f"select 1 from absurd.r_{row['queue']} where task_id = $1 for update",
+                row["task_id"],
+            )
+            cancel = asyncio.ensure_future(
+                cancelling.fetchval(
+                    f"select {SCHEMA}.cancel_run_by($1, 'race', 'operator')", row["run_id"]
+                )
+            )
+            # The cancel holds the store's row and waits for the engine's.
+            await eventually(
+                lambda: sql(
+                    database_url,
+                    "select count(*) > 0 from pg_stat_activity"
+                    " where wait_event_type = 'Lock' and query like '%cancel_run_by%'",
+                )
+            )
+            errors: list[BaseException] = []
+            try:
+                await completing.execute(
+                    f"select 1 from {SCHEMA}.runs where run_id = $1 for update", row["run_id"]
+                )
+                await tx.commit()
+            except asyncpg.DeadlockDetectedError as exc:
+                errors.append(exc)
+                await tx.rollback()
+            try:
+                await cancel
+            except asyncpg.DeadlockDetectedError as exc:
+                errors.append(exc)
+            assert errors == []
+        finally:
+            await completing.close()
+            await cancelling.close()
