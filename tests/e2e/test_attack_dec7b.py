@@ -276,3 +276,52 @@ async def test_a_refused_app_s_traceback_is_shown_where_the_refusal_says(
     if "traceback above" in said:
         assert "Traceback (most recent call last)" in said, said
         assert "configure()" in said, said
+
+
+async def ready_or_exited(daemon: Daemon) -> bool:
+    """True once the daemon logged worker.ready, False once it exited without it."""
+    while True:
+        if daemon.events("worker.ready"):
+            return True
+        if not daemon.running:
+            await daemon.wait_exit()
+            return bool(daemon.events("worker.ready"))
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a release machine (DEEPLINE_RUNTIME_DEPLOY_VERSION=foo) boots unrefused on "
+    "runs_foo, which a worktree (suffix foo) registered first, and runs the worktree's "
+    "parked run on the release's code; only `releases deploy` refuses that lane",
+)
+async def test_a_release_machine_never_runs_a_worktree_s_run_on_a_shared_queue(
+    database_url: str,
+) -> None:
+    """A worktree with suffix foo parks a run and stops; a machine of release foo boots.
+
+    The release machine is refused (or leaves the run alone): the worktree's worker,
+    started again, is the one that finishes it.
+    """
+    wt_env = {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SHARED, "DEEPLINE_RUNTIME_DEPLOY_VERSION": None}
+    async with (
+        Daemons(database_url) as pool,
+        open_client(database_url, {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SHARED}) as client,
+    ):
+        wt = pool.start(f"dev-{SHARED}", name="worktree", **wt_env)
+        assert (await wt.ready())["queue"] == QUEUE_SHARED
+        run = await client.submit("waiter", {})
+        await wt.wait_for("run.parked", run_id=run.run_id)
+        wt.terminate()
+        assert await wt.wait_exit(timeout_s=15) == 0
+
+        rel = pool.start(SHARED, name="release-foo")
+        booted = await ready_or_exited(rel)
+        assert not (await client.signal(run.run_id, "go", {"by": "attack"})).duplicate
+        again = pool.start(f"dev-{SHARED}", name="worktree-again", **wt_env)
+        await again.ready()
+        done_by = await finished_by((again, rel), run.run_id)
+        assert done_by is again, (booted, rel.tail())
+        for daemon in (rel, again):
+            daemon.terminate()
+            await daemon.wait_exit(timeout_s=15)
