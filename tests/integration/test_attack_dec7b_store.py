@@ -7,12 +7,13 @@ passes once the defect is fixed; the others are attacks that held.
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from support.db import run_row, sql
+from support.db import execute, run_row, sql
 from support.plays import RemedyPlays, remedies_app
 from support.runtime import (
     SCHEMA,
@@ -25,6 +26,7 @@ from support.runtime import (
     register_worker,
     work_once,
 )
+from worker.daemon.maintenance import maintain
 from worker.daemon.page_auth import same_origin
 from worker.db.store import Store
 
@@ -165,3 +167,53 @@ async def test_a_cancel_racing_a_completion_waits_and_never_deadlocks(
         finally:
             await completing.close()
             await cancelling.close()
+
+
+WEEK = 7 * 86_400.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="idle_dev_lanes / retire_idle_dev_lane count a lane's open runs by runs.queue "
+    "only: a run a worktree adopted before 0035 (its queue a release's, adopted_queue the "
+    "worktree's) is open work of the worktree lane (as the lanes report counts it) yet the "
+    "lane is retired as holding none, leaving the run with no lane that may claim it",
+)
+async def test_an_idle_dev_lane_holding_a_run_it_adopted_is_kept(database_url: str) -> None:
+    store = Store(SCHEMA)
+    async with open_client(database_url, env_of("rel-1")) as client:
+        for queue, release_id in (
+            ("runs_rel_1", "rel-1"), ("runs_wt", "dev-wt"), ("runs_rel_2", "rel-2"),
+        ):  # fmt: skip
+            await client.db.run(
+                lambda c, q=queue, r=release_id: store.lanes.register(c, queue=q, release_id=r)
+            )
+        run = await client.submit("waiter", {})
+        # Adopted by the worktree's continuation loop before migration 0035, now parked.
+        await execute(
+            database_url,
+            f"update {SCHEMA}.runs set status = 'waiting', adopted_queue = 'runs_wt',"
+            " adopted_release_id = 'dev-wt' where run_id = $1",
+            uuid.UUID(run.run_id),
+        )
+        await client.db.run(
+            lambda c: store.lanes.set_status(
+                c, queue="runs_rel_1", status="retired", release_id="rel-1"
+            )
+        )
+        await execute(
+            database_url,
+            f"update {SCHEMA}.releases set updated_at = now() - interval '8 days'"
+            " where queue = 'runs_wt'",
+        )
+        open_there = await sql(
+            database_url,
+            f"select count(*) from {SCHEMA}.runs where coalesce(adopted_queue, queue) = 'runs_wt'"
+            " and status not in ('completed', 'failed', 'cancelled')",
+        )
+        assert open_there == 1
+        assert await maintain(client.db, store, worker_id="t", dev_idle_after_s=WEEK)
+        status = await sql(
+            database_url, f"select status from {SCHEMA}.releases where queue = 'runs_wt'"
+        )
+        assert status == "claiming"
