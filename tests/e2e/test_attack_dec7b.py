@@ -104,7 +104,8 @@ async def age_lane(database_url: str, queue: str) -> None:
     strict=True,
     reason="a dev worker that was asleep (no heartbeat past LANE_WORKER_DEV_LANE_IDLE_AFTER) "
     "wakes on a lane maintenance retired and pruned meanwhile: only a boot activates a dev "
-    "lane, so the live worker stays retired/drained and its engine queue stays dropped",
+    "lane, so the live worker's lane stays retired (shown drained) and its claim loop fails "
+    "on the dropped engine queue (UndefinedTableError each second) until a submit makes it again",
 )
 async def test_a_dev_worker_that_wakes_after_its_lane_was_pruned_serves_it_again(
     database_url: str,
