@@ -34,6 +34,13 @@ REL_A = "rel-a"
 SHARED = "foo"  # release foo and worktree suffix foo: both queue runs_foo
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="retry_target judges a lane dev by its release as deployed (is_dev of "
+    "lane_release_id: the first spelling a worker registered), the store by any spelling "
+    "(lane_is_dev, 0035): a release run's retry goes to runs_foo, which a worktree "
+    "(dev-foo) also registered and serves, without --to",
+)
 async def test_a_release_run_is_never_retried_onto_a_lane_a_worktree_shares(
     database_url: str, remedy_plays: RemedyPlays
 ) -> None:
@@ -41,7 +48,6 @@ async def test_a_release_run_is_never_retried_onto_a_lane_a_worktree_shares(
 
     runs_foo is dev by the store's rule (0035): a release run's retry must go to
     rel-a (or be refused), never to runs_foo, where the worktree's worker claims it.
-    Held: the retry target asks the store's rule.
     """
     app = remedies_app(remedy_plays)
     async with (
@@ -50,8 +56,14 @@ async def test_a_release_run_is_never_retried_onto_a_lane_a_worktree_shares(
         open_runtime(database_url, app, SHARED) as rt_foo,
         open_runtime(database_url, app, f"dev-{SHARED}") as rt_wt,
     ):
-        for release, runtime in ((REL_A, rt_a), (SHARED, rt_foo)):
-            await client.activate_release(release, force=True)
+        # Each release's worker boots: it registers its lane (as boot does) and itself.
+        for runtime in (rt_a, rt_foo):
+            await runtime.db.run(
+                lambda c, r=runtime: Store(SCHEMA).lanes.register(
+                    c, queue=r.queue, release_id=r.release_id
+                )
+            )
+            await client.activate_release(runtime.release_id, force=True)  # its engine queue
             await register_worker(runtime)
         # The worktree's worker boots on runs_foo: it registers its lane and itself.
         await rt_wt.db.run(
