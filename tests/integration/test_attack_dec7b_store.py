@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
+from typing import Any
 
 import asyncpg
 import pytest
 from aiohttp.test_utils import make_mocked_request
+from structlog.testing import capture_logs
 
 from support.db import execute, run_row, sql
 from support.plays import RemedyPlays, remedies_app
@@ -26,6 +29,7 @@ from support.runtime import (
     register_worker,
     work_once,
 )
+from worker.daemon.boot import install_and_register
 from worker.daemon.maintenance import maintain
 from worker.daemon.page_auth import same_origin
 from worker.db.store import Store
@@ -229,3 +233,37 @@ async def test_an_idle_dev_lane_holding_a_run_it_adopted_is_kept(database_url: s
             database_url, f"select status from {SCHEMA}.releases where queue = 'runs_wt'"
         )
         assert status == "claiming"
+
+
+async def test_a_dev_worker_booting_while_maintenance_retires_its_idle_lane_ends_claiming(
+    database_url: str,
+) -> None:
+    """Held: boot (install_and_register) and a maintenance pass race on an idle dev lane,
+    many times over; whichever goes first, the booted worker's lane claims, queue and all."""
+    async with (
+        open_client(database_url) as booting,
+        open_client(database_url) as keeping,
+    ):
+        settings: Any = SimpleNamespace(queue="runs_race", release_id="dev-race")
+        await install_and_register(booting.db, booting.store, settings)
+        orders: set[bool] = set()  # whether maintenance retired the lane first, each time
+        for _ in range(25):
+            await execute(
+                database_url,
+                f"update {SCHEMA}.releases set updated_at = now() - interval '8 days'"
+                " where queue = 'runs_race'",
+            )
+            with capture_logs() as lines:
+                states = await asyncio.gather(
+                    install_and_register(booting.db, booting.store, settings),
+                    maintain(keeping.db, keeping.store, worker_id="k", dev_idle_after_s=WEEK),
+                )
+            orders.add(any(line["event"] == "lane.dev_retired" for line in lines))
+            assert str(states[0]) == "claiming"
+            status = await sql(
+                database_url, f"select status from {SCHEMA}.releases where queue = 'runs_race'"
+            )
+            assert status == "claiming"
+            assert await sql(
+                database_url, "select count(*) from absurd.queues where queue_name = 'runs_race'"
+            )
