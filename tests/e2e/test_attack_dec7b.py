@@ -1,0 +1,328 @@
+"""Attacks of 2026-12-07 (b) on dev lanes standing apart, idle dev lanes and their neighbours.
+
+Each xfail(strict) test is a defect found against real Postgres and real daemons:
+it fails on the code of its commit and passes once the defect is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from support.builds import build
+from support.cli import lane_worker
+from support.daemon import TESTS_DIR, Daemon, Daemons, base_env
+from support.db import execute, sql
+from support.runtime import SCHEMA, open_client
+from support.scaler import passes_seen, scaler_running
+
+
+async def finished_by(daemons: tuple[Daemon, ...], run_id: str) -> Daemon:
+    """The daemon that logs the run's completion first (whichever of them)."""
+    while True:
+        for daemon in daemons:
+            if daemon.events("run.completed", run_id=run_id):
+                return daemon
+        await asyncio.sleep(0.05)
+
+
+SHARED = "foo"  # a release id and a worktree suffix that both give queue runs_foo
+QUEUE_SHARED = "runs_foo"
+NEWER = "rel-newer"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a worktree whose suffix names a release's queue (release foo, suffix foo: runs_foo) "
+    "boots on it unrefused; its dev-foo spelling makes the release lane 'dev' (lane_is_dev), "
+    "so the newer release stops adopting the release's parked run and the worktree runs it",
+)
+async def test_a_worktree_on_a_release_s_queue_never_runs_the_release_s_parked_run(
+    database_url: str,
+) -> None:
+    """Release foo parks a run and retires behind rel-newer; a worktree with suffix foo boots.
+
+    The run must be adopted by rel-newer (or the worktree refused): never executed by
+    the worktree's code, never stranded.
+    """
+    rel_env = {"DEEPLINE_RUNTIME_DEPLOY_VERSION": SHARED}
+    async with Daemons(database_url) as pool, open_client(database_url, rel_env) as client:
+        rel = pool.start(SHARED, name="rel-foo")
+        assert (await rel.ready())["queue"] == QUEUE_SHARED
+        run = await client.submit("waiter", {})
+        await rel.wait_for("run.parked", run_id=run.run_id)
+        rel.terminate()
+        assert await rel.wait_exit(timeout_s=15) == 0
+
+        newer = pool.start(NEWER, name="rel-newer")
+        await newer.ready()
+        assert await client.retire_release(SHARED) == QUEUE_SHARED
+
+        dev = pool.start(
+            f"dev-{SHARED}", name="worktree", DEEPLINE_ABSURD_QUEUE_SUFFIX=SHARED,
+            DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
+        )  # fmt: skip
+        # Either the worktree is refused, or it boots beside the release lane.
+        await dev.wait_for("worker.ready")
+        assert not (await client.signal(run.run_id, "go", {"by": "attack"})).duplicate
+        await finished_by((newer, dev), run.run_id)
+        status = await client.status(run.run_id)
+        assert status.status == "completed"
+        assert status.adopted_release_id == NEWER
+        assert not dev.events(run_id=run.run_id)
+        for daemon in (dev, newer):
+            daemon.terminate()
+            await daemon.wait_exit(timeout_s=15)
+        rows = await sql(
+            database_url, f"select release_ids from {SCHEMA}.releases where queue = $1",
+            QUEUE_SHARED,
+        )  # fmt: skip
+        assert rows is not None
+
+
+SLEEPER = "sleeper"
+QUEUE_SLEEPER = "runs_sleeper"
+AGED = {"LANE_WORKER_DEV_LANE_IDLE_AFTER": "3600", "LANE_WORKER_PRUNE_AFTER": "60"}
+
+
+async def age_lane(database_url: str, queue: str) -> None:
+    """Two hours pass on lane ``queue`` with no heartbeat (a laptop asleep, a stopped VM)."""
+    for statement in (
+        f"update {SCHEMA}.releases set updated_at = now() - interval '2 hours',"
+        " retired_at = case when retired_at is not null then now() - interval '2 hours' end"
+        " where queue = $1",
+        f"update {SCHEMA}.workers set heartbeat_at = now() - interval '2 hours' where queue = $1",
+    ):
+        await execute(database_url, statement, queue)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a dev worker that was asleep (no heartbeat past LANE_WORKER_DEV_LANE_IDLE_AFTER) "
+    "wakes on a lane maintenance retired and pruned meanwhile: only a boot activates a dev "
+    "lane, so the live worker's lane stays retired (shown drained) and its claim loop fails "
+    "on the dropped engine queue (UndefinedTableError each second) until a submit makes it again",
+)
+async def test_a_dev_worker_that_wakes_after_its_lane_was_pruned_serves_it_again(
+    database_url: str,
+) -> None:
+    """SIGSTOP a worktree worker, let maintenance retire and prune its lane, SIGCONT it.
+
+    The worker is alive and serving: its lane must claim again and a run submitted
+    there must complete, as if its worker had booted again.
+    """
+    dev_env = {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SLEEPER}
+    async with Daemons(database_url) as pool, open_client(database_url, dev_env) as client:
+        dev = pool.start(
+            f"dev-{SLEEPER}", name="sleeper", DEEPLINE_ABSURD_QUEUE_SUFFIX=SLEEPER,
+            DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
+        )  # fmt: skip
+        assert (await dev.ready())["queue"] == QUEUE_SLEEPER
+        first = await client.submit("plain", {})
+        await dev.wait_for("run.completed", run_id=first.run_id)
+        os.kill(dev.pid, signal.SIGSTOP)
+        try:
+            await age_lane(database_url, QUEUE_SLEEPER)
+            keeper = pool.start("rel-keeper", name="keeper", **AGED)
+            await keeper.wait_for("lane.dev_retired", queue=QUEUE_SLEEPER)
+            keeper.terminate()
+            await keeper.wait_exit(timeout_s=15)
+            await age_lane(database_url, QUEUE_SLEEPER)
+            keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
+            await keeper.wait_for("lane.pruned", queue=QUEUE_SLEEPER)
+            keeper.terminate()
+            await keeper.wait_exit(timeout_s=15)
+        finally:
+            os.kill(dev.pid, signal.SIGCONT)
+        # The worker wakes and reads its lane again (it logs what it finds).
+        await dev.wait_for("lane.drained")
+        status = await sql(
+            database_url, f"select status from {SCHEMA}.releases where queue = $1", QUEUE_SLEEPER
+        )
+        assert status == "claiming"
+        again = await client.submit("plain", {})
+        await dev.wait_for("run.completed", run_id=again.run_id)
+        dev.terminate()
+        await dev.wait_exit(timeout_s=15)
+
+
+SCALER_PASSWORD = "s3cr3t-scaler-pw-7731"
+FLY_TOKEN = "FlyV1 fm2_attack_token_0042"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the deploy-time app check prints the child's last stderr line unmasked: an app "
+    "whose import fails quoting its environment leaks the scaler's database password and "
+    "API token (secrets the scaler masks in its own boot_failed records) to the deployer",
+)
+async def test_the_deploy_time_app_check_never_shows_the_scaler_s_secrets(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The scaler's environment has a password and a token the deployer does not have.
+
+    A release whose app fails at import with an error naming them is refused (exit 2),
+    and neither secret reaches the deployer's output.
+    """
+    app_dir = tmp_path / "apps"
+    app_dir.mkdir()
+    (app_dir / "leaky_import.py").write_text(
+        "import os\n"
+        "raise RuntimeError('cannot start: ' + os.environ['WORKFLOW_RUNTIME_POSTGRES']"
+        " + ' token ' + os.environ.get('FLY_API_TOKEN', ''))\n"
+    )
+    # Trust authentication here: the password is carried, never checked.
+    scheme, rest = database_url.split("://", 1)
+    user, host = rest.split("@", 1)
+    with_password = f"{scheme}://{user.split(':', 1)[0]}:{SCALER_PASSWORD}@{host}"
+    state = tmp_path / "machines"
+    async with scaler_running(
+        database_url, state, tmp_path / "scaler.log",
+        WORKFLOW_RUNTIME_POSTGRES=with_password, FLY_API_TOKEN=FLY_TOKEN,
+        PYTHONPATH=f"{TESTS_DIR}{os.pathsep}{app_dir}",
+    ):  # fmt: skip
+        await passes_seen(database_url, 1)
+        done = await lane_worker(
+            database_url, "releases", "deploy", "leak-a", "--image", "leaky_import:app"
+        )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    said = done.stdout + done.stderr
+    assert "was not deployed" in said, said
+    assert SCALER_PASSWORD not in said, said
+    assert "fm2_attack_token_0042" not in said, said
+
+
+OLD_BUILD = "395febb"  # main's last commit of 0.2.1 (support.builds.OLDER_BUILDS)
+OLD_SUFFIX = "oldwt"
+QUEUE_OLD_WT = "runs_oldwt"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="maintenance retires and prunes an idle dev lane whatever build its worker runs; "
+    "only a HEAD worker's boot activates it again: a worktree on an older build "
+    "(0.2.1) boots on its retired lane as a drained release would, and refuses",
+)
+async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_retired(
+    database_url: str,
+) -> None:
+    """A worktree runs the 0.2.1 build; a HEAD release worker's maintenance retires and
+    prunes the worktree's idle lane; the worktree's worker boots again and must serve."""
+    old = build(OLD_BUILD)
+    env = {
+        **base_env(database_url, "unused"),
+        "PYTHONPATH": str(old.tests_dir),
+        "DEEPLINE_ABSURD_QUEUE_SUFFIX": OLD_SUFFIX,
+    }
+    env.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    argv = old.argv("run", "--app", "support.apps.basic:app")
+    async with Daemons(database_url) as pool:
+        wt = pool.start_raw("old-worktree", env, argv=argv, cwd=old.root)
+        assert (await wt.ready())["queue"] == QUEUE_OLD_WT
+        wt.terminate()
+        assert await wt.wait_exit(timeout_s=15) == 0
+
+        await age_lane(database_url, QUEUE_OLD_WT)
+        keeper = pool.start("rel-keeper", name="keeper", **AGED)
+        await keeper.wait_for("lane.dev_retired", queue=QUEUE_OLD_WT)
+        keeper.terminate()
+        await keeper.wait_exit(timeout_s=15)
+        await age_lane(database_url, QUEUE_OLD_WT)
+        keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
+        await keeper.wait_for("lane.pruned", queue=QUEUE_OLD_WT)
+        keeper.terminate()
+        await keeper.wait_exit(timeout_s=15)
+
+        back = pool.start_raw("old-worktree-back", env, argv=argv, cwd=old.root)
+        await back.ready()
+        run_id = await sql(
+            database_url,
+            f"select ({SCHEMA}.submit_run('plain', '{{}}'::jsonb, $1))->>'runId'",
+            f"dev-{OLD_SUFFIX}",
+        )
+        await back.wait_for("run.completed", run_id=run_id)
+        back.terminate()
+        await back.wait_exit(timeout_s=15)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the deploy-time app check keeps only the child's last stderr line: an app whose "
+    "import raises is refused with '... (traceback above)' and no traceback anywhere in the "
+    "deployer's output (nor is it kept elsewhere), so the operator cannot see where it failed",
+)
+async def test_a_refused_app_s_traceback_is_shown_where_the_refusal_says(
+    database_url: str, tmp_path: Path
+) -> None:
+    app_dir = tmp_path / "apps"
+    app_dir.mkdir()
+    (app_dir / "broken_import.py").write_text(
+        "def configure():\n    raise KeyError('SOME_SETTING')\n\nconfigure()\n"
+    )
+    async with scaler_running(
+        database_url, tmp_path / "machines", tmp_path / "scaler.log",
+        PYTHONPATH=f"{TESTS_DIR}{os.pathsep}{app_dir}",
+    ):  # fmt: skip
+        await passes_seen(database_url, 1)
+        done = await lane_worker(
+            database_url, "releases", "deploy", "tb-a", "--image", "broken_import:app"
+        )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    said = done.stdout + done.stderr
+    assert "KeyError" in said, said
+    if "traceback above" in said:
+        assert "Traceback (most recent call last)" in said, said
+        assert "configure()" in said, said
+
+
+async def ready_or_exited(daemon: Daemon) -> bool:
+    """True once the daemon logged worker.ready, False once it exited without it."""
+    while True:
+        if daemon.events("worker.ready"):
+            return True
+        if not daemon.running:
+            await daemon.wait_exit()
+            return bool(daemon.events("worker.ready"))
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a release machine (DEEPLINE_RUNTIME_DEPLOY_VERSION=foo) boots unrefused on "
+    "runs_foo, which a worktree (suffix foo) registered first, and runs the worktree's "
+    "parked run on the release's code; only `releases deploy` refuses that lane",
+)
+async def test_a_release_machine_never_runs_a_worktree_s_run_on_a_shared_queue(
+    database_url: str,
+) -> None:
+    """A worktree with suffix foo parks a run and stops; a machine of release foo boots.
+
+    The release machine is refused (or leaves the run alone): the worktree's worker,
+    started again, is the one that finishes it.
+    """
+    wt_env = {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SHARED, "DEEPLINE_RUNTIME_DEPLOY_VERSION": None}
+    async with (
+        Daemons(database_url) as pool,
+        open_client(database_url, {"DEEPLINE_ABSURD_QUEUE_SUFFIX": SHARED}) as client,
+    ):
+        wt = pool.start(f"dev-{SHARED}", name="worktree", **wt_env)
+        assert (await wt.ready())["queue"] == QUEUE_SHARED
+        run = await client.submit("waiter", {})
+        await wt.wait_for("run.parked", run_id=run.run_id)
+        wt.terminate()
+        assert await wt.wait_exit(timeout_s=15) == 0
+
+        rel = pool.start(SHARED, name="release-foo")
+        booted = await ready_or_exited(rel)
+        assert not (await client.signal(run.run_id, "go", {"by": "attack"})).duplicate
+        again = pool.start(f"dev-{SHARED}", name="worktree-again", **wt_env)
+        await again.ready()
+        done_by = await finished_by((again, rel), run.run_id)
+        assert done_by is again, (booted, rel.tail())
+        for daemon in (rel, again):
+            daemon.terminate()
+            await daemon.wait_exit(timeout_s=15)
