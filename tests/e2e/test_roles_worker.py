@@ -86,6 +86,7 @@ async def test_worker_and_app_run_a_play_each_as_its_own_role(
             ]
             status = json.loads(await app.fetchval(f"select {SCHEMA}.run_status($1::uuid)", run_id))
             assert status["status"] == "completed"
+            assert daemon.events("db.role_broad") == []  # its own role: no warning
     finally:
         await app.close()
         await owner.close()
@@ -108,3 +109,16 @@ async def test_a_worker_role_on_an_old_store_exits_78_naming_migrate(
         assert await daemon.wait_exit(timeout_s=60) == 78
         assert "lane-worker migrate" in daemon.stderr
         assert "owner" in daemon.stderr
+
+
+async def test_a_deployed_worker_connecting_as_a_superuser_is_warned_once(
+    database_url: str,
+) -> None:
+    async with Daemons(database_url) as pool:
+        daemon = pool.start(RELEASE)  # the tests' URL: the superuser postgres
+        await daemon.ready()
+        (said,) = daemon.events("db.role_broad")
+        assert (said["level"], said["part"], said["superuser"]) == ("warning", "worker", True)
+        assert "lane_worker_worker" in said["hint"]
+        daemon.terminate()
+        assert await daemon.wait_exit(timeout_s=60) == 0

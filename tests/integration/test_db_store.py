@@ -75,6 +75,7 @@ async def test_migrations_are_rerunnable(conn: asyncpg.Connection[asyncpg.Record
         "scaler_creates",
         "page_actions",
         "release_hold",
+        "role_templates",
     }
 
 

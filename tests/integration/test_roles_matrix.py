@@ -365,6 +365,8 @@ async def test_worker_uses_the_engine_tables_of_a_lane_made_after_the_grants(
                 "create table absurd.mine (x int)",
                 f"drop table {SCHEMA}.runs",
                 "select absurd.create_queue('runs_worker_made')",
+                # Which roles migrate grants again is the owner's record (store 0043).
+                f"insert into {SCHEMA}.role_templates (prefix) values ('evil')",
             )
         ]
         assert [r for r in refused if r] == []

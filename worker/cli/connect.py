@@ -44,7 +44,7 @@ def with_client(action: Callable[[LaneClient], Awaitable[T]], *, check: tuple[st
     async def main() -> T:
         try:
             client = await LaneClient.connect(
-                env=env, retry_for_s=CONNECT_RETRY_S, diagnosis=diagnosis
+                env=env, retry_for_s=CONNECT_RETRY_S, diagnosis=diagnosis, as_app=False
             )
         except (ValueError, asyncpg.ClientConfigurationError) as exc:
             if isinstance(exc, LaneConfigError):

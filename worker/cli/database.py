@@ -127,9 +127,12 @@ def migrate(replace_engine_functions: bool, as_json: bool) -> None:
         storeVersion=store.current,
         storeApplied=list(store.applied),
         storeNewer=list(store.unknown_compatible),
+        rolesRegranted=list(store.regranted),
     )
     lines = [f"engine schema: {engine}", f"store {schema}: applied {applied}"]
     lines[-1] += f"; version {store.current:04d}"
     if newer:
         lines.append(f"store {schema} also holds newer compatible migrations {newer}")
+    if store.regranted:
+        lines.append(f"roles granted again: {', '.join(p + '_*' for p in store.regranted)}")
     emit(as_json, report, *lines)

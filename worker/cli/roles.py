@@ -14,6 +14,7 @@ from worker.cli.params import json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.config import settings
+from worker.db import role_grants
 from worker.db import roles as role_sql
 from worker.db.pool import Connection
 
@@ -58,8 +59,15 @@ def roles(prefix: str, apply_: bool, as_json: bool) -> None:
                 for statement in plan.statements:
                     await conn.execute(statement)
 
+        async def apply_and_record(conn: Connection) -> None:
+            await apply(conn)
+            # So `migrate` grants them what a later migration adds (store 0043).
+            await role_grants.record(conn, diagnosis.store_schema, prefix)
+
         async def action(client: LaneClient) -> None:
-            await client.db.transaction(apply)
+            # A store older than this build lacks what the grants name: migrate first.
+            await client.check_schemas()
+            await client.db.transaction(apply_and_record)
 
         with_client(action)
     report = {

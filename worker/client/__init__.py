@@ -34,13 +34,16 @@ from worker.client.results import SignalResult as SignalResult
 from worker.client.results import StepView as StepView
 from worker.client.results import SubmittedRun as SubmittedRun  # public API
 from worker.client.results import WorkerRelease as WorkerRelease
+from worker.client.schemas import SchemaCalls
 from worker.config import settings
 from worker.config.dburl import url_problem
-from worker.db import engine, engine_schema
+from worker.db import engine, role_check
 from worker.db.pool import Connection, Database, PoolOptions
-from worker.db.store import MigrationReport, Store
+from worker.db.store import MigrationReport as MigrationReport  # public API
+from worker.db.store import Store
 from worker.db.tasks import LANES_CHANNEL as LANES_CHANNEL
-from worker.errors import InvalidRequestError, LaneConfigError, SchemasMissingError, shown
+from worker.errors import InvalidRequestError, LaneConfigError, shown
+from worker.errors import SchemasMissingError as SchemasMissingError  # what check_schemas raises
 from worker.errors import UnknownLaneError as UnknownLaneError
 from worker.limits import (
     checked_input,
@@ -81,7 +84,7 @@ def __getattr__(name: str) -> Any:
     return results.deprecated_name(__name__, name)
 
 
-class LaneClient(OperatorCalls):
+class LaneClient(SchemaCalls, OperatorCalls):
     """Submit, signal, cancel and inspect runs on one runtime database."""
 
     def __init__(
@@ -126,11 +129,14 @@ class LaneClient(OperatorCalls):
         env: Mapping[str, str] | None = None,
         retry_for_s: float = 30.0,
         diagnosis: settings.Diagnosis | None = None,
+        as_app: bool = True,
     ) -> LaneClient:
         """Connect with ``url`` (default ``WORKFLOW_RUNTIME_POSTGRES``) to store ``schema``.
 
         Connection errors are retried for ``retry_for_s`` seconds (here and on every call).
         ``diagnosis``: ``env`` as the caller parsed it already (the CLI), used as it is.
+        ``as_app``: an app's client, which a deployed release's process should connect
+        with the app's role (``db.role_broad`` warns once otherwise); False for the CLI.
         """
         values = dict(os.environ if env is None else env)
         # An explicit url or schema stands for the variable: check it by the same rules.
@@ -155,7 +161,19 @@ class LaneClient(OperatorCalls):
                 retry_for_s=retry_for_s,
             )
         )
-        return cls(db, Store(diagnosis.store_schema), env=values, diagnosis=diagnosis)
+        store = Store(diagnosis.store_schema)
+        if as_app:
+            release = lanes.launch_release_id(values)
+            try:
+                await db.run(
+                    lambda c: role_check.warn_if_broad(
+                        c, store.schema, part="app", release_id=release
+                    )
+                )
+            except BaseException:
+                await db.close()
+                raise
+        return cls(db, store, env=values, diagnosis=diagnosis)
 
     async def close(self) -> None:
         """Close the client's pool."""
@@ -166,73 +184,6 @@ class LaneClient(OperatorCalls):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    async def _memoized(self, key: str | None, make: Any) -> None:
-        # One in-flight preparation per key and process; a failure is evicted so
-        # the next caller tries again (and sees the error itself).
-        task = self._schemas_ready if key is None else self._ready.get(key)
-        if task is None:
-            task = asyncio.ensure_future(make())
-            if key is None:
-                self._schemas_ready = task
-            else:
-                self._ready[key] = task
-        try:
-            await asyncio.shield(task)
-        except BaseException:
-            if key is None:
-                self._schemas_ready = None
-            else:
-                self._ready.pop(key, None)
-            raise
-
-    async def ensure_schemas(self) -> None:
-        """Install or upgrade the engine schema and the store (once per process)."""
-        if not self._schemas_installed:
-            await self._memoized(None, self.migrate)
-
-    async def check_schemas(self) -> None:
-        """Make sure both schemas are installed and current (once per process); install nothing.
-
-        Raises ``SchemasMissingError`` naming ``lane-worker migrate`` when they are not:
-        reading or operating on a database must never change its schemas.
-        """
-        if self._schemas_installed or self._schemas_ready is not None:
-            return
-        if self._schemas_checked is None:
-            self._schemas_checked = asyncio.ensure_future(self.db.run(self._check_schemas))
-        try:
-            await asyncio.shield(self._schemas_checked)
-        except BaseException:
-            self._schemas_checked = None
-            raise
-
-    async def _check_schemas(self, conn: Connection) -> None:
-        if not (
-            await engine_schema.engine_schema_current(conn) and await self.store.is_current(conn)
-        ):
-            raise SchemasMissingError(
-                f"the runtime database lacks lane-worker's schemas (engine schema, or the "
-                f"run-state store {self.store.schema}), or holds older ones; run "
-                "`lane-worker migrate` first."
-            )
-
-    async def migrate(
-        self, *, replace_engine_functions: bool = False
-    ) -> tuple[str, MigrationReport]:
-        """Install or upgrade the engine schema and the store; say what was done.
-
-        An engine upgrade that would replace a function another system patched is
-        refused (``EngineSchemaError``) unless ``replace_engine_functions``.
-        """
-        # First: a store schema of another system's refuses before anything is made.
-        await self.db.run(self.store.refuse_conflicts)
-        engine_outcome = await self.db.run(
-            lambda c: engine_schema.ensure_engine_schema(
-                c, replace_foreign=replace_engine_functions
-            )
-        )
-        return engine_outcome, await self.db.run(self.store.migrate)
 
     async def ensure_queue(self, queue: str) -> None:
         """Make ``queue`` ready once per process (memoized, evicted on failure)."""

@@ -30,7 +30,7 @@ from worker.config.dburl import url_secrets
 from worker.config.settings import Settings
 from worker.daemon import logs
 from worker.daemon.loops import prepare_queue
-from worker.db import engine_schema
+from worker.db import engine_schema, role_check
 from worker.db.pool import Database, PoolOptions, is_transient
 from worker.db.store import Store
 from worker.errors import (
@@ -172,6 +172,10 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     booting again makes it claim again, its engine queue made again if it was dropped.
     """
     s = settings
+    # A deployed worker connecting as a superuser or the owner: said once (issue 33).
+    await db.run(
+        lambda c: role_check.warn_if_broad(c, store.schema, part="worker", release_id=s.release_id)
+    )
     try:
         await db.run(store.refuse_conflicts)  # another system's store there: nothing is made
         await db.run(engine_schema.ensure_engine_schema)

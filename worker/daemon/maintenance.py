@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import structlog
 
-from worker.db import engine
+from worker.db import engine, role_check
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import MaintainedLane
@@ -177,6 +177,19 @@ async def _prune(
     candidates = {r.queue: r for r in await pruning.candidates(prune_after_s)}
     picked = rotation.take("prune", list(candidates), PRUNE_CHECKS_PER_PASS)
     if not picked:
+        return 0
+    if not await db.run(role_check.may_drop_queues):
+        # A worker's own role (issue 33) may not drop the owner's engine tables: the
+        # prune would fail each pass. Said once a pass while lanes wait for it.
+        log.warning(
+            "maintenance.prune_skipped",
+            worker_id=worker_id,
+            lanes=len(candidates),
+            after_s=prune_after_s,
+            hint="this worker's database role may not drop engine queues: prune as the "
+            "store's owner (`lane-worker lanes prune`, on a schedule), or set "
+            "LANE_WORKER_PRUNE_AFTER=0 on workers that connect with their own role",
+        )
         return 0
     pruned = await pruning.prune_rows([candidates[q] for q in picked])
     rotation.done("prune", picked[-1])

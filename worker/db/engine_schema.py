@@ -77,10 +77,7 @@ async def engine_schema_current(conn: Connection) -> bool:
     Raises ``EngineSchemaError`` when it is newer than this build knows.
     """
     version = await installed_engine_version(conn)
-    if version is None:
-        return False
-    _refuse_newer(version)
-    if version != ENGINE_SCHEMA_VERSION:
+    if not version_current(version):
         return False
     # This build's contracts come with the engine install (migrate), by any build
     # of a lane-worker version that ships them.
@@ -88,6 +85,15 @@ async def engine_schema_current(conn: Connection) -> bool:
         return False
     present: int = await conn.fetchval(engine_query("contracts_present"), list(CONTRACTS))
     return present == len(CONTRACTS)
+
+
+def version_current(version: str | None) -> bool:
+    """Tell whether engine schema ``version`` (None: not installed) is this build's;
+    raise ``EngineSchemaError`` when it is newer."""
+    if version is None:
+        return False
+    _refuse_newer(version)
+    return version == ENGINE_SCHEMA_VERSION
 
 
 async def _upgrade(conn: Connection, version: str, *, replace_foreign: bool) -> list[str]:

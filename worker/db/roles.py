@@ -47,10 +47,13 @@ APP_FUNCTIONS: tuple[str, ...] = (
     "run_status(uuid)",
     "report_runner_result(uuid, integer, jsonb)",
     "worker_release_id(text, text)",
+    "schema_versions()",  # store 0043: the versions a client checks before its calls
     "value_limits()",
 )
 # Which of them run with the owner's rights (value_limits reads nothing).
 DEFINER_FUNCTIONS: tuple[str, ...] = APP_FUNCTIONS[:-1]
+# What the viewer may call: the versions its commands check (it reads no engine schema).
+VIEWER_FUNCTIONS: tuple[str, ...] = ("schema_versions()",)
 # The worker's own (store 0042): its lane's queue and trigger, made as the owner.
 WORKER_DEFINER_FUNCTIONS: tuple[str, ...] = ("prepare_lane_queue(text)",)
 
@@ -130,6 +133,7 @@ SCALER_FUNCTIONS: tuple[str, ...] = (
     "resume_releases(text)",
     "refuse_if_held(text, boolean)",
     "store_id()",
+    "schema_versions()",
 )
 
 
@@ -193,6 +197,7 @@ def plans(store_schema: str, prefix: str = DEFAULT_PREFIX) -> tuple[RolePlan, ..
     ]
     viewer = [f"grant usage on schema {schema} to {role['viewer']}"]
     viewer += _viewer_reads(schema, role["viewer"])
+    viewer.append(_functions(schema, VIEWER_FUNCTIONS, role["viewer"]))
     scaler = [f"grant usage on schema {schema} to {role['scaler']}"]
     scaler += _viewer_reads(schema, role["scaler"])
     tables = ", ".join(f"{schema}.{t}" for t in SCALER_TABLES)
@@ -210,6 +215,8 @@ def plans(store_schema: str, prefix: str = DEFAULT_PREFIX) -> tuple[RolePlan, ..
             f"grant usage, select, update on all sequences in schema {each} to {role['worker']}",
             f"grant execute on all functions in schema {each} to {role['worker']}",
         ]
+    # Which roles `migrate` grants again (store 0043) is the owner's record alone.
+    worker.append(f"revoke insert, update, delete on {schema}.role_templates from {role['worker']}")
     # A lane's engine tables are created later (a first submit, a boot): by the owner.
     worker += [
         f"alter default privileges in schema {engine} grant select, insert, update, delete "

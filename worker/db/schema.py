@@ -13,6 +13,7 @@ from functools import cache
 
 import structlog
 
+from worker.db import role_grants
 from worker.db.pool import Connection
 from worker.db.sql import fill, query, quote_ident, sql_files
 from worker.errors import StoreSchemaConflictError, StoreSchemaError
@@ -45,6 +46,8 @@ class MigrationReport:
     applied: tuple[int, ...]
     current: int
     unknown_compatible: tuple[int, ...]
+    # The role prefixes whose grants were made again (worker/db/role_grants.py).
+    regranted: tuple[str, ...] = ()
 
 
 def known_migrations() -> list[Migration]:
@@ -95,6 +98,8 @@ async def migrate(conn: Connection, schema: str) -> MigrationReport:
                 _sql("record", schema), migration.version, migration.name, migration.compatible
             )
             done.append(migration.version)
+        # What these migrations added, granted to the roles `roles --apply` made.
+        regranted = await role_grants.regrant(conn, schema) if done else ()
     if unknown:
         log.warning(
             "store.newer_compatible_migrations", schema=schema, unknown=unknown, known=newest_known
@@ -103,6 +108,7 @@ async def migrate(conn: Connection, schema: str) -> MigrationReport:
         applied=tuple(done),
         current=max([newest_known, *unknown]),
         unknown_compatible=tuple(unknown),
+        regranted=regranted,
     )
 
 
@@ -115,7 +121,12 @@ async def is_current(conn: Connection, schema: str) -> bool:
     ledger = f"{quote_ident(schema)}.schema_migrations"
     if not await conn.fetchval(_sql("ledger_exists", schema), ledger):
         return False
-    applied = await _applied(conn, schema)
+    return current_among(schema, await _applied(conn, schema))
+
+
+def current_among(schema: str, applied: dict[int, tuple[str, bool]]) -> bool:
+    """Tell whether ``applied`` (version: name, compatible) holds every migration of this
+    build; raise ``StoreSchemaError`` for one it cannot run against (``is_current``)."""
     known = known_migrations()
     _check_unknown(schema, applied, known[-1].version if known else 0)
     return all(m.version in applied for m in known)

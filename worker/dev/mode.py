@@ -105,7 +105,7 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str], embedded:
         return 0
     # The environment boot parsed, as it parsed it.
     diagnosis = supervisor.settings.diagnosis
-    async with await LaneClient.connect(env=env, diagnosis=diagnosis) as client:
+    async with await LaneClient.connect(env=env, diagnosis=diagnosis, as_app=False) as client:
         submitted = [(play, (await client.submit(play, params)).run_id) for play, params in runs]
         click.echo(f"dev: submitted {len(submitted)} demo runs to {supervisor.settings.queue}")
         last: dict[str, str] = {}

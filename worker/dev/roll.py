@@ -78,7 +78,7 @@ async def _roll(values: dict[str, str], app_spec: str, data_dir: Path) -> int:
     machines = ProcessBackend(
         data_dir.parent / f"roll-machines-{tag}", {**values, "LANE_WORKER_LOG_FORMAT": "json"}
     )
-    client = await LaneClient.connect(env=values)
+    client = await LaneClient.connect(env=values, as_app=False)
     scaler = Scaler(client, machines, health_port=0)
     try:
         await client.migrate()
@@ -131,7 +131,7 @@ async def _story(
     await _ready(client, a, 1)
     _say(f"{a} is ready; submitting work to its lane")
     async with await LaneClient.connect(
-        env={**values, "DEEPLINE_RUNTIME_DEPLOY_VERSION": a}
+        env={**values, "DEEPLINE_RUNTIME_DEPLOY_VERSION": a}, as_app=False
     ) as on_a:
         naps = [(await on_a.submit("nap", {"seconds": 8})).run_id for _ in range(2)]
         waiting = (await on_a.submit("approval", {"order": "R-1"})).run_id

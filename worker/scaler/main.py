@@ -54,7 +54,7 @@ def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_por
     machines = backend_for(backend, env, state_dir)
 
     async def main() -> int:
-        client = await LaneClient.connect(env=env)
+        client = await LaneClient.connect(env=env, as_app=False)  # the scaler: its own role
         try:
             await client.check_schemas()
             scaler = Scaler(client, machines, health_port=health_port, secrets=secrets)

@@ -8,6 +8,7 @@ errors ``LaneClient`` has always raised.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -60,6 +61,18 @@ class ApiQueries(Queries):
     """``submit_run(s)``, ``signal_run``, ``cancel_run``, ``run_status``, runner results."""
 
     FILE = "api.sql"
+
+    def __init__(self, schema: str) -> None:
+        super().__init__(schema)
+        # Whether this process's role may read the tables `status` reads beside
+        # run_status (False once refused: the app's role).
+        self._tables_readable = True
+
+    async def schema_versions(self, conn: Connection) -> dict[str, Any]:
+        """The store's applied migrations, the engine's version and contracts (0043)."""
+        said = await self._value(conn, "schema_versions")
+        result: dict[str, Any] = json.loads(said) if isinstance(said, str) else said
+        return result
 
     async def submit(
         self,
@@ -119,9 +132,14 @@ class ApiQueries(Queries):
         ``source`` is who cancels, as the ``run.cancelled`` fact names it: ``client``
         (the app) or ``operator`` (the CLI, the page).
         """
-        result: dict[str, Any] = await refusals(
-            self._value(conn, "cancel_run", run_id, reason, source)
+        # The app's own cancel_run says `client` as cancel_run_by does: one answer,
+        # and the only one a role granted the SQL API alone may call (issue 33).
+        name, args = (
+            ("cancel_run_api", (reason,))
+            if source == "client"
+            else ("cancel_run", (reason, source))
         )
+        result: dict[str, Any] = await refusals(self._value(conn, name, run_id, *args))
         return result
 
     async def report_runner(
@@ -139,7 +157,17 @@ class ApiQueries(Queries):
         Read in parts, so a stored value this process cannot decode (its output,
         error, or a fact's delivery error) stands in alone as ``Unreadable``.
         """
-        row = await refusals(conn.fetchrow(self._q["run_status"], run_id))
+        row = None
+        if self._tables_readable:
+            try:
+                async with conn.transaction():  # a savepoint when the caller's is open
+                    row = await refusals(conn.fetchrow(self._q["run_status"], run_id))
+            except asyncpg.InsufficientPrivilegeError:
+                # A role granted the SQL API only (the app's: issue 33) reads what
+                # run_status returns and no table: from now on, that alone.
+                self._tables_readable = False
+        if row is None:
+            row = await refusals(conn.fetchrow(self._q["run_status_api"], run_id))
         assert row is not None  # one row per call; an unknown run raises
         result: dict[str, Any] = dict(row["rest"])
         result["output"], result["error"] = row["output"], row["error"]
@@ -154,6 +182,11 @@ class ApiQueries(Queries):
         # park repeats it), with the claim's error or put-back reason. The claims
         # are `claims` since 0036; `attempts` is the same list under its old name.
         claims = result.get("claims", result["attempts"])
+        if "sleeps" not in row:  # run_status alone: the claims numbered, no more
+            for n, attempt in enumerate(claims, start=1):
+                attempt.update(claim=n)
+            result["claims"] = result["attempts"] = claims
+            return result
         for n, (attempt, claim, error) in enumerate(
             zip(claims, row["claims"], row["attempt_errors"], strict=True), start=1
         ):

@@ -77,3 +77,25 @@ select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
 
 -- name: report_runner_result
 select {schema}.report_runner_result($1, $2, $3);
+
+-- name: run_status_api
+-- run_status alone, in the same parts as run_status above: for a role that may
+-- call the SQL API and read no table (the app's, issue 33). Its claims then
+-- carry no times, machine or error, and the durable sleeps are not among the
+-- steps (the tables hold those).
+select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
+       s -> 'error' as error,
+       array(select f #- '{delivery,error}' from jsonb_array_elements(s -> 'facts')
+                      with ordinality as e(f, n) order by n) as facts,
+       array(select f #> '{delivery,error}' from jsonb_array_elements(s -> 'facts')
+                      with ordinality as e(f, n) order by n) as delivery_errors
+  from {schema}.run_status($1) s;
+
+-- name: cancel_run_api
+-- The SQL API's cancel_run: cancel_run_by($1, $2, 'client') with the owner's
+-- rights (0041), for a role granted the API only.
+select {schema}.cancel_run($1, $2);
+
+-- name: schema_versions
+-- The store's applied migrations, the engine's version and contracts (0043).
+select {schema}.schema_versions();
