@@ -67,6 +67,10 @@ def test_sessions_are_signed_expire_and_carry_their_csrf_token() -> None:
     assert not PageAuth(None).enabled
     assert auth.token_matches(GOOD)
     assert not auth.token_matches(GOOD[:-1])
+    # Posted from a file made by `openssl rand -hex 24 > f` (its newline), or pasted.
+    assert auth.token_matches(GOOD + "\n")
+    assert auth.token_matches(f"  {GOOD}\r\n")
+    assert not auth.token_matches(GOOD + "x\n")
 
 
 @pytest.mark.parametrize("who", ["", " ", "x" * 101, "a\x00b"])

@@ -103,10 +103,14 @@ class PageAuth:
         return self._key is not None
 
     def token_matches(self, given: str) -> bool:
-        """Whether ``given`` is the page token (compared in constant time)."""
+        """Whether ``given`` is the page token (compared in constant time).
+
+        Surrounding whitespace is not part of it (a token has none): a token posted from
+        a file (``curl --data-urlencode token@file``) carries the file's last newline.
+        """
         if self._digest is None:
             return False
-        return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), self._digest)
+        return hmac.compare_digest(hashlib.sha256(given.strip().encode()).digest(), self._digest)
 
     def _sign(self, purpose: str, text: str) -> str:
         assert self._key is not None
