@@ -173,6 +173,7 @@ def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
         "attempts": 0,  # spent, as `runs` counts them; each worker's take is a claim
         "maxAttempts": report["maxAttempts"],
         "claims": [],
+        "waitsFor": None,  # a parked run's wait (kind, eventKey, wakeAtMs, deadlineMs)
         "output": None,
         "error": None,
         "retryOf": None,

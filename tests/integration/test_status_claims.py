@@ -15,7 +15,7 @@ import json
 import uuid
 
 from support.cli import lane_worker
-from support.db import make_sleepers_due, run_row, sql, wake_nap
+from support.db import run_row, sql, wake_nap
 from support.plays import QA, A, RemedyPlays, narrow_app, remedies_app, two_lanes
 from support.runtime import SCHEMA, eventually, open_runtime, register_worker, work_once
 from worker.daemon.run_page import render_run
@@ -94,12 +94,30 @@ async def test_a_run_that_parks_twice_spent_one_attempt_everywhere(
     async with two_lanes(database_url, app) as (client, rt_a, _rt_b):
         run = await client.submit("nap-then-wait")
         assert await work_once(rt_a) == ["parked"]  # the nap
-        await make_sleepers_due(database_url, QA)
+        # Its wake time moved too (not only the engine's due time): a 0.3 s nap resumed
+        # early would park on the nap again, and the claims below would count it.
+        await wake_nap(database_url, QA, run.run_id)
 
         async def parked_again() -> bool:
             return "parked" in await work_once(rt_a)  # now waiting for "go"
 
         await eventually(parked_again, what="the run to park on its event")
+        # While parked, `status` says what it waits for; a signal of another key says it
+        # wakes nothing (the walk of 2026-12-07: "delivered", and the run stayed parked).
+        parked = await lane_worker(database_url, "status", run.run_id)
+        assert parked.returncode == 0, parked.stderr
+        assert any(
+            line.startswith("waits for") and line.endswith("event 'go'")
+            for line in parked.stdout.splitlines()
+        ), parked.stdout
+        as_json = json.loads(
+            (await lane_worker(database_url, "status", run.run_id, "--json")).stdout
+        )
+        assert as_json["waitsFor"]["kind"] == "integration_event"
+        assert as_json["waitsFor"]["eventKey"] == "go"
+        wrong = await lane_worker(database_url, "signal", run.run_id, "gooo")
+        assert wrong.returncode == 0, wrong.stderr
+        assert "The run waits for event 'go', not 'gooo': it stays parked" in wrong.stdout
         assert not (await client.signal(run.run_id, "go", {"by": "test"})).duplicate
 
         async def completed() -> bool:
@@ -113,6 +131,7 @@ async def test_a_run_that_parks_twice_spent_one_attempt_everywhere(
         assert said.returncode == 0, said.stderr
         shown = json.loads(said.stdout)
         assert (shown["attempts"], shown["maxAttempts"]) == (1, row["max_attempts"])
+        assert shown["waitsFor"] is None  # it ended
         claims = shown["claims"]
         assert [(c["claim"], c["attempt"], c["disposition"]) for c in claims] == [
             (1, 1, "own"), (2, 1, "own"), (3, 1, "own"),

@@ -24,7 +24,7 @@ from worker.errors import printable
 from worker.jsonvalue import unreadable_in
 from worker.ops.lanes_text import aligned
 from worker.ops.remedies import MAX_LIST, STATUS_FILTERS
-from worker.ops.run_view import claims_line
+from worker.ops.run_view import claims_line, waits_line
 
 
 @cli.command()
@@ -39,7 +39,18 @@ from worker.ops.run_view import claims_line
 @json_option
 def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
     """Deliver integration event EVENT_KEY to a run (first wins)."""
-    result = with_client(lambda client: client.signal(run_id, event_key, data))
+
+    async def action(client: LaneClient) -> tuple[Any, str | None]:
+        said = await client.signal(run_id, event_key, data)
+        waits = (await client.status(said.delivered_to)).waits_for if said.delivered_to else None
+        key = (
+            (waits or {}).get("eventKey")
+            if (waits or {}).get("kind") == "integration_event"
+            else None
+        )
+        return said, key if key is not None and key != event_key else None
+
+    result, other_key = with_client(action)
     report = {
         "runId": result.run_id,
         "eventKey": event_key,
@@ -64,6 +75,13 @@ def signal(run_id: str, event_key: str, data: Any, as_json: bool) -> None:
         )
     else:
         text = f"delivered event {event_key!r} to {via}."
+        if other_key is not None:
+            # Kept for a later wait on that key, but it wakes nothing now: say so.
+            text += (
+                f" The run waits for event {other_key!r}, not {event_key!r}: it stays parked"
+                " (is the key misspelled?)."
+            )
+            report["waitsForEvent"] = other_key
     emit(as_json, report, text)
 
 
@@ -122,6 +140,7 @@ def status(run_id: str, as_json: bool) -> None:
         ("release", now.release_id),
         ("adopted release", now.adopted_release_id or "(none)"),
         ("queue", now.queue),
+        *([("waits for", waits_line(now.waits_for))] if now.waits_for else []),
         # Attempts spent as `runs` and the run page count them; each claim below.
         ("attempts", _attempts_line(now)),
         ("claims", claims_line((a.disposition, a.attempt) for a in now.claims)),

@@ -123,6 +123,9 @@ class RunReport:
     # page say (store migration 0036's attemptCount). A park and its resume are none.
     attempt_count: int = 0
     max_attempts: int | None = None
+    # A parked run's wait: kind (sleep, integration_event, runner), eventKey, wakeAtMs,
+    # deadlineMs (as text). None when the run is not waiting, or read as the app role.
+    waits_for: dict[str, str] | None = None
 
     @property
     def claims(self) -> tuple[AttemptView, ...]:
@@ -155,6 +158,7 @@ class RunReport:
                 for a in said.get("claims", said["attempts"])
             ),
             attempt_count=said.get("attemptCount", 0),
+            waits_for=said.get("waitsFor"),
             max_attempts=said.get("maxAttempts"),
             output=said["output"],
             error=said["error"],
@@ -206,6 +210,7 @@ class RunReport:
                 }
                 for a in self.attempts
             ],
+            "waitsFor": self.waits_for,
             "output": self.output,
             "error": self.error,
             "retryOf": self.retry_of,

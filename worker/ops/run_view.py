@@ -10,8 +10,9 @@ open, and its clock. Both are read in one snapshot.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from worker.db.pool import Connection
@@ -61,3 +62,27 @@ def claims_line(claims: Iterable[tuple[str, int]]) -> str:
     if back:
         parts.append(f"{back} put back without running it")
     return f"{total} ({', '.join(parts)})"
+
+
+def _at_ms(text: str | None) -> str:
+    """A stored epoch-milliseconds value as UTC time ('?' when it is not one)."""
+    try:
+        at = datetime.fromtimestamp(float(text or "") / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        return "?"
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def waits_line(wait: Mapping[str, str] | None) -> str:
+    """Say what a parked run waits for (``status``): a sleep's end, an event, a runner."""
+    if not wait:
+        return ""
+    kind = wait.get("kind")
+    deadline = f" (deadline {_at_ms(wait['deadlineMs'])})" if wait.get("deadlineMs") else ""
+    if kind == "sleep":
+        return f"a sleep, until {_at_ms(wait.get('wakeAtMs'))}"
+    if kind == "integration_event":
+        return f"event {wait.get('eventKey')!r}{deadline}"
+    if kind == "runner":
+        return f"a detached runner's result (lane-worker runner-result){deadline}"
+    return f"a wait of kind {kind!r}"

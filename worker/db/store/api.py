@@ -171,6 +171,8 @@ class ApiQueries(Queries):
         assert row is not None  # one row per call; an unknown run raises
         result: dict[str, Any] = dict(row["rest"])
         result["output"], result["error"] = row["output"], row["error"]
+        if "wait" in row and row["wait"] is not None:
+            result["waitsFor"] = {k: v for k, v in row["wait"].items() if v is not None}
         facts = []
         for fact, error in zip(row["facts"], row["delivery_errors"], strict=True):
             fact = dict(fact)

@@ -27,6 +27,15 @@ select {schema}.cancel_run_by($1, $2, $3);
 -- output 3,000 levels deep, written past the API's checks) then stands in as
 -- that one value, never as the whole status (worker/db/store/api.py).
 select s - 'output' - 'error' - 'facts' as rest, s -> 'output' as output,
+       -- What a parked run waits for, as short text fields only (its kind, an event's
+       -- key, a sleep's end or a deadline): `status` says it, `signal` checks the key.
+       (select jsonb_build_object('kind', r.current_wait ->> 'kind',
+                                  'eventKey', r.current_wait ->> 'eventKey',
+                                  'wakeAtMs', r.current_wait ->> 'wakeAtMs',
+                                  'deadlineMs', r.current_wait ->> 'deadlineMs')
+          from {schema}.runs r
+         where r.run_id = $1 and r.status = 'waiting'
+           and jsonb_typeof(r.current_wait) = 'object') as wait,
        s -> 'error' as error,
        array(select f #- '{delivery,error}' from jsonb_array_elements(s -> 'facts')
                       with ordinality as e(f, n) order by n) as facts,
