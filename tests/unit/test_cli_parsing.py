@@ -85,6 +85,8 @@ RUN = "9b6c1f2e-5d4a-4e3b-8c7d-0a1b2c3d4e5f"
         (["lanes", "retire", "..."], "names no lane"),
         (["lanes", "activate", " "], "must not be blank"),
         (["run", "--app", "module.only"], "is not MODULE:ATTRIBUTE"),
+        (["run", "--app", "myproj.plays"], "(for example myproj.plays:app, if the App is named"),
+        (["run", "--app", "myproj/plays.py"], "(for example myproj.plays:app, if the App"),
     ],
 )
 def test_unusable_arguments_exit_2_before_any_connection(args: list[str], needle: str) -> None:

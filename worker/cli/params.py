@@ -148,7 +148,12 @@ def _run_id_problem(value: str) -> str | None:
 
 def _app_problem(value: str) -> str | None:
     module, _, attr = value.partition(":")
-    return None if module.strip() and attr.strip() else f"{value!r} is not MODULE:ATTRIBUTE."
+    if module.strip() and attr.strip():
+        return None
+    # What was meant, most likely: a file path or a module without its attribute.
+    guess = module.strip().removesuffix(".py").replace("/", ".").strip(".")
+    hint = f" (for example {guess}:app, if the App is named app)" if guess else ""
+    return f"{value!r} is not MODULE:ATTRIBUTE{hint}."
 
 
 def _play_problem(value: str) -> str | None:
