@@ -215,7 +215,7 @@ export class LaneClient {
       [
         play,
         input,
-        options.releaseId ?? this.releaseId,
+        this.#releaseOf(options.releaseId, ''),
         options.idempotencyKey,
         options.runtimeApi,
         options.maxAttempts,
@@ -224,14 +224,30 @@ export class LaneClient {
     );
   }
 
+  // The release a submit names: its own, else the client's. Neither: say where one goes,
+  // rather than the store's bare "a release lane needs a non-empty release id".
+  #releaseOf(given: string | undefined, where: string): string {
+    const releaseId = given ?? this.releaseId;
+    if (releaseId === undefined || releaseId === null) {
+      throw new BadInputError(
+        `${where}a submit needs the release id of the worker that is to run it: pass ` +
+          `{ releaseId } to new LaneClient(...) or to this call (a deploy's ` +
+          `DEEPLINE_RUNTIME_DEPLOY_VERSION, or what workerReleaseId() returns for a ` +
+          `worktree's DEEPLINE_ABSURD_QUEUE_SUFFIX)`,
+        '22023',
+      );
+    }
+    return releaseId;
+  }
+
   /**
    * Submit every request in one transaction, all or none (`submit_runs`); one
    * result per request, in order. A refusal's message starts `item N: ` (0-based).
    */
   async submitMany(requests: readonly SubmitRequest[]): Promise<SubmittedRun[]> {
-    const items = requests.map((request) => ({
+    const items = requests.map((request, index) => ({
       ...request,
-      releaseId: request.releaseId ?? this.releaseId,
+      releaseId: this.#releaseOf(request.releaseId, `item ${index}: `),
     }));
     return this.callFunction<SubmittedRun[]>(
       'submit_runs',

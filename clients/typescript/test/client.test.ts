@@ -67,10 +67,16 @@ test('a request the API refuses is a BadInputError with the reason', async () =>
   });
   await assert.rejects(client.submit('greet', {}, { releaseId: '???' }), BadInputError);
   await assert.rejects(client.submit('greet', {}, { maxAttempts: 0 }), BadInputError);
-  // No release given anywhere: the store says a lane needs one.
+  // No release given anywhere: the client says where one goes, before any call.
   const bare = new LaneClient(url, { schema });
   try {
-    await assert.rejects(bare.submit('greet', {}), /a release lane needs a non-empty release id/);
+    await assert.rejects(bare.submit('greet', {}), (err) => {
+      assert.ok(err instanceof BadInputError);
+      assert.match(err.message, /pass \{ releaseId \} to new LaneClient/);
+      assert.match(err.message, /workerReleaseId\(\)/);
+      return true;
+    });
+    await assert.rejects(bare.submitMany([{ play: 'greet' }]), /^BadInputError: item 0: a submit/);
   } finally {
     await bare.close();
   }
