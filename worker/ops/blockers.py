@@ -107,8 +107,11 @@ def _remedy(
             rest = "the others: " if stamped else ""
             said.append(
                 f"{rest}no live worker of a newer claiming release registers play "
-                f"{', '.join(plays)}: start one that does, or keep {release}'s workers running "
-                "to finish them"
+                f"{', '.join(plays)} (after a rollback there is no newer one): keep "
+                f"{release}'s machines running, its workers resume them as they wake; or "
+                "end them (lane-worker runs fail RUN_ID --reason TEXT) and run them again "
+                "on the current release (lane-worker runs retry RUN_ID); or deploy a newer "
+                "release that registers them"
             )
         return "; ".join(said)
     unserved = [p for p in plays if p not in served]
