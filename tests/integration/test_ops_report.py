@@ -260,7 +260,7 @@ async def test_a_parked_run_no_newer_release_can_adopt_keeps_its_lane_draining(
         assert blockers(lane_a) == [("parkedNotAdoptable", 1, [special.run_id])]
         remedy = remedies(lane_a)["parkedNotAdoptable"]
         assert "no live worker of a newer claiming release registers play special" in remedy
-        assert "keep rel-a's workers running" in remedy
+        assert "keep rel-a's machines running, its workers resume them" in remedy
 
         # C registers the play, but its only worker is dead: still not adoptable.
         await register_worker(rt_c)
