@@ -111,6 +111,11 @@ def test_submit_with_idempotency_key_twice_returns_the_same_run(env: dict[str, s
     second = ok_json(env, *args)
     assert second["runId"] == first["runId"]
     assert (first["created"], second["created"]) == (True, False)
+    # As text: the id alone on stdout (scripts read it), a note on stderr that it is old.
+    again = run_cli(env, *args)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == first["runId"]
+    assert "nothing new was submitted" in again.stderr
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,12 @@ def submit(
         )
         if not as_json:
             click.echo(run.run_id)  # before waiting, so an operator can follow the run
+            if not run.created:  # stderr: `RUN=$(lane-worker submit ...)` reads only the id
+                click.echo(
+                    f"lane-worker: note: the idempotency key names run {run.run_id}, submitted "
+                    "before with this request: nothing new was submitted.",
+                    err=True,
+                )
             warn_unserved([run])
         return run.as_json(), (await client.wait(run.run_id, timeout) if wait else None)
 
