@@ -93,6 +93,11 @@ async def test_runs_retry_from_four_processes_at_once_makes_one_retry(
         assert f"To run it again, retry {again['runId']}." in latest.stderr, latest.stderr
         total = await fetch(database_url, f"select count(*) as n from {SCHEMA}.runs")
         assert total[0]["n"] == 3
+        # As text, a new retry says where it went (stderr), the id alone on stdout.
+        text = await lane_worker(database_url, "runs", "retry", again["runId"], "--completed")
+        assert text.returncode == 0, text.stderr
+        [new_id] = text.stdout.split()
+        assert f"as run {new_id} on release {again['releaseId']} (queue " in text.stderr
 
 
 # -- signals follow the retry -----------------------------------------------------------------

@@ -371,4 +371,12 @@ def retry_run(
             ),
             err=True,
         )
+    elif not as_json:  # where it went, beside the id scripts read from stdout
+        click.echo(
+            printable(
+                f"lane-worker: retried run {run_id.strip()} as run {retried.run_id} on release "
+                f"{retried.release_id} (queue {retried.queue})."
+            ),
+            err=True,
+        )
     emit(as_json, report, retried.run_id)
