@@ -10,6 +10,11 @@ async def test_hold_is_shown_refuses_a_deploy_in_one_line_and_resume_ends_it(
 ) -> None:
     held = await lane_worker_json(database_url, "releases", "hold", "--reason", "bad gate")
     assert (held["reason"], held["alreadyHeld"]) == ("bad gate", False)
+    # Held again with another reason: said, and said that the new reason is not kept.
+    twice = await lane_worker(database_url, "releases", "hold", "--reason", "another")
+    assert twice.returncode == 0, twice.stderr
+    assert "were already held by " in twice.stdout
+    assert ": bad gate. Your reason was not kept" in twice.stdout
     listed = await lane_worker(database_url, "releases")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.startswith("HELD by "), listed.stdout

@@ -240,6 +240,8 @@ def hold(reason: str | None, as_json: bool) -> None:
     already = said.pop("already")
     why = f": {said['reason']}" if said.get("reason") else ""
     text = f"releases {'were already' if already else 'are now'} held by {said['heldBy']}{why}."
+    if already and (reason or "").strip() and (reason or "").strip() != said.get("reason"):
+        text += " Your reason was not kept (the hold keeps its own: resume, then hold again)."
     emit(as_json, {**said, "alreadyHeld": already}, text if text.isprintable() else repr(text))
 
 
