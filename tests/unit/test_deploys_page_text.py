@@ -26,3 +26,11 @@ def test_a_deploy_forced_through_a_hold_says_so_and_whose_hold() -> None:
 def test_an_ordinary_deploy_says_nothing_of_a_hold() -> None:
     said = _event_text(event({"image": "img:b", "desired": 2, "previous": []}))
     assert "hold" not in said.lower()
+
+
+def test_an_exit_code_is_words_and_a_null_is_left_out() -> None:
+    """The walk of 2026-12-07 read `{"exitCode": null}` on the timeline."""
+    said = _event_text(event({"machine": "m-1", "exitCode": None}))
+    assert "null" not in said
+    assert "{" not in said
+    assert "exit code 78" in _event_text(event({"machine": "m-1", "exitCode": 78}))

@@ -65,6 +65,10 @@ def _event_text(event: DeploymentEvent) -> str:
     shown = {k: v for k, v in detail.items() if k not in ("machine", "image", "desired", "previous",
                                                           "queue", "reason",
                                                           "forcedThroughHold")}  # fmt: skip
+    if isinstance(shown.get("exitCode"), int):
+        bits.append(f"exit code {shown.pop('exitCode')}")
+    # What no word above says, as it was recorded; a null says nothing.
+    shown = {k: v for k, v in shown.items() if v is not None}
     if shown:
         bits.append(json.dumps(shown, default=str, sort_keys=True)[:300])
     return words + (f" ({'; '.join(bits)})" if bits else "")
