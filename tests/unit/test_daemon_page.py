@@ -22,6 +22,9 @@ def test_a_claiming_lane_shows_no_blocker() -> None:
     html = page.render([claiming])
     assert "data-reason" not in html
     assert "retire it first" not in html
+    # The lanes page leads to the others, as /runs, /deploys and /actions do.
+    assert page.NAV in html
+    assert '<a href="/deploys">deploys</a>' in page.NAV
 
 
 def test_a_draining_lane_shows_its_blockers_with_their_first_run_ids() -> None:

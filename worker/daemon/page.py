@@ -43,6 +43,7 @@ STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5rem;color:#222}
 h1{font-size:1.2rem;margin:0 0 .2rem}
 p.note{color:#666;margin:0 0 1rem}
+nav.top a{margin-right:.8rem}
 table{border-collapse:collapse;width:100%}
 th,td{border-bottom:1px solid #ddd;padding:.35rem .5rem;text-align:left;vertical-align:top}
 th{background:#f4f4f4;font-weight:600}
@@ -70,6 +71,13 @@ COUNT_COLUMNS = (
     ("deferred", "deferred"),
 )
 BUCKET_WORDS = dict(COUNT_COLUMNS)
+
+
+# Every page's way to the others (the lanes page, /runs, /deploys, /actions).
+NAV = (
+    '<nav class="top note" data-field="nav"><a href="/">lanes</a><a href="/runs">runs</a>'
+    '<a href="/deploys">deploys</a><a href="/actions">actions</a></nav>'
+)
 
 
 def _row(view: LaneView) -> str:
@@ -271,7 +279,7 @@ def render(views: list[LaneView], page: int = 1) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>lane-worker lanes</title><style>{STYLE}</style></head><body>"
+        f"<title>lane-worker lanes</title><style>{STYLE}</style></head><body>{NAV}"
         "<h1>lane-worker lanes</h1>"
         f'<p class="note">The drain report, refreshed every {REFRESH_S} s.{when} A lane is safe '
         "to stop when it is drained. The same data: <a href=/lanes>/lanes</a> (JSON), "

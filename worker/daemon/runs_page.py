@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from html import escape
 
-from worker.daemon.page import STYLE, age
+from worker.daemon.page import NAV, STYLE, age
 from worker.ops.remedies import STATUS_FILTERS
 from worker.ops.run_list import MAX_BULK, MAX_PAGE_SIZE, ListedRun, RunFilter, RunPage
 
@@ -26,10 +26,6 @@ form.filter input,form.filter select{font:inherit;padding:.15rem .3rem}
 .refused{color:#990000;font-weight:600}
 nav.top a{margin-right:.8rem}
 """
-NAV = (
-    '<nav class="top note" data-field="nav"><a href="/">lanes</a><a href="/runs">runs</a>'
-    '<a href="/deploys">deploys</a><a href="/actions">actions</a></nav>'
-)
 
 
 def when(value: datetime | None) -> str:
