@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import click
@@ -547,3 +548,14 @@ def test_run_finds_the_app_in_the_current_directory_and_shows_an_import_error(
         finally:
             started.terminate()
             started.wait(timeout=30)
+
+
+def test_a_database_that_does_not_exist_says_how_to_make_it(env: dict[str, str]) -> None:
+    """The walk of 2026-12-07: `database "x" does not exist` alone, with no next step."""
+    parts = urlsplit(env["WORKFLOW_RUNTIME_POSTGRES"])
+    missing = urlunsplit(parts._replace(path="/lane_worker_no_such_db"))
+    result = run_cli({"WORKFLOW_RUNTIME_POSTGRES": missing}, "lanes")
+    assert result.returncode == 1, result.stderr
+    line = one_error_line(result)
+    assert 'database "lane_worker_no_such_db" does not exist' in line
+    assert "create it (createdb, or CREATE DATABASE) and run lane-worker migrate" in line

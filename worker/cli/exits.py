@@ -89,6 +89,11 @@ def failure_for(exc: Exception, url: str) -> Failure:
             f"the runtime database at {where} lacks lane-worker's schemas ({said}); "
             "run lane-worker migrate first."
         )
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):  # 3D000: no such database
+        return Failure(
+            f"the runtime database at {where} answered: {said}; create it (createdb, or "
+            "CREATE DATABASE) and run lane-worker migrate, or fix the URL's database name."
+        )
     if isinstance(exc, asyncpg.PostgresError):
         return Failure(f"the runtime database at {where} answered: {said}")
     return Failure(f"unexpected {type(exc).__name__}: {said}")
