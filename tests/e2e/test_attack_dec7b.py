@@ -154,12 +154,6 @@ SCALER_PASSWORD = "s3cr3t-scaler-pw-7731"
 FLY_TOKEN = "FlyV1 fm2_attack_token_0042"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the deploy-time app check prints the child's last stderr line unmasked: an app "
-    "whose import fails quoting its environment leaks the scaler's database password and "
-    "API token (secrets the scaler masks in its own boot_failed records) to the deployer",
-)
 async def test_the_deploy_time_app_check_never_shows_the_scaler_s_secrets(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -249,12 +243,6 @@ async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_ret
         await back.wait_exit(timeout_s=15)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the deploy-time app check keeps only the child's last stderr line: an app whose "
-    "import raises is refused with '... (traceback above)' and no traceback anywhere in the "
-    "deployer's output (nor is it kept elsewhere), so the operator cannot see where it failed",
-)
 async def test_a_refused_app_s_traceback_is_shown_where_the_refusal_says(
     database_url: str, tmp_path: Path
 ) -> None:
