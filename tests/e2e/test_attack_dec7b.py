@@ -195,17 +195,20 @@ OLD_SUFFIX = "oldwt"
 QUEUE_OLD_WT = "runs_oldwt"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="maintenance retires and prunes an idle dev lane whatever build its worker runs; "
-    "only a HEAD worker's boot activates it again: a worktree on an older build "
-    "(0.2.1) boots on its retired lane as a drained release would, and refuses",
-)
-async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_retired(
+NEW_SUFFIX = "newwt"
+QUEUE_NEW_WT = "runs_newwt"
+
+
+async def test_an_older_build_s_worktree_lane_is_never_retired_idle_and_it_boots_again(
     database_url: str,
 ) -> None:
-    """A worktree runs the 0.2.1 build; a HEAD release worker's maintenance retires and
-    prunes the worktree's idle lane; the worktree's worker boots again and must serve."""
+    """A worktree runs the 0.2.1 build, another HEAD; both lanes go idle past the limit.
+
+    Only a HEAD worker's boot activates a retired dev lane again, and a 0.2.1 worker
+    coming back to a retired lane refuses as a drained release would: maintenance
+    retires the HEAD worktree's idle lane, never the older build's (its last worker's
+    recorded version says which), and the 0.2.1 worktree boots again and serves.
+    """
     old = build(OLD_BUILD)
     env = {
         **base_env(database_url, "unused"),
@@ -219,17 +222,29 @@ async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_ret
         assert (await wt.ready())["queue"] == QUEUE_OLD_WT
         wt.terminate()
         assert await wt.wait_exit(timeout_s=15) == 0
+        new = pool.start(
+            f"dev-{NEW_SUFFIX}", name="head-worktree", DEEPLINE_ABSURD_QUEUE_SUFFIX=NEW_SUFFIX,
+            DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
+        )  # fmt: skip
+        assert (await new.ready())["queue"] == QUEUE_NEW_WT
+        new.terminate()
+        assert await new.wait_exit(timeout_s=15) == 0
 
-        await age_lane(database_url, QUEUE_OLD_WT)
+        for queue in (QUEUE_OLD_WT, QUEUE_NEW_WT):
+            await age_lane(database_url, queue)
         keeper = pool.start("rel-keeper", name="keeper", **AGED)
-        await keeper.wait_for("lane.dev_retired", queue=QUEUE_OLD_WT)
+        # The pass that retired the HEAD worktree's lane listed both idle lanes.
+        await keeper.wait_for("lane.dev_retired", queue=QUEUE_NEW_WT)
+        passed = await keeper.wait_for("maintenance.passed", since=keeper.index_of(
+            "lane.dev_retired", queue=QUEUE_NEW_WT))  # fmt: skip
+        assert passed["dev_retired"] == 1, passed
+        assert not keeper.events("lane.dev_retired", queue=QUEUE_OLD_WT)
         keeper.terminate()
         await keeper.wait_exit(timeout_s=15)
-        await age_lane(database_url, QUEUE_OLD_WT)
-        keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
-        await keeper.wait_for("lane.pruned", queue=QUEUE_OLD_WT)
-        keeper.terminate()
-        await keeper.wait_exit(timeout_s=15)
+        status = await sql(
+            database_url, f"select status from {SCHEMA}.releases where queue = $1", QUEUE_OLD_WT
+        )
+        assert status == "claiming"
 
         back = pool.start_raw("old-worktree-back", env, argv=argv, cwd=old.root)
         await back.ready()
