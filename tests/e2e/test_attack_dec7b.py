@@ -154,12 +154,6 @@ SCALER_PASSWORD = "s3cr3t-scaler-pw-7731"
 FLY_TOKEN = "FlyV1 fm2_attack_token_0042"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the deploy-time app check prints the child's last stderr line unmasked: an app "
-    "whose import fails quoting its environment leaks the scaler's database password and "
-    "API token (secrets the scaler masks in its own boot_failed records) to the deployer",
-)
 async def test_the_deploy_time_app_check_never_shows_the_scaler_s_secrets(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -201,17 +195,20 @@ OLD_SUFFIX = "oldwt"
 QUEUE_OLD_WT = "runs_oldwt"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="maintenance retires and prunes an idle dev lane whatever build its worker runs; "
-    "only a HEAD worker's boot activates it again: a worktree on an older build "
-    "(0.2.1) boots on its retired lane as a drained release would, and refuses",
-)
-async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_retired(
+NEW_SUFFIX = "newwt"
+QUEUE_NEW_WT = "runs_newwt"
+
+
+async def test_an_older_build_s_worktree_lane_is_never_retired_idle_and_it_boots_again(
     database_url: str,
 ) -> None:
-    """A worktree runs the 0.2.1 build; a HEAD release worker's maintenance retires and
-    prunes the worktree's idle lane; the worktree's worker boots again and must serve."""
+    """A worktree runs the 0.2.1 build, another HEAD; both lanes go idle past the limit.
+
+    Only a HEAD worker's boot activates a retired dev lane again, and a 0.2.1 worker
+    coming back to a retired lane refuses as a drained release would: maintenance
+    retires the HEAD worktree's idle lane, never the older build's (its last worker's
+    recorded version says which), and the 0.2.1 worktree boots again and serves.
+    """
     old = build(OLD_BUILD)
     env = {
         **base_env(database_url, "unused"),
@@ -225,17 +222,29 @@ async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_ret
         assert (await wt.ready())["queue"] == QUEUE_OLD_WT
         wt.terminate()
         assert await wt.wait_exit(timeout_s=15) == 0
+        new = pool.start(
+            f"dev-{NEW_SUFFIX}", name="head-worktree", DEEPLINE_ABSURD_QUEUE_SUFFIX=NEW_SUFFIX,
+            DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
+        )  # fmt: skip
+        assert (await new.ready())["queue"] == QUEUE_NEW_WT
+        new.terminate()
+        assert await new.wait_exit(timeout_s=15) == 0
 
-        await age_lane(database_url, QUEUE_OLD_WT)
+        for queue in (QUEUE_OLD_WT, QUEUE_NEW_WT):
+            await age_lane(database_url, queue)
         keeper = pool.start("rel-keeper", name="keeper", **AGED)
-        await keeper.wait_for("lane.dev_retired", queue=QUEUE_OLD_WT)
+        # The pass that retired the HEAD worktree's lane listed both idle lanes.
+        await keeper.wait_for("lane.dev_retired", queue=QUEUE_NEW_WT)
+        passed = await keeper.wait_for("maintenance.passed", since=keeper.index_of(
+            "lane.dev_retired", queue=QUEUE_NEW_WT))  # fmt: skip
+        assert passed["dev_retired"] == 1, passed
+        assert not keeper.events("lane.dev_retired", queue=QUEUE_OLD_WT)
         keeper.terminate()
         await keeper.wait_exit(timeout_s=15)
-        await age_lane(database_url, QUEUE_OLD_WT)
-        keeper = pool.start("rel-keeper", name="keeper-again", **AGED)
-        await keeper.wait_for("lane.pruned", queue=QUEUE_OLD_WT)
-        keeper.terminate()
-        await keeper.wait_exit(timeout_s=15)
+        status = await sql(
+            database_url, f"select status from {SCHEMA}.releases where queue = $1", QUEUE_OLD_WT
+        )
+        assert status == "claiming"
 
         back = pool.start_raw("old-worktree-back", env, argv=argv, cwd=old.root)
         await back.ready()
@@ -249,12 +258,6 @@ async def test_an_older_build_s_worktree_boots_again_after_its_idle_lane_was_ret
         await back.wait_exit(timeout_s=15)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the deploy-time app check keeps only the child's last stderr line: an app whose "
-    "import raises is refused with '... (traceback above)' and no traceback anywhere in the "
-    "deployer's output (nor is it kept elsewhere), so the operator cannot see where it failed",
-)
 async def test_a_refused_app_s_traceback_is_shown_where_the_refusal_says(
     database_url: str, tmp_path: Path
 ) -> None:

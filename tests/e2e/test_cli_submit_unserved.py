@@ -16,6 +16,9 @@ import uuid
 
 from support.cli import UNSERVED_WARNING, operator_env, run_cli, run_cli_async
 from support.daemon import Daemons
+from support.db import sql, statuses
+from support.runtime import SCHEMA
+from worker.client.results import PLAY_WARNING_CLAUSE, STORE_0038_CLAUSE
 
 RELEASE = "Rel-B"  # as deployed: its queue is runs_rel_b
 
@@ -61,13 +64,24 @@ async def test_submit_says_when_no_worker_serves_the_lane(database_url: str) -> 
         assert report["served"] is True
         assert "warning" not in report
         # A play none of the live workers registers (store 0038): accepted, with a warning.
-        _, said = submit_text(env, "no_such_play")
+        unknown, said = submit_text(env, "no_such_play")
         assert len(said) == 1
         assert said[0].startswith(
             "lane-worker: warning: no live worker of lane runs_rel_b registers play "
             "'no_such_play' (they register "
         )
         assert "plain" in said[0]
+        # What the warning says is what happens: no worker of the lane ever registered
+        # the play, so its live worker claims the run at once and fails it for good.
+        assert PLAY_WARNING_CLAUSE in said[0], said[0]
+        assert STORE_0038_CLAUSE not in said[0], said[0]
+        await worker.wait_for("run.failed_for_good", run_id=unknown)
+        assert await statuses(database_url, [unknown]) == {unknown: "failed"}
+        assert await sql(
+            database_url,
+            f"select error->>'name' from {SCHEMA}.runs where run_id = $1",
+            uuid.UUID(unknown),
+        ) == "UnknownPlayError"  # fmt: skip
         report = json.loads(run_cli(env, "submit", "no_such_play", "--json").stdout)
         assert (report["served"], report["playServed"], report["created"]) == (True, False, True)
         assert report["warning"] == said[0].removeprefix("lane-worker: warning: ")

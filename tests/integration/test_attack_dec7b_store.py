@@ -188,13 +188,6 @@ async def test_a_cancel_racing_a_completion_waits_and_never_deadlocks(
 WEEK = 7 * 86_400.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="idle_dev_lanes / retire_idle_dev_lane count a lane's open runs by runs.queue "
-    "only: a run a worktree adopted before 0035 (its queue a release's, adopted_queue the "
-    "worktree's) is open work of the worktree lane (as the lanes report counts it) yet the "
-    "lane is retired as holding none, leaving the run with no lane that may claim it",
-)
 async def test_an_idle_dev_lane_holding_a_run_it_adopted_is_kept(database_url: str) -> None:
     store = Store(SCHEMA)
     async with open_client(database_url, env_of("rel-1")) as client:

@@ -22,6 +22,7 @@ from worker.daemon.boot import install_and_register
 from worker.daemon.maintenance import Rotation, maintain
 from worker.errors import LaneDrainedError
 from worker.ops.lanes_text import lanes_table
+from worker.version import VERSION
 
 DAY = 86_400.0
 WEEK = 7 * DAY
@@ -33,7 +34,10 @@ async def boot(client: LaneClient, queue: str, release_id: str) -> str:
     return str(await install_and_register(client.db, client.store, settings))
 
 
-async def beat(client: LaneClient, queue: str, release_id: str, worker_id: str) -> None:
+async def beat(
+    client: LaneClient, queue: str, release_id: str, worker_id: str, version: str | None = VERSION
+) -> None:
+    """A heartbeat of worker ``worker_id``, of build ``version`` (this one's by default)."""
     await client.db.run(
         lambda c: client.store.lanes.heartbeat(
             c,
@@ -44,6 +48,7 @@ async def beat(client: LaneClient, queue: str, release_id: str, worker_id: str) 
             pid=1,
             concurrency=1,
             plays=["plain"],
+            version=version,
         )
     )
 
@@ -206,3 +211,48 @@ async def test_lanes_marks_an_idle_dev_lane_with_since_when_and_what_to_do(
         assert "maintenance retires it once idle past LANE_WORKER_DEV_LANE_IDLE_AFTER" in done[0]
         assert not [line for line in lines if "idle dev lane" in line and "rel-y" in line]
         assert not [line for line in lines if line.startswith("dev-wt_live: idle")]
+
+
+async def test_an_idle_dev_lane_whose_last_worker_is_an_older_build_is_kept(
+    database_url: str,
+) -> None:
+    """Only a build from 0.3.0 on activates its retired dev lane at boot: a lane whose last
+    worker (the one seen last) ran an older build, or recorded none (before 0.2.0), is
+    never retired idle; one whose last worker is this build is, whatever came before."""
+    workers = {
+        "runs_old": [("w-old", "0.2.1")],
+        "runs_none": [("w-none", None)],
+        "runs_upgraded": [("w-was-old", "0.2.1"), ("w-now", VERSION)],
+        "runs_downgraded": [("w-was-new", VERSION), ("w-back", "0.2.1")],
+        "runs_later": [("w-later", "0.10.0")],
+    }
+    async with open_client(database_url) as client:
+        for queue, beats in workers.items():
+            release_id = "dev-" + queue.removeprefix("runs_")
+            await boot(client, queue, release_id)
+            for age, (worker_id, version) in enumerate(reversed(beats)):
+                await beat(client, queue, release_id, worker_id, version)
+                await execute(
+                    database_url,
+                    f"update {SCHEMA}.workers set heartbeat_at = now() - make_interval("
+                    "secs => $2::float8), stopped_at = now() - make_interval(secs => $2::float8)"
+                    " where worker_id = $1",
+                    worker_id, WEEK + 60 + age,
+                )  # fmt: skip
+            await execute(
+                database_url,
+                f"update {SCHEMA}.releases set updated_at = now() - interval '8 days'"
+                " where queue = $1",
+                queue,
+            )
+        with capture_logs() as lines:
+            assert await maintain(client.db, client.store, worker_id="t", dev_idle_after_s=WEEK)
+        retired = sorted(line["queue"] for line in lines if line["event"] == "lane.dev_retired")
+        assert retired == ["runs_later", "runs_upgraded"]
+        said = await statuses(database_url)
+        for queue in ("runs_old", "runs_none", "runs_downgraded"):
+            assert said[queue] == ("claiming", False), queue
+        # Re-checked under the lane's lock as well: asked directly, it is refused.
+        assert not await client.db.run(
+            lambda c: client.store.lanes.retire_idle_dev(c, queue="runs_old", idle_after_s=WEEK)
+        )

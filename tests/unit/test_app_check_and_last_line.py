@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from worker.db.store.rows import ScalerState
-from worker.scaler.app_check import check_app
+from worker.scaler.app_check import TRACEBACK_LINES, check_app, refusal_of
 from worker.scaler.process import last_line_in, machine_env
 
 
@@ -57,3 +57,41 @@ def test_a_machine_gets_the_scalers_environment_but_its_own_settings() -> None:
         "LANE_WORKER_MACHINE_ID": "m-1",
         "LANE_WORKER_HEALTH_PORT": "0",
     }
+
+
+def test_a_refusal_shows_its_traceback_s_last_lines_masked() -> None:
+    """The child's traceback is kept from its first line, at most TRACEBACK_LINES of
+    its last lines after it, each masked with the scaler's secrets (its URL's password,
+    its API token); so is the reason."""
+    password, token = "pw-long-enough-1234", "fm2_token_of_the_scaler_99"
+    env = {
+        "WORKFLOW_RUNTIME_POSTGRES": f"postgresql://u:{password}@db/x",
+        "FLY_API_TOKEN": f"FlyV1 {token}",
+    }
+    frames = [f'  File "m.py", line {n}, in f{n}' for n in range(40)]
+    stderr = "\n".join(
+        [
+            "a warning first",
+            "Traceback (most recent call last):",
+            *frames,
+            f"RuntimeError: cannot start: {env['WORKFLOW_RUNTIME_POSTGRES']} {token}",
+            f"lane-worker: importing m raised RuntimeError: {password} (traceback above)",
+            "",
+        ]
+    )
+    outcome = refusal_of(stderr, 2, "/srv", env)
+    assert outcome.problem == (
+        "importing m raised RuntimeError: *** (traceback above) (checked in /srv)"
+    )
+    shown = outcome.traceback
+    assert len(shown) == TRACEBACK_LINES + 2
+    assert shown[0] == "Traceback (most recent call last):"
+    assert shown[1] == "  ... (21 lines not shown)"
+    assert shown[2:-1] == tuple(frames[-(TRACEBACK_LINES - 1) :])
+    assert password not in shown[-1]
+    assert token not in shown[-1]
+    assert shown[-1].startswith("RuntimeError: cannot start: postgresql://u:***@db/x")
+    # No traceback printed (a missing attribute): the reason alone.
+    plain = refusal_of("lane-worker: module m has no attribute 'ap'\n", 2, "/srv", env)
+    assert plain.traceback == ()
+    assert refusal_of("", 1, "/srv", env).problem == "exit 1 (checked in /srv)"

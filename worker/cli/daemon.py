@@ -55,7 +55,7 @@ def run(app: str | None) -> None:
     default=DEFAULT_APP,
     show_default=True,
     type=APP_SPEC,
-    help="The App whose plays to run; the demo runs are submitted if it has them.",
+    help="The App whose plays to run; the demo runs are submitted only with the demo app.",
 )
 @click.option(
     "--exit-after-demo",
@@ -79,7 +79,8 @@ def dev(app: str, exit_after_demo: bool, data_dir: Path, roll: bool) -> None:
     """Run a worker with the demo runs, on embedded PostgreSQL unless one is configured.
 
     With WORKFLOW_RUNTIME_POSTGRES set, that database is used instead. Ctrl-C
-    drains the worker and stops PostgreSQL.
+    drains the worker and stops PostgreSQL. It serves a dev lane: with
+    DEEPLINE_RUNTIME_DEPLOY_VERSION set and no DEEPLINE_ABSURD_QUEUE_SUFFIX it refuses (78).
     """
     if roll:
         from worker.dev.roll import run_roll

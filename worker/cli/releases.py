@@ -14,7 +14,7 @@ from worker.cli.params import RELEASE_ID, Seconds, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.db.store.rows import ReleaseHold
-from worker.errors import counted
+from worker.errors import counted, printable
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import ReleaseView, RolloutState
 from worker.ops.report import SCALER_STALE_S
@@ -260,6 +260,9 @@ def _check_app(release_id: str, image: str) -> None:
     if outcome is None:
         return  # no process-backend scaler has reported: nothing to check against
     if outcome.problem:
+        # The traceback the sentence points to ("traceback above"), on stderr before it.
+        for line in outcome.traceback:
+            click.echo(printable(line), err=True)
         raise UsageFailure(
             f"release {release_id} was not deployed: its app {image} does not load as the "
             f"scaler's machines would load it: {outcome.problem}"

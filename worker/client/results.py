@@ -9,6 +9,25 @@ from typing import TYPE_CHECKING, Any
 
 from worker.states import TERMINAL_STATUSES
 
+# Store 0038's warning says a run of a play no live worker registers "waits there until
+# a worker whose app registers it starts". It does not: a live worker of the lane claims
+# it at once and, unless a worker of that lane registered the play before, fails it for
+# good as an unknown play (run/decide.py: PLAY_UNKNOWN). The clause is said truly here
+# until a store migration changes the store's sentence (then this finds nothing to mend).
+STORE_0038_CLAUSE = "the run waits there until a worker whose app registers it starts"
+PLAY_WARNING_CLAUSE = (
+    "a worker of the lane claims the run at once and fails it for good as an unknown play, "
+    "unless one of the lane's workers registered the play before (then it waits until a "
+    "worker whose app registers it starts)"
+)
+
+
+def _play_warning(warning: str | None, play_served: bool) -> str | None:
+    """The store's warning, its 0038 clause on a play no live worker registers made true."""
+    if warning is None or play_served:
+        return warning
+    return warning.replace(STORE_0038_CLAUSE, PLAY_WARNING_CLAUSE)
+
 
 @dataclass(frozen=True)
 class SubmittedRun:
@@ -18,9 +37,11 @@ class SubmittedRun:
     is live there, and it is not the registry's current release): the run waits
     until a worker of that release starts; ``warning`` then says which would.
     ``play_served`` is False when the lane is served but none of its live workers
-    registers the play (store migration 0038): the run waits for a worker whose
-    app registers it; ``warning`` then names the plays they do register. Either
-    way the run is accepted.
+    registers the play (store migration 0038): a worker of the lane claims the run at
+    once and fails it for good as an unknown play, unless one of the lane's workers
+    registered the play before (then the run waits until a worker whose app registers
+    it starts); ``warning`` then names the plays they do register. Either way the run
+    is accepted.
     """
 
     run_id: str
@@ -34,15 +55,17 @@ class SubmittedRun:
     @classmethod
     def from_json(cls, said: dict[str, Any]) -> SubmittedRun:
         """Read one result of the store's ``submit_run`` / ``submit_runs``."""
+        # Absent from a store before migration 0038, and when nothing is said of the play.
+        play_served = bool(said.get("playServed", True))
         return cls(
             said["runId"],
             said["releaseId"],
             said["queue"],
             said["created"],
             said["served"],
-            said.get("warning"),  # only when not served, or the play not served
-            # Absent from a store before migration 0038, and when nothing is said of the play.
-            said.get("playServed", True),
+            # Only when not served, or the play not served.
+            _play_warning(said.get("warning"), play_served),
+            play_served,
         )
 
     def as_json(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import click
 
-from worker import demo
+from worker import demo, lanes
 from worker.app import App
 from worker.client import LaneClient, RunReport, lanes_table
 from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV, blank_as_unset
@@ -18,14 +18,18 @@ from worker.config.settings import Settings
 from worker.daemon import boot
 from worker.daemon.supervisor import Supervisor
 from worker.dev.embedded import embedded_postgres
-from worker.errors import EXIT_FAILURE
+from worker.errors import EXIT_FAILURE, LaneConfigError, shown
 
+DEMO_APP = "worker.demo:app"
 DEMO_TIMEOUT_S = 120.0
 _WATCH_EVERY_S = 0.25
 
 
 def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, data_dir: Path) -> int:
     """Run embedded Postgres (unless a URL is set), a worker and the demo; return the exit code."""
+    refusal = release_lane_refusal(env)
+    if refusal is not None:  # before embedded PostgreSQL starts: nothing to stop
+        return boot.refuse(refusal)
     values = dict(env)
     # A second worktree's dev worker must not collide on the health port.
     # Blank counts as unset, as everywhere, so it gets dev's default.
@@ -45,6 +49,24 @@ def run_dev(env: Mapping[str, str], app_spec: str, *, exit_after_demo: bool, dat
         # The boot `run` does, on these values; inside the stack, so a refusal is said
         # before PostgreSQL stops.
         return boot.run_worker(values, app_spec, serve)
+
+
+def release_lane_refusal(env: Mapping[str, str]) -> LaneConfigError | None:
+    """Refuse a deploy version without a queue suffix: it names a release's lane, not a dev one.
+
+    A leftover DEEPLINE_RUNTIME_DEPLOY_VERSION (a shell that deployed) would make this
+    dev worker serve the release's queue on a shared database, adopt its parked runs and
+    send the demo runs to its machines.
+    """
+    version = blank_as_unset(env, lanes.RELEASE_ID_ENV)
+    if version is None or blank_as_unset(env, lanes.QUEUE_SUFFIX_ENV) is not None:
+        return None  # a suffix outranks the deploy version: a dev lane all the same
+    return LaneConfigError(
+        f"lane-worker dev serves a dev lane, but {lanes.RELEASE_ID_ENV}={shown(version)} is "
+        f"set without {lanes.QUEUE_SUFFIX_ENV} and names that release's lane: unset it (or "
+        f"set {lanes.QUEUE_SUFFIX_ENV}), or use `lane-worker run` to serve the release.",
+        variable=lanes.RELEASE_ID_ENV,
+    )
 
 
 def _say_where(supervisor: Supervisor, embedded: bool) -> None:
@@ -99,10 +121,15 @@ async def _demo(supervisor: Supervisor, app: App, env: dict[str, str], embedded:
     """Submit the demo runs, signal their waits, print their progress; 0 when all completed."""
     await supervisor.ready.wait()
     _say_where(supervisor, embedded)
-    runs = [(play, params) for play, params in demo.DEMO_RUNS if play in app.plays]
-    if not runs:
-        click.echo("dev: this app has none of the demo plays; the worker runs, nothing submitted")
+    if app is not demo.app:
+        # The demo's inputs are for the demo's plays: an app's own `greet` or `approval`
+        # must never run on them (nor be signalled as the demo's approval is).
+        click.echo(
+            f"dev: the demo runs are submitted only with the demo app ({DEMO_APP}); "
+            "this worker serves your app, nothing submitted"
+        )
         return 0
+    runs = demo.DEMO_RUNS
     # The environment boot parsed, as it parsed it.
     diagnosis = supervisor.settings.diagnosis
     async with await LaneClient.connect(env=env, diagnosis=diagnosis, as_app=False) as client:

@@ -9,7 +9,10 @@ directory and environment, read from ``/proc`` on its host), so nothing of the
 deploying process (its directory, its ``sys.path``, its variables) decides the
 answer. ``python -m worker.app_check IMAGE`` imports the module and
 checks the attribute is a lane-worker ``App``: exit 0, or 2 with the reason as
-its last line (as ``run --app`` says it).
+its last line (as ``run --app`` says it), after the traceback of an import that
+raised. The child has the scaler's environment: what is shown of its output (the
+reason, the traceback's last ``TRACEBACK_LINES`` lines) is masked with the scaler's
+secrets (``backend.scaler_secrets``), as the scaler masks its own records.
 
 With the Fly backend there is no local check: the image is built elsewhere.
 """
@@ -24,9 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.db.store.rows import ScalerState
+from worker.masking import mask_response
+from worker.scaler.backend import scaler_secrets
 from worker.scaler.process import machine_env
 
 CHECK_TIMEOUT_S = 120.0  # an import that takes longer is said, not waited on
+SAID_CHARS = 1000  # of the child's reason
+TRACEBACK_LINES = 20  # of its traceback's last lines (after its first) shown
+LINE_CHARS = 500  # of each
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class CheckOutcome:
 
     problem: str | None = None
     cannot: str | None = None
+    traceback: tuple[str, ...] = ()  # the last lines of the traceback ``problem`` speaks of
 
 
 def _interpreter(argv0: str, cwd: str, env: dict[str, str]) -> str:
@@ -92,6 +102,35 @@ def check_app(image: str, release_id: str, scaler: ScalerState | None) -> CheckO
         return CheckOutcome(cannot=f"could not run the check with {python}: {exc}")
     if done.returncode == 0:
         return CheckOutcome()
-    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines()]
-    said = next((line for line in reversed(lines) if line), f"exit {done.returncode}")
-    return CheckOutcome(problem=f"{said.removeprefix('lane-worker: ')} (checked in {cwd})"[:1000])
+    return refusal_of(done.stderr.decode(errors="replace"), done.returncode, cwd, env)
+
+
+def refusal_of(stderr: str, returncode: int, cwd: str, env: dict[str, str]) -> CheckOutcome:
+    """The child's reason (its last line) and its traceback's last lines, masked.
+
+    The child runs with the scaler's environment: an import error may quote it (the
+    database URL, the API token), so all of it is masked with the scaler's secrets.
+    """
+    secrets = scaler_secrets(env)
+    lines = [line.rstrip() for line in stderr.splitlines()]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    said = lines.pop().strip() if lines else f"exit {returncode}"
+    problem = f"{said.removeprefix('lane-worker: ')} (checked in {cwd})"
+    return CheckOutcome(
+        problem=mask_response(problem, secrets, SAID_CHARS),
+        traceback=_traceback_of(lines, secrets),
+    )
+
+
+def _traceback_of(lines: list[str], secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """The child's traceback (from its first ``Traceback`` line), at most
+    ``TRACEBACK_LINES`` of its last lines after its first, each masked and cut."""
+    first = next((i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)), None)
+    if first is None:
+        return ()
+    shown = lines[first:]
+    if len(shown) > TRACEBACK_LINES + 1:
+        left_out = len(shown) - 1 - TRACEBACK_LINES
+        shown = [shown[0], f"  ... ({left_out} lines not shown)", *shown[-TRACEBACK_LINES:]]
+    return tuple(mask_response(line, secrets, LINE_CHARS) for line in shown)

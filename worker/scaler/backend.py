@@ -11,9 +11,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from worker.config.env import Problems
+from worker.config.dburl import url_secrets
+from worker.config.env import DATABASE_URL_ENV, Problems
 from worker.config.stopping import longest_stop_s
 from worker.config.tuning import read_tuning
+from worker.masking import joined, secret_forms
+
+
+def scaler_secrets(env: Mapping[str, str]) -> tuple[str, ...]:
+    """What a scaler of environment ``env`` masks wherever it says or keeps something: the
+    database's passwords, and the API token (the Fly backend sends it) in every spelling
+    an echo of it may take. Its machines inherit that environment, so whatever is shown
+    of their output is masked with these too."""
+    url = (env.get(DATABASE_URL_ENV) or "").strip()
+    return joined(url_secrets(url), secret_forms((env.get("FLY_API_TOKEN") or "").strip()))
+
 
 RELEASE_METADATA = "lane_worker_release"
 # The image as the scaler asked for it (a backend may list it normalised: a

@@ -9,13 +9,11 @@ from typing import Literal
 import anyio
 
 from worker.client import LaneClient
-from worker.config.dburl import url_secrets
 from worker.config.env import DATABASE_URL_ENV, PGBOUNCER_ENV, Problems
 from worker.config.tuning import read_tuning
 from worker.daemon import logs
 from worker.errors import LaneConfigError
-from worker.masking import joined, secret_forms
-from worker.scaler.backend import Backend
+from worker.scaler.backend import Backend, scaler_secrets
 from worker.scaler.fly import FlyBackend
 from worker.scaler.process import ProcessBackend
 from worker.scaler.run import Scaler
@@ -33,14 +31,11 @@ def backend_for(name: str, env: Mapping[str, str], state_dir: Path) -> Backend:
 
 def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_port: int) -> int:
     """Run the scaler until SIGTERM; return its exit code."""
-    url = (env.get(DATABASE_URL_ENV) or "").strip()
     fmt = (env.get("LANE_WORKER_LOG_FORMAT") or "auto").strip().lower()
     chosen: Literal["json", "console", "auto"] = (
         "json" if fmt == "json" else "console" if fmt == "console" else "auto"
     )
-    # The API token is a secret too (the Fly backend sends it): masked like the password,
-    # in every spelling an echo of it may take.
-    secrets = joined(url_secrets(url), secret_forms((env.get("FLY_API_TOKEN") or "").strip()))
+    secrets = scaler_secrets(env)
     logs.configure(chosen, secrets=secrets)
     if read_tuning(env, Problems()).pgbouncer:
         # Its lock is a session advisory lock with an idle-session lease: behind a

@@ -79,7 +79,9 @@ export interface SubmittedRun {
   served: boolean;
   /**
    * False (store migration 0038) when the lane is served but none of its live workers
-   * registers the play: the run is kept and waits for a worker whose app registers it.
+   * registers the play: the run is kept, and a worker of the lane fails it at once as an
+   * unknown play unless one of the lane's workers registered the play before (then it waits
+   * for a worker whose app registers it; the store's `warning` says it waits either way).
    * Absent otherwise.
    */
   playServed?: boolean;

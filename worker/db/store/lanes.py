@@ -19,6 +19,12 @@ from worker.db.store.rows import (
     args_of,
 )
 
+# The first build whose boot makes its retired dev lane claim again (activate_dev_lane,
+# 0.3.0). Maintenance never retires an idle dev lane whose last worker ran an older
+# build (or recorded none: before 0.2.0): that worker, coming back, would find its lane
+# retired and refuse to boot as a drained release's does.
+DEV_LANE_RETURNS_FROM = "0.3.0"
+
 
 @dataclass(frozen=True, slots=True)
 class _Heartbeat:
@@ -95,12 +101,18 @@ class LaneQueries(Queries):
         return await self._rows(conn, PrunableLane, "prunable_lanes", older_than_s)
 
     async def idle_dev(self, conn: Connection, *, idle_after_s: float) -> list[IdleDevLane]:
-        """Claiming dev lanes with no live worker seen for over ``idle_after_s`` seconds."""
-        return await self._rows(conn, IdleDevLane, "idle_dev_lanes", idle_after_s)
+        """Claiming dev lanes with no live worker seen for over ``idle_after_s`` seconds
+        (none whose last worker's build predates ``DEV_LANE_RETURNS_FROM``)."""
+        return await self._rows(
+            conn, IdleDevLane, "idle_dev_lanes", idle_after_s, DEV_LANE_RETURNS_FROM
+        )
 
     async def retire_idle_dev(self, conn: Connection, *, queue: str, idle_after_s: float) -> bool:
         """Retire an idle dev lane, re-checked under its row lock; say whether it was."""
-        return await self._value(conn, "retire_idle_dev_lane", queue, idle_after_s) is not None
+        done = await self._value(
+            conn, "retire_idle_dev_lane", queue, idle_after_s, DEV_LANE_RETURNS_FROM
+        )
+        return done is not None
 
     async def activate_dev(self, conn: Connection, *, queue: str) -> bool:
         """Make a retired dev lane claim again (its worker boots); say whether it was retired."""

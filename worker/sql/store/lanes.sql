@@ -154,10 +154,17 @@ select l.queue, l.release_ids, l.retired_at,
 -- for over $1 seconds (its last heartbeat, else its last registration), with
 -- whether it still holds an open run or a pending sandbox cleanup (`busy`: kept,
 -- shown idle). Maintenance retires the others (retire_idle_dev_lane).
+-- An open run is the lane's whether it was submitted there (queue) or adopted by
+-- it (adopted_queue: a worktree's continuation loop adopted it before 0035): a
+-- lane retired holding an adopted run left it with no lane that may claim it.
+-- A lane whose last worker (the last seen) ran a build older than $2 (the first
+-- whose boot activates a retired dev lane again; null version: before 0.2.0) is
+-- never retired: that build's worker, coming back, would find its lane retired
+-- and refuse to boot as a drained release does.
 select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id,
        s.last_seen,
        exists (select 1 from {schema}.runs r
-                where r.queue = l.queue
+                where (r.queue = l.queue or r.adopted_queue = l.queue)
                   and r.status not in ('completed', 'failed', 'cancelled'))
          or exists (select 1 from {schema}.run_sandboxes x
                      where x.cleanup_queue = l.queue and x.cleanup = 'pending') as busy
@@ -172,14 +179,22 @@ select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_
                     where not {schema}.lane_is_dev(array[r]))
    and not s.live
    and s.last_seen < now() - make_interval(secs => $1)
+   and not exists (select 1 from (select w.version from {schema}.workers w
+                                   where w.queue = l.queue
+                                   order by w.heartbeat_at desc, w.started_at desc
+                                   limit 1) last
+                    where coalesce((regexp_match(last.version, '^(\d+)\.(\d+)\.(\d+)'))::numeric[],
+                                   array[]::numeric[])
+                          < string_to_array($2, '.')::numeric[])
  order by s.last_seen, l.queue;
 
 -- name: retire_idle_dev_lane
 -- Retire dev lane $1, re-checked under its row lock: still claiming, still a dev
 -- lane only, no live worker, none seen for $2 seconds, no open run, no pending
--- sandbox cleanup, not a release the registry deploys. `lanes prune`'s rules (and
--- maintenance's LANE_WORKER_PRUNE_AFTER) take it from there; its worker booting
--- again activates it (activate_dev_lane).
+-- sandbox cleanup (an open run submitted to it or adopted by it), not a release
+-- the registry deploys, its last worker not of a build older than $3 (see
+-- idle_dev_lanes). `lanes prune`'s rules (and maintenance's LANE_WORKER_PRUNE_AFTER)
+-- take it from there; its worker booting again activates it (activate_dev_lane).
 update {schema}.releases l
    set status = 'retired', retired_at = now(), updated_at = now()
  where l.queue = $1 and l.status = 'claiming'
@@ -192,12 +207,19 @@ update {schema}.releases l
                       and (w.heartbeat_at >= now() - make_interval(secs => $2)
                            or {schema}.worker_live(w.heartbeat_at, w.stopped_at)))
    and not exists (select 1 from {schema}.runs r
-                    where r.queue = l.queue
+                    where (r.queue = l.queue or r.adopted_queue = l.queue)
                       and r.status not in ('completed', 'failed', 'cancelled'))
    and not exists (select 1 from {schema}.run_sandboxes x
                     where x.cleanup_queue = l.queue and x.cleanup = 'pending')
    and not exists (select 1 from {schema}.deployments d
                     where d.queue = l.queue and d.role in ('current', 'previous'))
+   and not exists (select 1 from (select w.version from {schema}.workers w
+                                   where w.queue = l.queue
+                                   order by w.heartbeat_at desc, w.started_at desc
+                                   limit 1) last
+                    where coalesce((regexp_match(last.version, '^(\d+)\.(\d+)\.(\d+)'))::numeric[],
+                                   array[]::numeric[])
+                          < string_to_array($3, '.')::numeric[])
 returning l.queue;
 
 -- name: activate_dev_lane
