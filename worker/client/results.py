@@ -9,24 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from worker.states import TERMINAL_STATUSES
 
-# Store 0038's warning says a run of a play no live worker registers "waits there until
-# a worker whose app registers it starts". It does not: a live worker of the lane claims
-# it at once and, unless a worker of that lane registered the play before, fails it for
-# good as an unknown play (run/decide.py: PLAY_UNKNOWN). The clause is said truly here
-# until a store migration changes the store's sentence (then this finds nothing to mend).
-STORE_0038_CLAUSE = "the run waits there until a worker whose app registers it starts"
+# What the store's warning (0045) says happens to a run of a play no live worker of
+# its lane registers (run/decide.py: PLAY_UNKNOWN, unless the lane registered it before).
 PLAY_WARNING_CLAUSE = (
-    "a worker of the lane claims the run at once and fails it for good as an unknown play, "
-    "unless one of the lane's workers registered the play before (then it waits until a "
-    "worker whose app registers it starts)"
+    "a worker of the lane claims the run and fails it for good as an unknown play, "
+    "unless a worker of the lane registered the play before"
 )
-
-
-def _play_warning(warning: str | None, play_served: bool) -> str | None:
-    """The store's warning, its 0038 clause on a play no live worker registers made true."""
-    if warning is None or play_served:
-        return warning
-    return warning.replace(STORE_0038_CLAUSE, PLAY_WARNING_CLAUSE)
 
 
 @dataclass(frozen=True)
@@ -64,7 +52,7 @@ class SubmittedRun:
             said["created"],
             said["served"],
             # Only when not served, or the play not served.
-            _play_warning(said.get("warning"), play_served),
+            said.get("warning"),
             play_served,
         )
 
