@@ -39,6 +39,10 @@ select queue, status, release_ids, {schema}.lane_release_id(queue) as release_id
 -- Marks a lane claiming, but never moves a retired lane back: returns its status.
 -- $2 is the release id as deployed: the lane's release_id (migration 0030) keeps
 -- the first one a worker registered (older builds write only release_ids).
+-- A release id and a worktree suffix may name one queue (release foo and suffix
+-- foo: runs_foo). Neither kind joins a lane that holds a spelling of the other
+-- (lane_is_dev per spelling, 0035): decided under the row's lock, no row returned
+-- (the caller refuses to boot). A lane older builds mixed is refused to both.
 insert into {schema}.releases as l (queue, status, release_ids, release_id)
 values ($1, 'claiming', array[$2::text], $2)
 on conflict (queue) do update
@@ -46,9 +50,14 @@ on conflict (queue) do update
                           else l.release_ids || $2 end,
        release_id = coalesce(l.release_id, $2),
        updated_at = now()
+ where not exists (select 1 from unnest(l.release_ids) r
+                    where {schema}.lane_is_dev(array[r]) <> {schema}.lane_is_dev(array[$2::text]))
 returning status;
 
 -- name: set_release_status
+-- `lanes retire` / `activate` of release id $3. As register_release: a spelling never
+-- joins a lane that holds one of the other kind (release vs dev), no row returned;
+-- only retiring a lane by a spelling it already has is always done (a mixed lane too).
 insert into {schema}.releases as l (queue, status, release_ids, retired_at)
 values ($1, $2, array[$3::text], case when $2 = 'retired' then now() end)
 on conflict (queue) do update
@@ -59,6 +68,9 @@ on conflict (queue) do update
        -- set_release_status always comes with ensure_queue: the queue exists again.
        pruned_at = null,
        updated_at = now()
+ where ($2 = 'retired' and $3 = any(l.release_ids))
+    or not exists (select 1 from unnest(l.release_ids) r
+                    where {schema}.lane_is_dev(array[r]) <> {schema}.lane_is_dev(array[$3::text]))
 returning status;
 
 -- name: lane_names
