@@ -87,10 +87,10 @@ def target_refused(run_release_id: str, queue: str, target_ids: Iterable[str]) -
         return ""
     if is_dev(run_release_id):
         return (
-            f"run of dev lane {run_release_id!r} never goes to release lane {queue} "
+            f"a run of dev lane {run_release_id!r} never goes to release lane {queue} "
             f"({ids[0]!r}): a worktree's run is not run on a release's code"
         )
     return (
-        f"run of release {run_release_id!r} never goes to dev lane {queue} ({ids[0]!r}): "
+        f"a run of release {run_release_id!r} never goes to dev lane {queue} ({ids[0]!r}): "
         "a release's run is not run on a worktree's code"
     )

@@ -7,8 +7,9 @@
 
 -- name: claiming_lanes_for_play
 -- Claiming lanes, newest first, with a live worker whose app registers play $1:
--- where a retry of that play can run.
-select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id
+-- where a retry of that play can run. release_ids: every spelling, for the dev check.
+select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id,
+       l.release_ids
   from {schema}.releases l
  where l.status = 'claiming'
    and exists (select 1 from {schema}.workers w
