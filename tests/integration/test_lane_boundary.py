@@ -287,3 +287,17 @@ async def test_a_dev_run_on_a_mixed_lane_is_not_retried_there(
         )
         with pytest.raises(NoClaimingLaneError, match="lane runs_foo is mixed"):
             await client.retry_run(run.run_id)
+
+
+async def test_a_worktree_never_takes_a_queue_deployed_to_a_release(database_url: str) -> None:
+    """`releases deploy foo` before any machine of foo booted: a worktree with suffix foo
+    is refused at boot (naming foo) and by `lanes activate`, and foo's machine boots."""
+    async with open_client(database_url, env_of("rel-a")) as client:
+        await client.releases.deploy("foo", image="img")
+        with pytest.raises(LaneConfigError, match="already belongs to release 'foo'"):
+            await install_and_register(client.db, client.store, booting("dev-foo"))
+        with pytest.raises(InvalidRequestError, match="already belongs to release 'foo'"):
+            await client.activate_release("dev-foo", force=True)
+        assert await sql(database_url, f"select count(*) from {SCHEMA}.releases") == 0
+        assert await install_and_register(client.db, client.store, booting("foo")) == "claiming"
+        assert await release_ids(database_url, "runs_foo") == ["foo"]

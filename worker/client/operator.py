@@ -85,10 +85,9 @@ class OperatorCalls:
             )
             if done is None:
                 # A release id and a worktree suffix name one queue: never mix the two.
-                lane = await self.store.lanes.row(conn, queue=queue)
                 verb = "retire" if status == "retired" else "activate"
                 rid = release_id.strip()
-                held = lane.release_ids if lane else []
+                held = await self.store.lanes.spellings(conn, queue=queue)
                 raise InvalidRequestError(
                     f"cannot {verb} {rid!r}: {lane_kinds.crossing(queue, rid, held)}; "
                     f"{lane_kinds.remedy(rid)}."

@@ -204,11 +204,9 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     status = await db.run(lambda c: store.lanes.register(c, queue=s.queue, release_id=s.release_id))
     if status is None:
         # A release's queue and a worktree's (same sanitized name) never share workers.
-        lane = await db.run(lambda c: store.lanes.row(c, queue=s.queue))
+        held = await db.run(lambda c: store.lanes.spellings(c, queue=s.queue))
         raise LaneConfigError(
-            lane_kinds.registration_refused(
-                s.queue, s.release_id, lane.release_ids if lane else []
-            ),
+            lane_kinds.registration_refused(s.queue, s.release_id, held),
             variable=QUEUE_SUFFIX_ENV if lane_kinds.is_dev(s.release_id) else RELEASE_ID_ENV,
         )
     if status != LaneStatus.RETIRED:

@@ -61,6 +61,11 @@ class LaneQueries(Queries):
         done: str | None = await self._value(conn, "set_release_status", queue, status, release_id)
         return done
 
+    async def spellings(self, conn: Connection, *, queue: str) -> list[str]:
+        """Every release id the lane is known by: registered, then deployed to it."""
+        ids: list[str] = await self._value(conn, "lane_spellings", queue)
+        return ids
+
     async def row(self, conn: Connection, *, queue: str) -> LaneRow | None:
         return await self._row(conn, LaneRow, "lane_row", queue)
 
