@@ -28,6 +28,7 @@ from support.runtime import (
     queue_of,
     register_worker,
 )
+from worker.daemon import page
 from worker.daemon.boot import install_and_register
 from worker.db.store import Store
 from worker.errors import (
@@ -147,6 +148,7 @@ async def test_lanes_retire_and_activate_never_mix_the_kinds(database_url: str) 
         assert view.mixed
         assert view.as_json()["mixed"] is True
         assert any("mixed lane:" in line for line in lanes_table([view]))
+        assert 'data-field="mixed"' in page.render([view])  # the lanes page too
 
 
 REL = "rel-a"
