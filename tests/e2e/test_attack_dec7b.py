@@ -35,12 +35,6 @@ QUEUE_SHARED = "runs_foo"
 NEWER = "rel-newer"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worktree whose suffix names a release's queue (release foo, suffix foo: runs_foo) "
-    "boots on it unrefused; its dev-foo spelling makes the release lane 'dev' (lane_is_dev), "
-    "so the newer release stops adopting the release's parked run and the worktree runs it",
-)
 async def test_a_worktree_on_a_release_s_queue_never_runs_the_release_s_parked_run(
     database_url: str,
 ) -> None:
@@ -66,22 +60,26 @@ async def test_a_worktree_on_a_release_s_queue_never_runs_the_release_s_parked_r
             f"dev-{SHARED}", name="worktree", DEEPLINE_ABSURD_QUEUE_SUFFIX=SHARED,
             DEEPLINE_RUNTIME_DEPLOY_VERSION=None,
         )  # fmt: skip
-        # Either the worktree is refused, or it boots beside the release lane.
-        await dev.wait_for("worker.ready")
+        # The worktree is refused (78), saying the queue, the release and the remedy.
+        assert not await ready_or_exited(dev)
+        assert dev.proc.returncode == 78, dev.tail()
+        said = dev.stderr
+        assert QUEUE_SHARED in said, said
+        assert repr(SHARED) in said, said
+        assert "DEEPLINE_ABSURD_QUEUE_SUFFIX" in said, said
         assert not (await client.signal(run.run_id, "go", {"by": "attack"})).duplicate
-        await finished_by((newer, dev), run.run_id)
+        await finished_by((newer,), run.run_id)
         status = await client.status(run.run_id)
         assert status.status == "completed"
         assert status.adopted_release_id == NEWER
         assert not dev.events(run_id=run.run_id)
-        for daemon in (dev, newer):
-            daemon.terminate()
-            await daemon.wait_exit(timeout_s=15)
+        newer.terminate()
+        await newer.wait_exit(timeout_s=15)
         rows = await sql(
             database_url, f"select release_ids from {SCHEMA}.releases where queue = $1",
             QUEUE_SHARED,
         )  # fmt: skip
-        assert rows is not None
+        assert rows == [SHARED]  # the lane stays a release lane: no dev spelling joined
 
 
 SLEEPER = "sleeper"
@@ -293,12 +291,6 @@ async def ready_or_exited(daemon: Daemon) -> bool:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a release machine (DEEPLINE_RUNTIME_DEPLOY_VERSION=foo) boots unrefused on "
-    "runs_foo, which a worktree (suffix foo) registered first, and runs the worktree's "
-    "parked run on the release's code; only `releases deploy` refuses that lane",
-)
 async def test_a_release_machine_never_runs_a_worktree_s_run_on_a_shared_queue(
     database_url: str,
 ) -> None:
@@ -321,6 +313,12 @@ async def test_a_release_machine_never_runs_a_worktree_s_run_on_a_shared_queue(
 
         rel = pool.start(SHARED, name="release-foo")
         booted = await ready_or_exited(rel)
+        # Refused (78), saying the queue, the worktree's id and the remedy.
+        assert not booted, rel.tail()
+        assert rel.proc.returncode == 78, rel.tail()
+        assert QUEUE_SHARED in rel.stderr, rel.stderr
+        assert f"'dev-{SHARED}'" in rel.stderr, rel.stderr
+        assert "another release id" in rel.stderr, rel.stderr
         assert not (await client.signal(run.run_id, "go", {"by": "attack"})).duplicate
         again = pool.start(f"dev-{SHARED}", name="worktree-again", **wt_env)
         await again.ready()

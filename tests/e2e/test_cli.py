@@ -335,6 +335,7 @@ def test_lanes_retire_then_activate(env: dict[str, str]) -> None:
         "drainingSeconds": row["drainingSeconds"],
         "foreignTasks": 0,  # no other system's task on its queue
         "dev": False,  # a release lane, not a worktree's
+        "mixed": False,  # no worktree shares its queue
         "lastSeen": row["lastSeen"],
     }
     assert row["drainingSeconds"] >= 0  # since the retire a moment ago

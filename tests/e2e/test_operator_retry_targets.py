@@ -127,7 +127,7 @@ async def test_bulk_retry_previews_each_target_and_keeps_to_it(
         assert await retries_of(database_url, dev_retries) == {}
 
         # Named on the page (as `runs retry --to`): a release that is no lane is refused
-        # before anything is confirmed; A is used.
+        # before anything is confirmed.
         asked = {**form(listed, "/actions/preview"), "action": "retry"}
         status, body, _ = await op.post("/actions/preview", {**asked, "to": "rel-nowhere"})
         assert (status, "not a registered lane" in body, "/actions/run" in body) == (
@@ -135,16 +135,29 @@ async def test_bulk_retry_previews_each_target_and_keeps_to_it(
             True,
             False,
         )
+        # A release named: a worktree's runs never go to a release (the lane boundary),
+        # each refused in the preview, nothing to confirm.
         status, body, _ = await op.post("/actions/preview", {**asked, "to": A})
-        assert targets(body) == {A: 2}, body
-        # A confirmation edited to another target than its preview showed does nothing.
+        assert status == 200, body
+        assert "never goes to release lane" in body, body
+        assert "/actions/run" not in body, body
+        assert await retries_of(database_url, dev_retries) == {}
+
+        # A's retries fail too; retried to A by name. A confirmation edited to another
+        # target than its preview showed does nothing.
+        a_retries = [first.run_id, *(retried[r][0] for r in on_a[1:])]
+        await all_failed(database_url, a_retries)
+        listed = await op.get(f"/runs?status=failed&release={A}")
+        asked = {**form(listed, "/actions/preview"), "action": "retry", "to": A}
+        status, body, _ = await op.post("/actions/preview", asked)
+        assert targets(body) == {A: 3}, body
         edited = {**form(body, "/actions/run"), "to": ""}
         status, refused, _ = await op.post("/actions/run", edited)
         assert (status, "another action, filter or target release" in refused) == (409, True)
         status, body, response = await op.post("/actions/run", form(body, "/actions/run"))
         assert status == 303, body
         row = await finished_action(database_url, int(response.headers["Location"][16:]))
-        assert (row["target"], row["acted"]) == (A, 2)
-        assert {r: v[1] for r, v in (await retries_of(database_url, dev_retries)).items()} == (
-            dict.fromkeys(dev_retries, A)
+        assert (row["target"], row["acted"]) == (A, 3)
+        assert {r: v[1] for r, v in (await retries_of(database_url, a_retries)).items()} == (
+            dict.fromkeys(a_retries, A)
         )

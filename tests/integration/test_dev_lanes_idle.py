@@ -99,11 +99,14 @@ async def test_idle_dev_lanes_are_retired_then_pruned_and_nothing_else(
         busy_run = await client.submit("plain", {}, queue_suffix="busy")
         # A release lane idle as long: never by this rule.
         await boot(client, "runs_rel_old", "rel-old")
-        # A queue a release and a dev suffix share (release `mixed`, suffix dev-mixed
-        # fold to one queue name only by hand here): never by this rule.
+        # A queue a release and a dev suffix share (release `mixed`, suffix dev-mixed),
+        # as an older build let them (this build refuses the second one's boot): never
+        # by this rule.
         await boot(client, "runs_mixed", "dev-mixed")
-        await client.db.run(
-            lambda c: client.store.lanes.register(c, queue="runs_mixed", release_id="mixed")
+        await sql(
+            database_url,
+            f"update {SCHEMA}.releases set release_ids = release_ids || 'mixed'::text"
+            " where queue = 'runs_mixed'",
         )
         # The TypeScript app made the queue first: another system's, kept.
         await sql(database_url, "select absurd.create_queue('runs_ts')")

@@ -32,7 +32,8 @@ async def test_a_dev_lane_run_is_retried_on_its_own_dev_lane_only(
     database_url: str, remedy_plays: RemedyPlays
 ) -> None:
     """The dev run's retry goes to dev-wt (not B, not dev-new); with dev-wt's worker gone it
-    is refused naming --to and nothing is written; --to B sends it to B when asked."""
+    is refused naming --to and nothing is written; --to B is refused (a release), --to
+    dev-new (another worktree's lane) sends it there."""
     app = remedies_app(remedy_plays)
     async with (
         open_client(database_url, env_of("rel-a")) as client,
@@ -64,10 +65,15 @@ async def test_a_dev_lane_run_is_retried_on_its_own_dev_lane_only(
         assert DEV in str(refused.value)
         assert len(await client.runs(limit=100)) == before
         assert (await run_row(database_url, second.run_id))["retried_by"] is None
-        # Named, the release is used (checked as always).
-        to_b = await client.retry_run(second.run_id, to_release=B)
-        assert (to_b.release_id, to_b.queue) == (B, queue_of(B))
-        assert await work_once(rt_b) == ["completed"]
+        # Named, a release is refused: a worktree's run never goes to a release.
+        with pytest.raises(InvalidRequestError, match="never goes to release lane"):
+            await client.retry_run(second.run_id, to_release=B)
+        assert (await run_row(database_url, second.run_id))["retried_by"] is None
+        # Another worktree's dev lane is a target (checked as always).
+        to_new = await client.retry_run(second.run_id, to_release=DEV_NEW)
+        assert (to_new.release_id, to_new.queue) == (DEV_NEW, queue_of(DEV_NEW))
+        assert await work_once(rt_b) == []
+        assert await work_once(rt_new) == ["completed"]
 
 
 async def test_a_release_run_is_never_retried_on_a_dev_lane(

@@ -8,7 +8,7 @@ are ``LaneClient``'s own.
 
 from __future__ import annotations
 
-from worker import lanes
+from worker import lane_kinds, lanes
 from worker.config import settings
 from worker.db import engine
 from worker.db.pool import Connection, Database
@@ -80,9 +80,18 @@ class OperatorCalls:
             # waits for the claims in flight and holds back the next ones. Creating
             # the queue first (its index checks share-lock the queue's tables, which
             # such a claim writes) would deadlock with a claim between the two.
-            await self.store.lanes.set_status(
+            done = await self.store.lanes.set_status(
                 conn, queue=queue, status=status, release_id=release_id.strip()
             )
+            if done is None:
+                # A release id and a worktree suffix name one queue: never mix the two.
+                verb = "retire" if status == "retired" else "activate"
+                rid = release_id.strip()
+                held = await self.store.lanes.spellings(conn, queue=queue)
+                raise InvalidRequestError(
+                    f"cannot {verb} {rid!r}: {lane_kinds.crossing(queue, rid, held)}; "
+                    f"{lane_kinds.remedy(rid)}."
+                )
             # A lane row without its engine queue would break every maintenance pass
             # that reconciles it, so the registry only ever names queues that exist
             # (one transaction: never one without the other).

@@ -25,6 +25,7 @@ import anyio
 import asyncpg
 import structlog
 
+from worker import lane_kinds
 from worker.app import App, load_app
 from worker.config.dburl import url_secrets
 from worker.config.settings import Settings
@@ -44,6 +45,7 @@ from worker.errors import (
     printable,
     sole_error,
 )
+from worker.lanes import QUEUE_SUFFIX_ENV, RELEASE_ID_ENV
 from worker.states import LaneState, LaneStatus
 
 log = structlog.get_logger("lane_worker.boot")
@@ -165,6 +167,8 @@ async def open_database(settings: Settings) -> Database:
 async def install_and_register(db: Database, store: Store, settings: Settings) -> LaneState:
     """Install or upgrade both schemas, make the lane's queue, register the lane as claiming.
 
+    Registration refuses (``LaneConfigError``, 78) a lane that holds a release id of
+    the other kind: a worktree on a release's queue, a release on a worktree's.
     Registration never un-retires a release lane: a retired lane boots draining while
     runs only this release may run remain, and refuses (``LaneDrainedError``) once
     drained. A dev lane (a worktree's: every spelling ``dev`` or ``dev-...``) is no
@@ -198,6 +202,13 @@ async def install_and_register(db: Database, store: Store, settings: Settings) -
     # The lane's queue and its NOTIFY trigger (made by the owner for a worker role).
     await db.run(lambda c: prepare_queue(c, s.queue, store.lanes))
     status = await db.run(lambda c: store.lanes.register(c, queue=s.queue, release_id=s.release_id))
+    if status is None:
+        # A release's queue and a worktree's (same sanitized name) never share workers.
+        held = await db.run(lambda c: store.lanes.spellings(c, queue=s.queue))
+        raise LaneConfigError(
+            lane_kinds.registration_refused(s.queue, s.release_id, held),
+            variable=QUEUE_SUFFIX_ENV if lane_kinds.is_dev(s.release_id) else RELEASE_ID_ENV,
+        )
     if status != LaneStatus.RETIRED:
         return LaneState.CLAIMING
     if await db.run(lambda c: store.lanes.activate_dev(c, queue=s.queue)):

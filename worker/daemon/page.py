@@ -17,7 +17,7 @@ from typing import Any
 from worker.daemon.report_cache import PAGE_OPEN_RUNS
 from worker.db.store.rows import OpenRun
 from worker.ops.lane_view import BUCKETS, LaneView
-from worker.ops.lanes_text import idle_dev_line, idle_since, shown_blockers
+from worker.ops.lanes_text import idle_dev_line, idle_since, mixed_line, shown_blockers
 from worker.ops.remedies import MAX_LIST, OPEN
 from worker.ops.report import collapsed
 from worker.ops.workers import (
@@ -119,6 +119,12 @@ def _row(view: LaneView) -> str:
         if view.idle_dev
         else ""
     )
+    # A release and a worktree both registered its queue (an older build let them).
+    if view.mixed:
+        idle += (
+            f' <span class="note" data-field="mixed" title="{escape(mixed_line(view))}">'
+            "mixed: release and worktree</span>"
+        )
     # A drained lane's machines are safe to stop: whether they claim says nothing more.
     quiet_status = view.status == "drained"
     if not quiet_status and not view.stranded and view.live_workers and not view.claiming_workers:

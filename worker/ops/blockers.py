@@ -67,6 +67,14 @@ def _earliest(a: datetime | None, b: datetime | None) -> datetime | None:
     return b if a is None else a if b is None else min(a, b)
 
 
+def _move_away(release: str, dev: bool) -> str:
+    """Where a lane's runs that never started may go: a release's, to another release;
+    a worktree's (dev lane) nowhere: `lanes move` never crosses to a release."""
+    if dev:
+        return "cancel them (lane-worker cancel RUN_ID): a worktree's runs never go to a release"
+    return f"move them to a claiming release (lane-worker lanes move {release} --to RELEASE)"
+
+
 def _stamps_claim(release: str, count: int, stamps: dict[str, str]) -> str:
     """The cause and remedy of adopted parked runs whose stamped lanes claim again."""
     names = ", ".join(sorted(stamps.values()))
@@ -88,6 +96,7 @@ def _remedy(
     names: dict[str, str],
     served: frozenset[str] = frozenset(),
     stuck: Sequence[dict[str, Any]] = (),
+    dev: bool = False,
 ) -> str:
     wait = f"wait for them (lane-worker lanes wait {release})"
     if reason == "claiming":
@@ -129,7 +138,7 @@ def _remedy(
             f"{', '.join(sorted(served)) or 'none'}): start a machine of {release} whose app "
             "has it, or "
             + (
-                f"move them to a claiming release (lane-worker lanes move {release} --to RELEASE)"
+                _move_away(release, dev)
                 if reason == "fresh"
                 else "end them (lane-worker runs fail RUN_ID --reason TEXT) and run them again on "
                 "a claiming release (lane-worker runs retry RUN_ID)"
@@ -147,10 +156,7 @@ def _remedy(
     )
     if reason == "fresh":
         # Never started: no step of them ran on this release's code.
-        return (
-            f"{start}, or move them to a claiming release "
-            f"(lane-worker lanes move {release} --to RELEASE)"
-        )
+        return f"{start}, or {_move_away(release, dev)}"
     expired = "; each is retried on it when its lease expires" if reason == "inFlight" else ""
     return (
         f"{start}{expired}; or end them (lane-worker runs fail RUN_ID --reason TEXT) and "
@@ -174,7 +180,9 @@ def blockers(
     names: dict[str, str],
     current: bool = False,
     now: datetime | None = None,
+    dev: bool = False,
 ) -> tuple[Blocker, ...]:
+    """What blocks the lane's stop; ``dev``: it is a dev lane (any spelling, mixed too)."""
     if status == "drained":
         return ()
     # Workers whose claims keep failing run nothing: they count as not there.
@@ -194,14 +202,18 @@ def blockers(
         if status == "claiming" and reason == "parkedNotAdoptable":
             continue  # a claiming lane's parked runs are its own to resume: not a blocker
         ids = tuple(run_id for _, run_id in oldest)
-        remedy = _remedy(reason, release, live, plays, tally, names, served, stuck)
+        remedy = _remedy(reason, release, live, plays, tally, names, served, stuck, dev)
         found.append(Blocker(reason, count, remedy, ids))
-    unknown = _unknown_blocker(release, workers, tally, now)
+    unknown = _unknown_blocker(release, workers, tally, now, dev)
     return tuple(found) + ((unknown,) if unknown is not None else ())
 
 
 def _unknown_blocker(
-    release: str, workers: Sequence[dict[str, Any]], tally: LaneTally, now: datetime | None
+    release: str,
+    workers: Sequence[dict[str, Any]],
+    tally: LaneTally,
+    now: datetime | None,
+    dev: bool = False,
 ) -> Blocker | None:
     """Fresh runs waiting long on a lane none of whose live workers is known to claim.
 
@@ -224,7 +236,6 @@ def _unknown_blocker(
         f"runs queued for {queued_s:.0f} s; its {len(unknown)} live worker(s)' build "
         f"({NO_VERSION}) cannot say whether they claim: look for loop.claim_failed in their "
         "logs (a newer build's install can break an older build's claims), upgrade them to "
-        f"0.2.0 or later, or move the runs to a claiming release (lane-worker lanes move "
-        f"{release} --to RELEASE)",
+        f"0.2.0 or later, or {_move_away(release, dev)}",
         tuple(run_id for _, run_id in oldest),
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from worker import lane_kinds
 from worker.db.store.rows import OpenRun
 from worker.ops.workers import NOT_CLAIMING, UNKNOWN, claim_health, with_health
 
@@ -90,6 +91,12 @@ class LaneView:
         """Tell whether it is a dev lane only (a worktree's: every spelling dev / dev-...)."""
         ids = self.release_ids or (self.release_id,)
         return all(i.lower() == "dev" or i.lower().startswith("dev-") for i in ids)
+
+    @property
+    def mixed(self) -> bool:
+        """Tell whether a release and a worktree both registered it (older builds let them):
+        the store treats it as a dev lane (no adoption); workers of both kinds are refused."""
+        return lane_kinds.is_mixed(self.release_ids)
 
     @property
     def idle_dev(self) -> bool:
@@ -185,6 +192,7 @@ class LaneView:
             # Information only: another system's tasks never keep a lane draining.
             "foreignTasks": self.foreign_tasks,
             "dev": self.dev,
+            "mixed": self.mixed,
             "lastSeen": self.last_seen.isoformat() if self.last_seen else None,
             "sandboxCleanup": {
                 "pending": self.cleanups_pending,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+from worker import lane_kinds
 from worker.ops.lane_view import UNKNOWN_BLOCKER, Blocker, LaneView
 from worker.ops.workers import (
     NO_VERSION,
@@ -75,9 +76,25 @@ def lanes_table(views: list[LaneView]) -> list[str]:
             lines += [f"{v.release_id}: {line}" for line in _listed(shown_blockers(v), ids=False)]
         if v.foreign_tasks:
             lines.append(f"{v.release_id}: {foreign_line(v)}")
+        if v.mixed:
+            lines.append(f"{v.release_id}: {mixed_line(v)}")
         if v.idle_dev:
             lines.append(f"{v.release_id}: {idle_dev_line(v)}")
     return lines
+
+
+def mixed_line(view: LaneView) -> str:
+    """Say that a release and a worktree share the lane's queue, and what to do about it."""
+    ids = view.release_ids
+    releases = ", ".join(repr(i) for i in ids if not lane_kinds.is_dev(i))
+    worktrees = ", ".join(repr(i) for i in ids if lane_kinds.is_dev(i))
+    return (
+        f"mixed lane: release {releases} and worktree {worktrees} both registered {view.queue} "
+        "(an older build let them), so it stands apart as a dev lane and new workers of "
+        "either kind are refused; give the worktree another DEEPLINE_ABSURD_QUEUE_SUFFIX, "
+        "deploy the release under another release id, and end the runs left here "
+        "(lane-worker cancel RUN_ID, or runs fail and runs retry)."
+    )
 
 
 def idle_since(view: LaneView) -> str:

@@ -29,7 +29,13 @@ from worker.jsonvalue import unreadable_in
 from worker.ops.remedy_results import MoveReport as MoveReport  # what the remedies return
 from worker.ops.remedy_results import RetriedRun as RetriedRun
 from worker.ops.remedy_results import RunSummary as RunSummary
-from worker.ops.retry_target import RetryPlan, cannot_run, plan_retry, retry_target
+from worker.ops.retry_target import (
+    RetryPlan,
+    cannot_run,
+    plan_retry,
+    refuse_move_across,
+    retry_target,
+)
 from worker.states import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -354,6 +360,9 @@ class Remedies:
                 "check the id against `lane-worker lanes`.",
                 known=(),
             )
+        await self.db.run(
+            lambda c: refuse_move_across(self.store, c, from_release, from_queue, to_release)
+        )
         ids = await self.db.run(lambda c: self.store.runs.open_on_lane(c, queue=from_queue))
         return await self._move(ids, from_queue, to_release)
 
@@ -430,7 +439,7 @@ class Remedies:
                 "(lane-worker runs fail / runs retry)"
             )
         lane = await self.store.lanes.row(conn, queue=to_queue)
-        why = await cannot_run(self.store, conn, lane, to_queue, run.play)
+        why = await cannot_run(self.store, conn, lane, to_queue, run.play, run.release_id)
         if why:
             return why
         if run.task_id is not None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from worker import lane_kinds
 from worker.db.pool import Connection
 from worker.db.store import Store
 from worker.db.store.rows import (
@@ -193,6 +194,10 @@ def _views(
                     names,
                     current=getattr(deployed.get(queue), "role", None) == "current",
                     now=now,
+                    # Any spelling dev (the store's lane_is_dev): a worktree's, or mixed.
+                    dev=lane_kinds.lane_is_dev(
+                        row.release_ids if row and row.release_ids else (release,)
+                    ),
                 ),
                 pruned=row is not None and row.pruned_at is not None,
                 facts_pending=deliveries[queue].pending if queue in deliveries else 0,

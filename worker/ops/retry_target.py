@@ -1,10 +1,11 @@
 """Where a retry goes, and what a bulk retry would do to each run (the page's preview).
 
 A run of a dev lane (a worktree's: release ``dev`` or ``dev-<suffix>``) is retried
-on its own dev lane and nowhere else unless the operator names a release (``--to``):
-a worktree's run must never reach a production release on its own (issue 31 of the
-new user's walk: a bulk retry sent worktree runs to the newest release). A release
-run's retry goes to the newest claiming release lane, never to a dev lane.
+on its own dev lane unless the operator names another dev lane (``--to``): a
+worktree's run never reaches a release (issue 31 of the new user's walk: a bulk
+retry sent worktree runs to the newest release). A release run's retry goes to the
+newest claiming release lane, or the release ``--to`` names, never to a dev lane: a
+lane any of whose registered spellings is dev (``lane_kinds``), nor a mixed one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from worker import lanes
+from worker import lane_kinds, lanes
 from worker.db.store import Store
 from worker.db.store.rows import LaneRow, RunRow
 from worker.errors import InvalidRequestError, LaneWorkerError, NoClaimingLaneError
@@ -24,17 +25,27 @@ if TYPE_CHECKING:
 
 def is_dev(release_id: str) -> bool:
     """Tell whether a release id names a dev lane (``dev`` or ``dev-<suffix>``)."""
-    trimmed = (release_id or "").strip()
-    return trimmed == lanes.DEV_RELEASE_ID or trimmed.startswith(lanes.DEV_RELEASE_PREFIX)
+    return lane_kinds.is_dev(release_id)
 
 
 async def cannot_run(
-    store: Store, conn: Connection, lane: LaneRow | None, queue: str, play: str
+    store: Store,
+    conn: Connection,
+    lane: LaneRow | None,
+    queue: str,
+    play: str,
+    run_release_id: str | None = None,
 ) -> str:
-    """Say why runs of ``play`` put on lane ``queue`` would not run there, or ''."""
+    """Say why runs of ``play`` (stamped ``run_release_id``) put on lane ``queue`` would
+    not run there, or ''."""
     if lane is None or lane.status != "claiming":
         state = "not a registered lane" if lane is None else "retired"
         return f"lane {queue} is {state}; runs go only to a lane that claims new runs"
+    if run_release_id is not None:
+        # Never across the boundary: a release's run to a worktree, or back.
+        crossing = lane_kinds.target_refused(run_release_id, queue, lane.release_ids)
+        if crossing:
+            return crossing
     plays = await store.lanes.live_plays(conn, queue=queue)
     if play not in plays:
         return (
@@ -57,28 +68,56 @@ async def retry_target(
     if to_release is not None:
         queue = lanes.queue_name_for_release(to_release)
         lane = await store.lanes.row(conn, queue=queue)
-        why = await cannot_run(store, conn, lane, queue, play)
+        why = await cannot_run(store, conn, lane, queue, play, old.release_id)
         if why:
             raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
         assert lane is not None
         return lane.release_id or to_release.strip(), queue
     if is_dev(old.release_id):
         lane = await store.lanes.row(conn, queue=old.queue)
-        why = await cannot_run(store, conn, lane, old.queue, play)
+        why = await cannot_run(store, conn, lane, old.queue, play, old.release_id)
         if why:
             raise NoClaimingLaneError(
                 f"a run of dev lane {old.release_id!r} is retried on that lane only (a "
-                f"worktree's run never goes to a release on its own), and {why}; start that "
-                "worktree's worker, or name the release to retry it on with --to."
+                f"worktree's run never goes to a release), and {why}; start that "
+                "worktree's worker, or name another dev lane to retry it on with --to."
             )
         assert lane is not None
         return lane.release_id or old.release_id, old.queue
     for claiming in await store.lanes.claiming_for_play(conn, play=play):
-        if not is_dev(claiming.release_id):
+        # Every spelling (as the store's lane_is_dev): a queue a worktree shares is dev.
+        if not lane_kinds.lane_is_dev([claiming.release_id, *claiming.release_ids]):
             return claiming.release_id, claiming.queue
     raise NoClaimingLaneError(
         f"no claiming release has a live worker that registers play {play!r}, so nothing "
         "would run the retry; start one, or name a release with --to."
+    )
+
+
+async def refuse_move_across(
+    store: Store, conn: Connection, from_release: str, from_queue: str, to_release: str
+) -> None:
+    """Refuse (``InvalidRequestError``) `lanes move` from a dev lane to a release lane, or back.
+
+    A mixed source lane (a release and a worktree both registered it) is judged run
+    by run (``lane_kinds.target_refused`` for each run's stamp), as is a target that
+    is no lane yet.
+    """
+    to_queue = lanes.queue_name_for_release(to_release)
+    source = await store.lanes.row(conn, queue=from_queue)
+    target = await store.lanes.row(conn, queue=to_queue)
+    from_ids = source.release_ids if source is not None else [from_release.strip()]
+    if target is None or not from_ids or lane_kinds.is_mixed(from_ids):
+        return
+    why = lane_kinds.target_refused(from_ids[0], to_queue, target.release_ids)
+    if not why:
+        return
+    if lane_kinds.lane_is_dev(from_ids):
+        instead = "restart that worktree's worker, or cancel its runs (lane-worker cancel RUN_ID)"
+    else:
+        instead = "move them to another release's lane"
+    raise InvalidRequestError(
+        f"cannot move lane {from_queue}'s runs to {to_release.strip()!r}: {why}; {instead}."
     )
 
 

@@ -48,17 +48,29 @@ class LaneQueries(Queries):
 
     FILE = "lanes.sql"
 
-    async def register(self, conn: Connection, *, queue: str, release_id: str) -> str:
-        """Mark a lane claiming, never moving a retired one back; return its status."""
-        status: str = await self._value(conn, "register_release", queue, release_id)
+    async def register(self, conn: Connection, *, queue: str, release_id: str) -> str | None:
+        """Mark a lane claiming, never moving a retired one back; return its status.
+
+        None: refused, written nothing: the lane holds a release id of the other kind
+        (a release's and a worktree's, ``lane_kinds``).
+        """
+        status: str | None = await self._value(conn, "register_release", queue, release_id)
         return status
 
     async def set_status(
         self, conn: Connection, *, queue: str, status: str, release_id: str
-    ) -> str:
-        """Retire or activate a lane (``lanes retire`` / ``activate``); return its status."""
-        done: str = await self._value(conn, "set_release_status", queue, status, release_id)
+    ) -> str | None:
+        """Retire or activate a lane (``lanes retire`` / ``activate``); return its status.
+
+        None: refused as ``register`` is (a spelling of the other kind holds the lane).
+        """
+        done: str | None = await self._value(conn, "set_release_status", queue, status, release_id)
         return done
+
+    async def spellings(self, conn: Connection, *, queue: str) -> list[str]:
+        """Every release id the lane is known by: registered, then deployed to it."""
+        ids: list[str] = await self._value(conn, "lane_spellings", queue)
+        return ids
 
     async def row(self, conn: Connection, *, queue: str) -> LaneRow | None:
         return await self._row(conn, LaneRow, "lane_row", queue)

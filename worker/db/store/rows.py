@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -192,6 +192,8 @@ class ClaimingLane:
 
     queue: str
     release_id: str
+    # Every spelling a worker registered for it (lane_is_dev reads them all).
+    release_ids: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

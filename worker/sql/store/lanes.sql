@@ -7,8 +7,9 @@
 
 -- name: claiming_lanes_for_play
 -- Claiming lanes, newest first, with a live worker whose app registers play $1:
--- where a retry of that play can run.
-select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id
+-- where a retry of that play can run. release_ids: every spelling, for the dev check.
+select l.queue, coalesce({schema}.lane_release_id(l.queue), l.queue) as release_id,
+       l.release_ids
   from {schema}.releases l
  where l.status = 'claiming'
    and exists (select 1 from {schema}.workers w
@@ -39,18 +40,40 @@ select queue, status, release_ids, {schema}.lane_release_id(queue) as release_id
 -- Marks a lane claiming, but never moves a retired lane back: returns its status.
 -- $2 is the release id as deployed: the lane's release_id (migration 0030) keeps
 -- the first one a worker registered (older builds write only release_ids).
+-- A release id and a worktree suffix may name one queue (release foo and suffix
+-- foo: runs_foo). Neither kind joins a lane that holds a spelling of the other
+-- (lane_is_dev per spelling, 0035): decided under the row's lock, no row returned
+-- (the caller refuses to boot). A lane older builds mixed is refused to both. A
+-- dev id never takes a queue the registry deploys a release to (`releases deploy`
+-- before that release's first machine booted).
 insert into {schema}.releases as l (queue, status, release_ids, release_id)
-values ($1, 'claiming', array[$2::text], $2)
+select $1, 'claiming', array[$2::text], $2
+ where not ({schema}.lane_is_dev(array[$2::text])
+            and exists (select 1 from {schema}.deployments d where d.queue = $1))
 on conflict (queue) do update
    set release_ids = case when $2 = any(l.release_ids) then l.release_ids
                           else l.release_ids || $2 end,
        release_id = coalesce(l.release_id, $2),
        updated_at = now()
+ where not exists (select 1 from unnest(l.release_ids) r
+                    where {schema}.lane_is_dev(array[r]) <> {schema}.lane_is_dev(array[$2::text]))
 returning status;
 
+-- name: lane_spellings
+-- Every release id lane $1 is known by: what workers registered, then what the
+-- registry deployed to it (what a refusal of the other kind names).
+select coalesce((select l.release_ids from {schema}.releases l where l.queue = $1), '{}')
+       || coalesce((select array_agg(d.release_id order by d.deployed_at)
+                      from {schema}.deployments d where d.queue = $1), '{}');
+
 -- name: set_release_status
+-- `lanes retire` / `activate` of release id $3. As register_release: a spelling never
+-- joins a lane that holds one of the other kind (release vs dev), no row returned;
+-- only retiring a lane by a spelling it already has is always done (a mixed lane too).
 insert into {schema}.releases as l (queue, status, release_ids, retired_at)
-values ($1, $2, array[$3::text], case when $2 = 'retired' then now() end)
+select $1, $2, array[$3::text], case when $2 = 'retired' then now() end
+ where not ({schema}.lane_is_dev(array[$3::text])
+            and exists (select 1 from {schema}.deployments d where d.queue = $1))
 on conflict (queue) do update
    set status = excluded.status,
        release_ids = case when $3 = any(l.release_ids) then l.release_ids
@@ -59,6 +82,9 @@ on conflict (queue) do update
        -- set_release_status always comes with ensure_queue: the queue exists again.
        pruned_at = null,
        updated_at = now()
+ where ($2 = 'retired' and $3 = any(l.release_ids))
+    or not exists (select 1 from unnest(l.release_ids) r
+                    where {schema}.lane_is_dev(array[r]) <> {schema}.lane_is_dev(array[$3::text]))
 returning status;
 
 -- name: lane_names
