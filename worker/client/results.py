@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.states import TERMINAL_STATUSES
 
-# What the store's warning (0045) says happens to a run of a play no live worker of
+# What the store's warning (0044) says happens to a run of a play no live worker of
 # its lane registers (run/decide.py: PLAY_UNKNOWN, unless the lane registered it before).
 PLAY_WARNING_CLAUSE = (
     "a worker of the lane claims the run and fails it for good as an unknown play, "

@@ -81,7 +81,7 @@ export interface SubmittedRun {
    * False (store migration 0038) when the lane is served but none of its live workers
    * registers the play: the run is kept, and a worker of the lane fails it at once as an
    * unknown play unless one of the lane's workers registered the play before (then it waits
-   * for a worker whose app registers it; the store's `warning` says so, store 0045).
+   * for a worker whose app registers it; the store's `warning` says so, store 0044).
    * Absent otherwise.
    */
   playServed?: boolean;
