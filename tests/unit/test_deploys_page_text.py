@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from worker.daemon.deploys_page import _event_text
+from worker.daemon.page_actions import RetryGroups
+from worker.daemon.page_forms import nothing_to_retry
 from worker.db.store.rows import DeploymentEvent
 
 
@@ -34,3 +36,9 @@ def test_an_exit_code_is_words_and_a_null_is_left_out() -> None:
     assert "null" not in said
     assert "{" not in said
     assert "exit code 78" in _event_text(event({"machine": "m-1", "exitCode": 78}))
+
+
+def test_nothing_to_retry_ends_in_one_full_stop() -> None:
+    """A refusal's own sentence ends in a full stop; the page's did too ('..')."""
+    said = nothing_to_retry(RetryGroups((), 0, (("lane runs_x is retired.", 2),)))
+    assert said == "nothing to retry: 2 run(s) cannot be retried: lane runs_x is retired."

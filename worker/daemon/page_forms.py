@@ -141,7 +141,7 @@ def nothing_to_retry(groups: RetryGroups) -> str:
     parts = []
     if groups.retried:
         parts.append(f"{groups.retried} matching run(s) were retried already")
-    parts += [f"{n} run(s) cannot be retried: {why}" for why, n in groups.refused[:3]]
+    parts += [f"{n} run(s) cannot be retried: {why.rstrip('.')}" for why, n in groups.refused[:3]]
     return "nothing to retry: " + "; ".join(parts or ["no run would get a new retry"]) + "."
 
 
