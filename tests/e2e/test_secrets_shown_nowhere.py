@@ -254,7 +254,8 @@ async def test_every_command_fails_without_showing_the_password(
             assert ran.code == 1, str(ran)
             assert line == (
                 f"lane-worker: the runtime database at {redact_url(url)} answered: "
-                f'database "{MISSING_DB}" does not exist'
+                f'database "{MISSING_DB}" does not exist; create it (createdb, or CREATE '
+                "DATABASE) and run lane-worker migrate, or fix the URL's database name."
             ), str(ran)
 
 

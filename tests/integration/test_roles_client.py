@@ -12,6 +12,7 @@ and dropped after (the server is shared by parallel tests).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -202,21 +203,35 @@ async def test_a_worker_role_does_not_prune_and_says_so(
 
 
 async def test_a_deployed_part_connecting_broadly_is_warned_once(
-    logins: Logins, owner: asyncpg.Connection[asyncpg.Record], monkeypatch: Any
+    logins: Logins,
+    owner: asyncpg.Connection[asyncpg.Record],
+    monkeypatch: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(role_check, "_warned", False)
     with capture_logs() as lines:
-        assert not await role_check.warn_if_broad(owner, SCHEMA, part="app", release_id="dev-x")
-        assert await role_check.warn_if_broad(owner, SCHEMA, part="app", release_id="rel-1")
-        assert not await role_check.warn_if_broad(owner, SCHEMA, part="app", release_id="rel-1")
+        assert not await role_check.warn_if_broad(owner, SCHEMA, part="worker", release_id="dev-x")
+        assert await role_check.warn_if_broad(owner, SCHEMA, part="worker", release_id="rel-1")
+        assert not await role_check.warn_if_broad(owner, SCHEMA, part="worker", release_id="rel-1")
     said = [line for line in lines if line["event"] == "db.role_broad"]
     assert len(said) == 1
-    assert (said[0]["log_level"], said[0]["superuser"], said[0]["part"]) == ("warning", True, "app")
+    assert (said[0]["log_level"], said[0]["superuser"], said[0]["part"]) == (
+        "warning", True, "worker",
+    )  # fmt: skip
+    # An app's client warns through the standard library's logging (stderr unless the
+    # app set it up), never structlog's default print to stdout.
     monkeypatch.setattr(role_check, "_warned", False)
+    caplog.set_level(logging.WARNING, logger="lane_worker.db")
+    with capture_logs() as lines:
+        assert await role_check.warn_if_broad(owner, SCHEMA, part="app", release_id="rel-1")
+    assert lines == []
+    [record] = [r for r in caplog.records if r.name == "lane_worker.db"]
+    assert "db.role_broad: lane-worker's client connects as a superuser" in record.getMessage()
+    monkeypatch.setattr(role_check, "_warned", False)
+    caplog.clear()
     app = await asyncpg.connect(logins.urls["app"])
     try:
-        with capture_logs() as lines:
-            assert not await role_check.warn_if_broad(app, SCHEMA, part="app", release_id="rel-1")
+        assert not await role_check.warn_if_broad(app, SCHEMA, part="app", release_id="rel-1")
     finally:
         await app.close()
-    assert [line for line in lines if line["event"] == "db.role_broad"] == []
+    assert caplog.records == []

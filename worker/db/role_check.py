@@ -11,12 +11,18 @@ never for a dev lane (a laptop, a test, a worktree), whatever role it uses.
 
 from __future__ import annotations
 
+import logging
+
 import structlog
 
 from worker import lanes
 from worker.db.pool import Connection
 
 log = structlog.get_logger("lane_worker.db")
+# An app's process (LaneClient in the user's code) has its own logging: the standard
+# library's, which without set-up writes a warning to stderr. structlog unconfigured
+# would print to stdout, mixed into what the app prints (a script's JSON).
+app_log = logging.getLogger("lane_worker.db")
 
 _warned = False  # once per process: a client per request must not repeat it
 
@@ -48,6 +54,18 @@ async def warn_if_broad(conn: Connection, store_schema: str, *, part: str, relea
     _warned = True
     if row is None or not (row["superuser"] or row["owner"]):
         return False
+    hint = (
+        f"connect the {part} as a login member of the lane_worker_{part} role "
+        "(`lane-worker roles --apply`, as the owner): it needs neither DDL nor "
+        "the runs' inputs and tokens it can read now."
+    )
+    if part == "app":
+        kind = "a superuser" if row["superuser"] else "the store's owner"
+        app_log.warning(
+            "db.role_broad: lane-worker's client connects as %s (role %s) for release %s; %s",
+            kind, row["role"], release_id, hint,
+        )  # fmt: skip
+        return True
     log.warning(
         "db.role_broad",
         part=part,
@@ -56,9 +74,7 @@ async def warn_if_broad(conn: Connection, store_schema: str, *, part: str, relea
         store_owner=row["owner"],
         store_schema=store_schema,
         release_id=release_id,
-        hint=f"connect the {part} as a login member of the lane_worker_{part} role "
-        "(`lane-worker roles --apply`, as the owner): it needs neither DDL nor "
-        "the runs' inputs and tokens it can read now.",
+        hint=hint,
     )
     return True
 
