@@ -15,7 +15,7 @@ import logging
 
 import structlog
 
-from worker import lanes
+from worker import lane_kinds
 from worker.db.pool import Connection
 
 log = structlog.get_logger("lane_worker.db")
@@ -37,8 +37,7 @@ select r.rolname::text as role, r.rolsuper as superuser,
 
 def is_deployed(release_id: str) -> bool:
     """Tell whether ``release_id`` is a deployed release's (not a dev lane's)."""
-    release = release_id.strip()
-    return release != lanes.DEV_RELEASE_ID and not release.startswith(lanes.DEV_RELEASE_PREFIX)
+    return not lane_kinds.is_dev(release_id)
 
 
 async def warn_if_broad(conn: Connection, store_schema: str, *, part: str, release_id: str) -> bool:

@@ -90,7 +90,7 @@ class LaneView:
     def dev(self) -> bool:
         """Tell whether it is a dev lane only (a worktree's: every spelling dev / dev-...)."""
         ids = self.release_ids or (self.release_id,)
-        return all(i.lower() == "dev" or i.lower().startswith("dev-") for i in ids)
+        return all(lane_kinds.is_dev(i) for i in ids)
 
     @property
     def mixed(self) -> bool:

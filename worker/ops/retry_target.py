@@ -23,11 +23,6 @@ if TYPE_CHECKING:
     from worker.db.pool import Connection
 
 
-def is_dev(release_id: str) -> bool:
-    """Tell whether a release id names a dev lane (``dev`` or ``dev-<suffix>``)."""
-    return lane_kinds.is_dev(release_id)
-
-
 async def cannot_run(
     store: Store,
     conn: Connection,
@@ -73,7 +68,7 @@ async def retry_target(
             raise InvalidRequestError(f"cannot retry on {to_release.strip()!r}: {why}.")
         assert lane is not None
         return lane.release_id or to_release.strip(), queue
-    if is_dev(old.release_id):
+    if lane_kinds.is_dev(old.release_id):
         lane = await store.lanes.row(conn, queue=old.queue)
         why = await cannot_run(store, conn, lane, old.queue, play, old.release_id)
         if why:
@@ -158,7 +153,7 @@ async def plan_retry(
         return RetryPlan(retried=True)
     if old.status not in TERMINAL_STATUSES:
         return RetryPlan(refused=f"it is {old.status}: only a run that ended is retried")
-    key = (old.play, old.queue if is_dev(old.release_id) and to_release is None else "")
+    key = (old.play, old.queue if lane_kinds.is_dev(old.release_id) and to_release is None else "")
     if targets is not None and key in targets:
         return targets[key]
     try:
