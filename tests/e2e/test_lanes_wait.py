@@ -68,6 +68,7 @@ def without_ages(report: Any) -> Any:
             value = lane["counts"].pop(age)
             assert value is None or value >= 0, (age, value)
         assert lane.pop("asOf")  # when it was read
+        lane.pop("lastSeen")  # the lane's latest heartbeat, which live workers keep moving
         draining_s = lane.pop("drainingSeconds")  # since `lanes retire`, while draining
         assert draining_s >= 0 if lane["status"] == "draining" else draining_s == 0, lane
     return stripped
