@@ -5,4 +5,4 @@ builds of different ages call side by side, the SQL API, the store's meaning);
 ``lane-worker --version`` prints it and every worker records it in the registry.
 """
 
-VERSION = "0.3.0"
+VERSION = "0.3.1"

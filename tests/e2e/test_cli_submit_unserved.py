@@ -55,7 +55,8 @@ async def test_submit_says_when_no_worker_serves_the_lane(database_url: str) -> 
     assert "a worker with DEEPLINE_ABSURD_QUEUE_SUFFIX=pr_7 starts" in said[0]
 
     async with Daemons(database_url) as pool:
-        worker = pool.start(RELEASE)
+        # No grace for a play nobody registered: the typo below fails at once.
+        worker = pool.start(RELEASE, LANE_WORKER_UNKNOWN_PLAY_GRACE="0")
         await worker.ready()
         run_id, said = submit_text(env, "plain", "--input", '{"name": "ada"}')
         assert said == []
@@ -72,7 +73,7 @@ async def test_submit_says_when_no_worker_serves_the_lane(database_url: str) -> 
         )
         assert "plain" in said[0]
         # What the warning says is what happens: no worker of the lane ever registered
-        # the play, so its live worker claims the run at once and fails it for good.
+        # the play, so its live worker fails it for good once the grace (here 0) is over.
         assert PLAY_WARNING_CLAUSE in said[0], said[0]
         assert "waits there until" not in said[0], said[0]
         await worker.wait_for("run.failed_for_good", run_id=unknown)

@@ -2,8 +2,9 @@
 
 A machine whose app lacks a play leaves its runs to the machine that has it, also
 runs moved onto the lane by `lanes move`; a play no machine of the lane ever
-registered still fails visibly (UnknownPlayError). Apps: ``support.apps.mixed``
-(``lean`` and ``full``).
+registered is waited for through LANE_WORKER_UNKNOWN_PLAY_GRACE (a hotfix that adds
+it), then fails visibly (UnknownPlayError). Apps: ``support.apps.mixed`` (``lean``
+and ``full``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from support.daemon import Daemons, queue_of
 from support.db import all_ended, fetch, statuses
 from support.runtime import SCHEMA, open_client
 
-MIXED, OLD = "rs3-mixed", "rs3-old"
+MIXED, OLD, HOTFIX = "rs3-mixed", "rs3-old", "rs3-hotfix"
 
 
 @pytest.mark.timeout(150)
@@ -41,9 +42,16 @@ async def test_mixed_apps_of_one_release_run_each_play_on_the_machine_that_has_i
         ]
     async with Daemons(database_url) as pool:
         # M1 takes up to 8 runs at once; M2 only 2, so M1 is offered most of them.
-        m1 = pool.start(MIXED, name="M1", app="support.apps.mixed:lean")
+        # No grace for a play nobody registered (the hotfix test below has one).
+        m1 = pool.start(
+            MIXED, name="M1", app="support.apps.mixed:lean", LANE_WORKER_UNKNOWN_PLAY_GRACE="0"
+        )
         m2 = pool.start(
-            MIXED, name="M2", app="support.apps.mixed:full", LANE_WORKER_CONCURRENCY="2"
+            MIXED,
+            name="M2",
+            app="support.apps.mixed:full",
+            LANE_WORKER_CONCURRENCY="2",
+            LANE_WORKER_UNKNOWN_PLAY_GRACE="0",
         )
         await m1.ready()
         await m2.ready()
@@ -140,3 +148,54 @@ async def unknown_play_failures(database_url: str) -> list[dict[str, Any]]:
         " order by a.attempt_id",
     )
     return [dict(r) for r in rows]
+
+
+@pytest.mark.timeout(150)
+async def test_a_hotfix_adding_a_play_loses_none_of_its_runs_to_the_old_machines(
+    database_url: str,
+) -> None:
+    """Release R's old machine lacks the hotfix's new play; runs of it are submitted before
+    the new machine boots. The old machine puts them back (no attempt spent) through the
+    grace, and the new machine, once up, runs each exactly once.
+
+    Before the fix the old machine failed each for good as an unknown play (the walk of
+    2026-12-07).
+    """
+    queue = queue_of(HOTFIX)
+    async with Daemons(database_url) as pool:
+        old = pool.start(HOTFIX, name="old", app="support.apps.mixed:lean")
+        await old.ready()
+        async with open_client(database_url, {"DEEPLINE_RUNTIME_DEPLOY_VERSION": HOTFIX}) as client:
+            runs = [
+                (await client.submit("only-full", {"n": i, "seconds": 0})).run_id for i in range(3)
+            ]
+        for run_id in runs:
+            said = await old.wait_for("run.deferred", run_id=run_id, timeout_s=60)
+            assert "LANE_WORKER_UNKNOWN_PLAY_GRACE" in said["reason"], said
+        assert set((await statuses(database_url, runs)).values()) == {"queued"}
+
+        new = pool.start(HOTFIX, name="new", app="support.apps.mixed:full")
+        await new.ready()
+        # Due again now rather than at the end of the 30 s put-back: the test need not wait.
+        await fetch(database_url, f"update absurd.r_{queue} set available_at = now() returning 1")
+        await all_ended(database_url, runs, timeout_s=60)
+        assert set((await statuses(database_url, runs)).values()) == {"completed"}
+        every = await fetch(
+            database_url,
+            f"select a.run_id::text, a.worker_id, a.disposition, a.outcome"
+            f"  from {SCHEMA}.attempts a where a.run_id = any($1::uuid[]) order by a.attempt_id",
+            runs,
+        )
+        by_old = {
+            (a["disposition"], a["outcome"])
+            for a in every
+            if a["worker_id"].startswith(old.worker_id)
+        }
+        assert by_old == {("defer", "deferred")}, [dict(a) for a in every]
+        ran = [a for a in every if a["disposition"] in ("own", "adopt")]
+        assert sorted(a["run_id"] for a in ran) == sorted(runs)  # each exactly once
+        assert all(a["worker_id"].startswith(new.worker_id) for a in ran), ran
+        async with open_client(database_url, {}) as client:
+            for run_id in runs:
+                assert (await client.status(run_id)).attempt_count == 1
+        assert await unknown_play_failures(database_url) == []

@@ -72,10 +72,10 @@ async def test_a_play_no_live_worker_registers_is_accepted_with_a_warning(conn: 
     assert (made["served"], made["playServed"], made["created"]) == (True, False, True)
     assert made["warning"] == (
         f"no live worker of lane {QUEUE} registers play 'greet' (they register greet_v2, "
-        "plain, shout): a worker of the lane claims the run and fails it for good as an "
-        "unknown play, unless a worker of the lane registered the play before (then the run "
-        "is put back until one that registers it is live); check the play's name and the "
-        "app the lane's workers load."
+        "plain, shout): a worker of the lane puts the run back (no attempt spent) until one "
+        "that registers the play starts; if no worker of the lane ever registered it, the run "
+        "fails for good as an unknown play after LANE_WORKER_UNKNOWN_PLAY_GRACE (10 minutes "
+        "by default); check the play's name and the app the lane's workers load."
     )
     status = await conn.fetchval(
         f"select status from {SCHEMA}.runs where run_id = $1", uuid.UUID(made["runId"])

@@ -389,7 +389,57 @@ async def test_a_play_only_a_stopped_machine_had_is_deferred_then_failed_past_th
         assert (status.status, status.error["name"]) == ("failed", "DeferralLimitExceeded")
         assert status.facts == ("run.failed",)
 
-        # A play no machine of the lane ever registered is unknown: it fails visibly.
+        # A play no machine of the lane ever registered is unknown: past the grace it
+        # fails visibly (the next test), but this runtime's fail limit comes first.
         typo = await client.submit("plian")
+        assert await work_once(narrow) == ["deferred"]
+        await sql(
+            database_url,
+            f"update {SCHEMA}.runs set first_deferred_at = now() - interval '1 minute'"
+            " where run_id = $1::uuid",
+            typo.run_id,
+        )
+        await sql(database_url, f"update absurd.r_{QA} set available_at = now()")
         assert await work_once(narrow) == ["failed"]
-        assert (await client.status(typo.run_id)).error["name"] == "UnknownPlayError"
+        assert (await client.status(typo.run_id)).error["name"] == "DeferralLimitExceeded"
+
+
+async def test_a_play_no_machine_ever_registered_waits_through_the_grace_then_fails(
+    database_url: str, remedy_plays: RemedyPlays
+) -> None:
+    """A hotfix's new play (or a typo): put back with no attempt spent for
+    LANE_WORKER_UNKNOWN_PLAY_GRACE from its first put-back, then UnknownPlayError."""
+    app = remedies_app(remedy_plays)
+    async with (
+        two_lanes(database_url, app) as (client, _rt_a, _rt_b),
+        open_runtime(database_url, narrow_app(), A, worker_base="test-rel-a-narrow") as narrow,
+    ):
+        await register_worker(narrow)
+        # A play no machine of the lane ever registered is waited for through the grace
+        # (a hotfix may be bringing it), put back with no attempt spent, then is unknown:
+        # it fails visibly.
+        typo = await client.submit("plian")
+        assert await work_once(narrow) == ["deferred"]
+        row = await run_row(database_url, typo.run_id)
+        assert (row["status"], row["defer_count"]) == ("queued", 1)
+        waiting = await client.status(typo.run_id)
+        assert waiting.attempt_count == 0, waiting
+        await sql(
+            database_url,
+            f"update {SCHEMA}.runs set first_deferred_at = now() - interval '500 seconds'"
+            " where run_id = $1::uuid",
+            typo.run_id,
+        )
+        await sql(database_url, f"update absurd.r_{QA} set available_at = now()")
+        assert await work_once(narrow) == ["deferred"]  # still within the 600 s grace
+        await sql(
+            database_url,
+            f"update {SCHEMA}.runs set first_deferred_at = now() - interval '601 seconds'"
+            " where run_id = $1::uuid",
+            typo.run_id,
+        )
+        await sql(database_url, f"update absurd.r_{QA} set available_at = now()")
+        assert await work_once(narrow) == ["failed"]
+        gone = await client.status(typo.run_id)
+        assert gone.error["name"] == "UnknownPlayError"
+        assert gone.attempt_count == 1  # the put-backs spent none

@@ -336,10 +336,11 @@ async def test_same_idempotency_key_returns_the_same_run(database_url: str) -> N
 
 
 async def test_unknown_play_fails_for_good(database_url: str) -> None:
-    """A run of a play this release lacks fails at once with a clear error, never retried."""
+    """A run of a play this release lacks fails with a clear error, never retried (at once
+    with no grace: LANE_WORKER_UNKNOWN_PLAY_GRACE=0)."""
     async with (
         open_client(database_url, ENV) as client,
-        open_runtime(database_url, App(), RELEASE) as rt,
+        open_runtime(database_url, App(), RELEASE, unknown_play_grace_s=0) as rt,
     ):
         submitted = await client.submit("missing-play")
         assert await work_once(rt) == ["failed"]

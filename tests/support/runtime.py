@@ -56,13 +56,14 @@ async def open_runtime(
     metrics: Metrics | None = None,
     defer_alert_after_s: float = Tuning.defer_alert_after_s,
     defer_fail_after_s: float = 0.0,
+    unknown_play_grace_s: float = Tuning.unknown_play_grace_s,
 ) -> AsyncIterator[Runtime]:
     """A Runtime for ``release_id`` on its own 2-connection pool."""
     db = await Database.open(PoolOptions(url=url, max_size=2, retry_for_s=5))
     seat = WorkerSeat.of(
         release_id, worker_base=worker_base or f"test-{release_id}", lease_s=lease_s
     )
-    defer = DeferLimits(defer_alert_after_s, defer_fail_after_s)
+    defer = DeferLimits(defer_alert_after_s, defer_fail_after_s, unknown_play_grace_s)
     try:
         yield Runtime(db, Store(SCHEMA), app, seat, defer=defer, metrics=metrics)
     finally:

@@ -22,8 +22,18 @@ def facts(**kw: object) -> LaneFacts:
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
-def seat(release: str = A, *, own_loop: bool = True, plays: tuple[str, ...] = ("p",)) -> Seat:
-    return Seat(release, lanes.queue_name_for_release(release), frozenset(plays), own_loop)
+GRACE = 600.0
+
+
+def seat(
+    release: str = A,
+    *,
+    own_loop: bool = True,
+    plays: tuple[str, ...] = ("p",),
+    grace_s: float = GRACE,
+) -> Seat:
+    queue = lanes.queue_name_for_release(release)
+    return Seat(release, queue, frozenset(plays), own_loop, unknown_play_grace_s=grace_s)
 
 
 PARKED = {"status": "waiting", "current_wait": {"kind": "sleep", "boundaryId": "z"}}
@@ -120,8 +130,25 @@ def test_an_own_lane_play_only_a_stopped_machine_registered_is_deferred_30_s() -
     assert "start one" in (decision.reason or "")
 
 
-def test_an_own_lane_play_no_machine_ever_registered_is_owned_and_fails_visibly() -> None:
-    decision = decide(facts(), seat(plays=()), PlayRegistration(live=False, ever=False))
+@pytest.mark.parametrize("deferred_s", [0.0, 30.0, GRACE - 0.001])
+def test_an_own_lane_play_no_machine_ever_registered_is_put_back_through_the_grace(
+    deferred_s: float,
+) -> None:
+    """A hotfix adding a play: the lane's old machines wait for a new one, spending nothing."""
+    unknown = PlayRegistration(live=False, ever=False, deferred_s=deferred_s)
+    decision = decide(facts(), seat(plays=("other",)), unknown)
+    assert (decision.disposition, decision.cause) == (Disposition.DEFER, Cause.PLAY_AWAITED)
+    assert decision.delay_s == lanes.LANE_ADOPTION_DEFER_SECONDS  # counted: it has a streak
+    assert "LANE_WORKER_UNKNOWN_PLAY_GRACE" in (decision.reason or "")
+    assert "600 s" in (decision.reason or "")
+
+
+@pytest.mark.parametrize(("grace_s", "deferred_s"), [(GRACE, GRACE), (GRACE, 5000.0), (0.0, 0.0)])
+def test_an_own_lane_play_no_machine_ever_registered_fails_visibly_past_the_grace(
+    grace_s: float, deferred_s: float
+) -> None:
+    unknown = PlayRegistration(live=False, ever=False, deferred_s=deferred_s)
+    decision = decide(facts(), seat(plays=(), grace_s=grace_s), unknown)
     assert (decision.disposition, decision.cause) == (Disposition.OWN, Cause.PLAY_UNKNOWN)
 
 

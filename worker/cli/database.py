@@ -46,6 +46,7 @@ def _render(diagnosis: settings.Diagnosis) -> str:
         ("max attempts", str(t.max_attempts)),
         ("defer alert", f"after {t.defer_alert_after_s:g} s"),
         ("defer fail", _seconds_or_never(t.defer_fail_after_s, "a run is never failed for it")),
+        ("unknown play", _unknown_play(t.unknown_play_grace_s)),
         ("auto-prune", _seconds_or_never(t.prune_after_s, "`lanes prune` by hand only")),
         ("log format", t.log_format),
         ("event loop", t.event_loop),
@@ -70,6 +71,12 @@ def _page_actions(diagnosis: settings.Diagnosis) -> str:
 
 def _seconds_or_never(seconds: float, never: str) -> str:
     return f"after {seconds:g} s" if seconds else f"never ({never})"
+
+
+def _unknown_play(grace_s: float) -> str:
+    if not grace_s:
+        return "failed at once (LANE_WORKER_UNKNOWN_PLAY_GRACE=0)"
+    return f"put back for {grace_s:g} s, then failed"
 
 
 def _store_source(diagnosis: settings.Diagnosis) -> str:

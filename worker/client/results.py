@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from worker.states import TERMINAL_STATUSES
 
-# What the store's warning (0044) says happens to a run of a play no live worker of
-# its lane registers (run/decide.py: PLAY_UNKNOWN, unless the lane registered it before).
+# What the store's warning (0046) says happens to a run of a play no live worker of its
+# lane registers (run/decide.py: put back; PLAY_UNKNOWN past the grace if none ever did).
 PLAY_WARNING_CLAUSE = (
-    "a worker of the lane claims the run and fails it for good as an unknown play, "
-    "unless a worker of the lane registered the play before"
+    "a worker of the lane puts the run back (no attempt spent) until one that registers the "
+    "play starts; if no worker of the lane ever registered it, the run fails for good as an "
+    "unknown play after LANE_WORKER_UNKNOWN_PLAY_GRACE"
 )
 
 
@@ -25,11 +26,11 @@ class SubmittedRun:
     is live there, and it is not the registry's current release): the run waits
     until a worker of that release starts; ``warning`` then says which would.
     ``play_served`` is False when the lane is served but none of its live workers
-    registers the play (store migration 0038): a worker of the lane claims the run at
-    once and fails it for good as an unknown play, unless one of the lane's workers
-    registered the play before (then the run waits until a worker whose app registers
-    it starts); ``warning`` then names the plays they do register. Either way the run
-    is accepted.
+    registers the play (store migration 0038): a worker of the lane puts the run back
+    until a worker whose app registers it starts; if none of the lane's workers ever
+    registered it, the run fails for good as an unknown play after
+    LANE_WORKER_UNKNOWN_PLAY_GRACE (0046); ``warning`` then names the plays they do
+    register. Either way the run is accepted.
     """
 
     run_id: str

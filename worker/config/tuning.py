@@ -32,6 +32,7 @@ from worker.config.env import (
     POLL_INTERVAL_ENV,
     PROCESSES_ENV,
     PRUNE_AFTER_ENV,
+    UNKNOWN_PLAY_GRACE_ENV,
     Problems,
     blank_as_unset,
     decimal_number,
@@ -69,6 +70,11 @@ class Tuning:
     pgbouncer: bool = False
     defer_alert_after_s: float = 3600.0
     defer_fail_after_s: float = 0.0  # 0: never fail a run for its deferrals
+    # A run of its own lane whose play no machine of the lane ever registered is put back
+    # this long (no attempt spent) before it fails for good as an unknown play: a hotfix
+    # that adds a play reaches the lane's machines one at a time, and the old ones must
+    # not fail its first runs. A typo fails after it too (the submit warns at once).
+    unknown_play_grace_s: float = 600.0  # 0: fail at once
     # How long a booting worker waits for the database before it gives up (exit 1).
     boot_retry_s: float = 60.0
     # A retired lane with nothing unfinished left this long is pruned by maintenance
@@ -110,6 +116,14 @@ _NUMBERS: tuple[tuple[str, str, Callable[[str], float | None], float, float, str
         0.0,
         2_592_000.0,
         "a number of seconds (0: never)",
+    ),
+    (
+        "unknown_play_grace_s",
+        UNKNOWN_PLAY_GRACE_ENV,
+        decimal_number,
+        0.0,
+        604_800.0,
+        "a number of seconds (0: fail at once)",
     ),
     ("boot_retry_s", BOOT_RETRY_ENV, decimal_number, 0.0, 3600.0, _SECS),
     (

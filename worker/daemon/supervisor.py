@@ -174,7 +174,9 @@ class Supervisor:
             lease_s=tuning.claim_timeout_s,
             own_queue=self.settings.queue,
         )
-        defer = DeferLimits(tuning.defer_alert_after_s, tuning.defer_fail_after_s)
+        defer = DeferLimits(
+            tuning.defer_alert_after_s, tuning.defer_fail_after_s, tuning.unknown_play_grace_s
+        )
         deleter, why_not = DaytonaDeleter.from_env(self.settings.daytona_env)
         return Runtime(
             db,

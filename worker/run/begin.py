@@ -29,10 +29,12 @@ Log = structlog.typing.FilteringBoundLogger
 
 @dataclass(frozen=True)
 class DeferLimits:
-    """LANE_WORKER_DEFER_ALERT_AFTER and LANE_WORKER_DEFER_FAIL_AFTER (0: never fail)."""
+    """LANE_WORKER_DEFER_ALERT_AFTER, LANE_WORKER_DEFER_FAIL_AFTER (0: never fail) and
+    LANE_WORKER_UNKNOWN_PLAY_GRACE (how long a play no machine registered is waited for)."""
 
     alert_after_s: float
     fail_after_s: float = 0.0
+    unknown_play_grace_s: float = 600.0
 
 
 class Attempts:

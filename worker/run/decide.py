@@ -59,14 +59,19 @@ class Seat:
     own_queue: str
     plays: frozenset[str]
     own_loop: bool  # claimed on its own queue (else a retired lane's :continuations)
+    # LANE_WORKER_UNKNOWN_PLAY_GRACE: how long an own-lane run whose play no machine of
+    # the lane ever registered is put back before it fails as unknown (0: at once).
+    unknown_play_grace_s: float
 
 
 @dataclass(frozen=True)
 class PlayRegistration:
-    """Whether machines of this worker's lane register a play: a live one now, any ever."""
+    """Whether machines of this worker's lane register a play (a live one now, any ever),
+    and how long the run has been put back in a row (its deferral streak, seconds)."""
 
     live: bool
     ever: bool
+    deferred_s: float = 0.0
 
 
 class Cause(StrEnum):
@@ -74,6 +79,7 @@ class Cause(StrEnum):
 
     OWN_LANE = "own_lane"
     PLAY_UNKNOWN = "play_unknown"  # own lane, no machine of it ever registered the play
+    PLAY_AWAITED = "play_awaited"  # the same, within the grace: a rollout may bring it
     ADOPTABLE = "adoptable"
     LANE_GUARD = "lane_guard"  # own loop met a run of another lane: misconfiguration
     ADOPTED_ELSEWHERE = "adopted_elsewhere"  # its adopter may still run it
@@ -170,8 +176,10 @@ def _own_play_elsewhere(
 
     A live machine of this lane registers it: leave it to that machine at once.
     Only machines that stopped did: put it back 30 s, counted, so the report
-    names it. None ever did: the play is unknown to the release, and the run
-    fails visibly when executed.
+    names it. None ever did: a rollout may be bringing the play (a hotfix reaches
+    the lane's machines one at a time), so put it back 30 s at a time through the
+    seat's grace; past it the play is unknown to the release, and the run fails
+    visibly when executed.
     """
     if registration is None:
         raise ValueError("decide needs the play's registration for this run")
@@ -191,5 +199,14 @@ def _own_play_elsewhere(
             Cause.PLAY_ON_STOPPED_MACHINE,
             lanes.LANE_ADOPTION_DEFER_SECONDS,
             f"{here}, and no live machine of it registers it now (one that stopped did): start one",
+        )
+    if registration.deferred_s < seat.unknown_play_grace_s:
+        return Decision(
+            Disposition.DEFER,
+            Cause.PLAY_AWAITED,
+            lanes.LANE_ADOPTION_DEFER_SECONDS,
+            f"{here}, and no machine of it ever did: put back until one that registers it "
+            f"starts, for up to {seat.unknown_play_grace_s:g} s (LANE_WORKER_UNKNOWN_PLAY_GRACE), "
+            "then failed as an unknown play",
         )
     return Decision(Disposition.OWN, Cause.PLAY_UNKNOWN)

@@ -103,7 +103,13 @@ class Runtime:
         self.plays = sorted(app.plays)
         # Who decides, on the own loop (True) and on a continuation loop (False).
         self._seats = {
-            own_loop: decide.Seat(self.release_id, self.queue, frozenset(app.plays), own_loop)
+            own_loop: decide.Seat(
+                self.release_id,
+                self.queue,
+                frozenset(app.plays),
+                own_loop,
+                unknown_play_grace_s=defer.unknown_play_grace_s,
+            )
             for own_loop in (True, False)
         }
         # What it may claim where: the lane follower's to publish; read at each claim.
@@ -263,9 +269,11 @@ class Runtime:
         registration = None
         if decide.needs_play_registration(facts, seat):
             found = await self.db.run(
-                lambda c: self.store.lanes.play_on_lane(c, queue=self.queue, play=facts.play)
+                lambda c: self.store.lanes.play_on_lane(
+                    c, queue=self.queue, play=facts.play, run_id=facts.run_id
+                )
             )
-            registration = PlayRegistration(live=found.live, ever=found.ever)
+            registration = PlayRegistration(found.live, found.ever, found.deferred_s)
         return decide.decide(facts, seat, registration)
 
     def _note(

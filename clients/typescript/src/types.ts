@@ -79,9 +79,10 @@ export interface SubmittedRun {
   served: boolean;
   /**
    * False (store migration 0038) when the lane is served but none of its live workers
-   * registers the play: the run is kept, and a worker of the lane fails it at once as an
-   * unknown play unless one of the lane's workers registered the play before (then it waits
-   * for a worker whose app registers it; the store's `warning` says so, store 0044).
+   * registers the play: the run is kept, and a worker of the lane puts it back (no attempt
+   * spent) until a worker whose app registers it starts; if none of the lane's workers ever
+   * registered it, it fails as an unknown play after LANE_WORKER_UNKNOWN_PLAY_GRACE (10
+   * minutes by default; the store's `warning` says so, store 0046).
    * Absent otherwise.
    */
   playServed?: boolean;

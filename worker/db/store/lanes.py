@@ -104,9 +104,12 @@ class LaneQueries(Queries):
         plays: list[str] = await self._value(conn, "live_plays", queue)
         return plays
 
-    async def play_on_lane(self, conn: Connection, *, queue: str, play: str) -> PlayOnLane:
-        """Whether a live worker of the lane registers ``play``, and whether one ever did."""
-        found = await self._row(conn, PlayOnLane, "lane_play_registered", queue, play)
+    async def play_on_lane(
+        self, conn: Connection, *, queue: str, play: str, run_id: uuid.UUID
+    ) -> PlayOnLane:
+        """Whether a live worker of the lane registers ``play``, whether one ever did, and how
+        long ``run_id`` has been put back in a row."""
+        found = await self._row(conn, PlayOnLane, "lane_play_registered", queue, play, run_id)
         return found if found is not None else PlayOnLane(live=False, ever=False)
 
     async def prunable(self, conn: Connection, *, older_than_s: float) -> list[PrunableLane]:

@@ -170,10 +170,12 @@ class ClaimedRunState:
 
 @dataclass(frozen=True)
 class PlayOnLane:
-    """Whether a live worker of a lane registers a play, and whether any ever did."""
+    """Whether a live worker of a lane registers a play, whether any ever did, and how long
+    the run asking has been put back in a row (0: not put back)."""
 
     live: bool
     ever: bool
+    deferred_s: float = 0.0
 
 
 @dataclass(frozen=True)

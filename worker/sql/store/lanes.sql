@@ -24,10 +24,13 @@ select coalesce(array_agg(distinct p), '{}') as plays
  where w.queue = $1 and {schema}.worker_live(w.heartbeat_at, w.stopped_at);
 
 -- name: lane_play_registered
--- Whether a live worker of lane $1 registers play $2, and whether any worker of
--- it ever did.
+-- Whether a live worker of lane $1 registers play $2, whether any worker of it
+-- ever did, and how long run $3 has been put back in a row (its deferral streak;
+-- 0 when it was not): a play nobody registered is waited for that long.
 select coalesce(bool_or({schema}.worker_live(w.heartbeat_at, w.stopped_at)), false) as live,
-       count(*) > 0 as ever
+       count(*) > 0 as ever,
+       coalesce((select extract(epoch from now() - r.first_deferred_at)::float8
+                   from {schema}.runs r where r.run_id = $3), 0) as deferred_s
   from {schema}.workers w
  where w.queue = $1 and $2 = any (w.plays);
 
