@@ -40,6 +40,13 @@ log = structlog.get_logger("lane_worker.db")
 T = TypeVar("T")
 # asyncpg's prepared-statement cache per connection (it was 100, asyncpg's default).
 STATEMENT_CACHE_SIZE = 250
+# The largest statement asyncpg keeps prepared (its default is 15 KiB). The static
+# claims (sql/engine/own_claim.sql, adopt_claim.sql) are about 15 KiB once a queue's
+# table names are filled in, so with a release id of a dozen characters or more they
+# were not cached: PostgreSQL parsed and planned each claim again, about 5.7 ms a call
+# under bench/steady.py's load (pg_stat_statements: plans == calls), more than the
+# claim's execution.
+MAX_CACHED_STATEMENT_BYTES = 256 * 1024
 # Units of work get a pooled proxy; tests and the LISTEN loop may pass a plain connection.
 if TYPE_CHECKING:
     Connection: TypeAlias = (
@@ -206,6 +213,7 @@ class Database:
             # top of the hot ones: at 100 a pass evicted them all, and each re-prepare
             # outside a transaction is a transaction of its own (issue 35's idle cost).
             statement_cache_size=0 if options.pgbouncer else STATEMENT_CACHE_SIZE,
+            max_cacheable_statement_size=MAX_CACHED_STATEMENT_BYTES,
             server_settings={"application_name": options.application_name},
         )
         # min_size=0 opens nothing: prove the server answers before reporting success.
