@@ -26,16 +26,18 @@ from worker.client import LaneClient
 
 
 def start_scaler(
-    database_url: str, state_dir: Path, log: Path, **env: str
+    database_url: str, state_dir: Path | None, log: Path, *, cwd: Path = REPO, **env: str
 ) -> subprocess.Popen[bytes]:
-    """Start a scaler whose machines serve with a 3 s drain (``env`` adds or overrides)."""
+    """Start a scaler whose machines serve with a 3 s drain (``env`` adds or overrides);
+    ``state_dir`` None: its default (under ``XDG_STATE_HOME``, which ``env`` should set)."""
     values = {**base_env(database_url, "unused"), "LANE_WORKER_DRAIN_SECONDS": "3", **env}
     values.pop("DEEPLINE_RUNTIME_DEPLOY_VERSION")
+    where = [] if state_dir is None else ["--state-dir", str(state_dir)]
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "worker", "scaler", "--backend", "process",
-             "--state-dir", str(state_dir), "--health-port", "0"],
-            cwd=REPO, env=values, stdout=out, stderr=subprocess.STDOUT,
+             *where, "--health-port", "0"],
+            cwd=cwd, env=values, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
 

@@ -28,9 +28,11 @@ from worker.config.env import SCALER_STATE_DIR_ENV as STATE_DIR_ENV
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar=STATE_DIR_ENV,
-    default=Path(".lane-worker/machines"),
-    show_default=True,
-    help=f"Where the process backend records its machines (also {STATE_DIR_ENV}).",
+    default=None,
+    show_default="$XDG_STATE_HOME (~/.local/state)/lane-worker/machines/<dbname>-<hash>",
+    help=f"Where the process backend records its machines (also {STATE_DIR_ENV}); "
+    "the default is the same from any directory and names the database (host, port, "
+    "dbname, store schema); a relative path is resolved once, at start.",
 )
 @click.option(
     "--health-port",
@@ -40,7 +42,7 @@ from worker.config.env import SCALER_STATE_DIR_ENV as STATE_DIR_ENV
     show_default=True,
     help="/healthz, /readyz and /metrics (0 picks a free port, logged).",
 )
-def scaler(backend: str, state_dir: Path, health_port: int) -> None:
+def scaler(backend: str, state_dir: Path | None, health_port: int) -> None:
     """Run the scaler until SIGTERM: start, replace and remove release machines.
 
     One is active per database (a second waits as a standby). Every few seconds it

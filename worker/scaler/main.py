@@ -9,7 +9,7 @@ from typing import Literal
 import anyio
 
 from worker.client import LaneClient
-from worker.config.env import DATABASE_URL_ENV, PGBOUNCER_ENV, Problems
+from worker.config.env import DATABASE_URL_ENV, PGBOUNCER_ENV, SCALER_STATE_DIR_ENV, Problems
 from worker.config.tuning import read_tuning
 from worker.daemon import logs
 from worker.errors import LaneConfigError
@@ -17,11 +17,21 @@ from worker.scaler.backend import Backend, scaler_secrets
 from worker.scaler.fly import FlyBackend
 from worker.scaler.process import ProcessBackend
 from worker.scaler.run import Scaler
+from worker.scaler.statedir import resolve_state_dir
 
 
-def backend_for(name: str, env: Mapping[str, str], state_dir: Path) -> Backend:
+def backend_for(name: str, env: Mapping[str, str], state_dir: Path | None) -> Backend:
     if name == "process":
-        return ProcessBackend(state_dir.resolve(), env)
+        # Resolved once, here: a relative override or the cwd never counts again.
+        folder = resolve_state_dir(state_dir, env)
+        try:
+            return ProcessBackend(folder, env)
+        except OSError as exc:
+            raise LaneConfigError(
+                f"the scaler cannot use {folder} as its state folder ({exc.strerror or exc}): "
+                f"pass --state-dir (or {SCALER_STATE_DIR_ENV}) a folder it may create and write.",
+                variable=SCALER_STATE_DIR_ENV,
+            ) from exc
     if name == "fly":
         return FlyBackend.from_env(env)
     raise LaneConfigError(
@@ -29,7 +39,9 @@ def backend_for(name: str, env: Mapping[str, str], state_dir: Path) -> Backend:
     )
 
 
-def run_scaler(env: Mapping[str, str], backend: str, state_dir: Path, health_port: int) -> int:
+def run_scaler(
+    env: Mapping[str, str], backend: str, state_dir: Path | None, health_port: int
+) -> int:
     """Run the scaler until SIGTERM; return its exit code."""
     fmt = (env.get("LANE_WORKER_LOG_FORMAT") or "auto").strip().lower()
     chosen: Literal["json", "console", "auto"] = (

@@ -61,6 +61,7 @@ from worker.scaler.actions import (
 from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
 from worker.scaler.observe import CREATE_MEMORY_S, BootFailed, Watch, observe
 from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
+from worker.scaler.strangers import Strangers
 
 __all__ = ["DEAD_AFTER_S", "Reconciler", "ReleaseSeen"]
 
@@ -121,6 +122,7 @@ class Reconciler:
         # lock, so a scaler that lost it mid-pass stops acting at once.
         self.guard: Callable[[], Awaitable[object]] = _unguarded
         self.watch = Watch()
+        self.strangers = Strangers(backend)
         # The store's word on this scaler's creates is loaded at the next pass.
         self._recall = True
         # Masked in what is recorded of a machine's output (its last line).
@@ -135,6 +137,7 @@ class Reconciler:
     def reset(self) -> None:
         """Forget what was watched: called when this scaler becomes the active one."""
         self.watch.reset()
+        self.strangers.reset()
         self._recall = True
 
     async def once(self) -> dict[str, ReleaseSeen]:
@@ -174,6 +177,7 @@ class Reconciler:
             where_logs=self.backend.where_logs,
             held=held,
         )
+        self.strangers.note(deployments, listing, self.watch.created)
         await self._note_seen()
         return await self._perform(plan(state), deployments, machines)
 
