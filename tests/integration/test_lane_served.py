@@ -186,11 +186,21 @@ async def test_the_lookup_is_indexed(conn: Conn) -> None:
     await conn.fetchval(f"select {SCHEMA}.lane_served('runs_none', 'none')")
     await conn.execute("set client_min_messages = notice")
     looked = [p for p in plans if "releases" in p or "workers" in p or "deployments" in p]
-    assert len(looked) == 2, plans
+    assert len(looked) == 3, plans
     assert not [p for p in looked if "Seq Scan" in p], looked
     assert "Index Scan using releases_pkey" in looked[0]
     assert "using workers_queue_live_idx" in looked[1]
-    assert "using deployments_queue_key" in looked[1]
+    # Either index reads one row: the lane's, or the one current deploy.
+    assert "using deployments_queue_key" in looked[2] or "deployments_one_current" in looked[2]
+    # A claiming lane is still one primary-key read (the submit's fast path).
+    await lane(conn, "runs_fast", "claiming")
+    plans.clear()
+    await conn.execute("set client_min_messages = log")
+    await conn.fetchval(f"select {SCHEMA}.lane_served('runs_fast', 'fast')")
+    await conn.execute("set client_min_messages = notice")
+    looked = [p for p in plans if "releases" in p or "workers" in p or "deployments" in p]
+    assert len(looked) == 1, plans
+    assert "Index Scan using releases_pkey" in looked[0]
 
 
 async def test_the_python_client_returns_the_flag(database_url: str, conn: Conn) -> None:
@@ -211,3 +221,50 @@ async def test_the_python_client_returns_the_flag(database_url: str, conn: Conn)
         assert [(r.queue, r.served) for r in many] == [("runs_rel_p", True), ("runs_pr_9", False)]
         assert many[1].warning is not None
         assert "DEEPLINE_ABSURD_QUEUE_SUFFIX=pr_9" in many[1].warning
+
+
+async def boot_fails(conn: Conn, release: str, reason: str) -> None:
+    """What the scaler records when the release's machines keep failing to boot (0047)."""
+    await conn.execute(
+        f"update {SCHEMA}.deployments set boot_failed = $2, boot_failed_for = deployed_at"
+        " where release_id = $1",
+        release,
+        {"exitCode": 78, "inARow": 2, "machine": "m-1", "logs": "/x/m-1.log", "reason": reason},
+    )
+
+
+async def test_a_deploy_whose_machines_fail_to_boot_does_not_serve(conn: Conn) -> None:
+    """The current deploy serves its lane only while its boot is not recorded as failing
+    (store 0047); a claiming row or a live worker still serves it, and a deploy again
+    is a new deploy whose boot nobody has judged yet."""
+    reason = "2 machines in a row exited 78: their worker refused its configuration"
+    await conn.fetchval(f"select {SCHEMA}.deploy_release('rel-f', 'img:f', 2, 'test')")
+    assert (await submit(conn, "rel-f"))["served"] is True
+    await boot_fails(conn, "rel-f", reason)
+    made = await submit(conn, "rel-f")
+    assert made["served"] is False, made
+    assert made["warning"] == (
+        f"lane runs_rel_f (release 'rel-f') is the current deploy, but its machines fail to "
+        f"boot ({reason}): no worker serves it, and the run waits there until one boots; see "
+        "`lane-worker releases` for the scaler's word and the machines' logs, fix it and "
+        "deploy again."
+    )
+    [item] = await conn.fetchval(
+        f"select {SCHEMA}.submit_runs($1)", [{"play": "a", "releaseId": "rel-f"}]
+    )
+    assert (item["served"], item["warning"]) == (False, made["warning"])
+    # A live worker of the lane serves it (it booted after all), and so does a claiming row.
+    await worker(conn, "runs_rel_f", age_s=5)
+    assert (await submit(conn, "rel-f"))["served"] is True
+    await conn.execute(f"delete from {SCHEMA}.workers where queue = 'runs_rel_f'")
+    assert (await submit(conn, "rel-f"))["served"] is False
+    await lane(conn, "runs_rel_f", "claiming")
+    assert (await submit(conn, "rel-f"))["served"] is True
+    await conn.execute(f"delete from {SCHEMA}.releases where queue = 'runs_rel_f'")
+    # Deployed again (a new image, the fix): the record was of the deploy before.
+    await conn.fetchval(f"select {SCHEMA}.deploy_release('rel-f', 'img:f2', 2, 'test')")
+    assert (await submit(conn, "rel-f"))["served"] is True
+    # Superseded while failing: not the current deploy, said as before.
+    await boot_fails(conn, "rel-f", reason)
+    await conn.fetchval(f"select {SCHEMA}.deploy_release('rel-g', 'img:g', 1, 'test')")
+    assert (await submit(conn, "rel-f"))["warning"].startswith("no worker serves lane runs_rel_f")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
+from worker.daemon import deploys_page
 from worker.daemon.deploys_page import _event_text
 from worker.daemon.page_actions import RetryGroups
 from worker.daemon.page_forms import nothing_to_retry
+from worker.db.store.page import TimelineRelease
 from worker.db.store.rows import DeploymentEvent
 
 
@@ -42,3 +45,20 @@ def test_nothing_to_retry_ends_in_one_full_stop() -> None:
     """A refusal's own sentence ends in a full stop; the page's did too ('..')."""
     said = nothing_to_retry(RetryGroups((), 0, (("lane runs_x is retired.", 2),)))
     assert said == "nothing to retry: 2 run(s) cannot be retried: lane runs_x is retired."
+
+
+def test_a_release_whose_machines_fail_to_boot_says_so_escaped() -> None:
+    """The scaler's record (store 0047) is a line of the release's section."""
+    failed = {"reason": "2 machines in a row exited 78: <bad>", "logs": "/l/m-1.log"}
+    release = TimelineRelease(
+        "rel-b", "runs_rel_b", "current", "img", 1, None, "t", None, None, None, None, None,
+        None, [], boot_failed=failed,
+    )  # fmt: skip
+    html = deploys_page.render([release], [], [])
+    said = 'data-field="bootFailed">its machines fail to boot: 2 machines in a row exited 78:'
+    assert said in html
+    assert "&lt;bad&gt;" in html
+    assert "<bad>" not in html
+    assert "/l/m-1.log" in html
+    quiet = deploys_page.render([replace(release, boot_failed=None)], [], [])
+    assert "bootFailed" not in quiet

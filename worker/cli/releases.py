@@ -103,6 +103,12 @@ def _notes(v: ReleaseView, held: bool) -> list[str]:
         words.append(f"boot failing: {failed['inARow']} in a row exited {failed.get('exitCode')}")
     words += [str(said[k]) for k in ("bootRefused", "error") if said.get(k)]
     notes += [f"{v.release_id}: scaler: {w}" for w in words]
+    if v.boot_failed:  # recorded in the store (0047): what submits to its lane are told
+        notes.append(
+            f"{v.release_id}: BOOT FAILING: {v.boot_failed.get('reason')}; submits to its lane "
+            "say served=false until a machine boots (logs: "
+            f"{v.boot_failed.get('logs')})"
+        )
     return notes
 
 

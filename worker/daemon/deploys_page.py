@@ -134,7 +134,20 @@ def _release(release: TimelineRelease, events: list[DeploymentEvent], view: Lane
         f'<section data-release="{escape(release.release_id)}">'
         f"<h2>{escape(release.release_id)}{role} <code>{escape(release.queue)}</code></h2>"
         f'<p class="note">{image}live machines: <span data-field="machines">{machines}</span>; '
-        f'{_now_line(release, view)}.</p><ul data-field="timeline">{items}</ul></section>'
+        f"{_now_line(release, view)}.</p>{_boot_failed(release)}"
+        f'<ul data-field="timeline">{items}</ul></section>'
+    )
+
+
+def _boot_failed(release: TimelineRelease) -> str:
+    """The scaler's record that this deploy's machines fail to boot (store 0047), if any."""
+    failed = release.boot_failed
+    if not isinstance(failed, dict):
+        return ""
+    return (
+        '<p class="refused" data-field="bootFailed">its machines fail to boot: '
+        f"{escape(str(failed.get('reason')))}; logs: <code>{escape(str(failed.get('logs')))}"
+        "</code>. Submits to its lane say it is not served until a machine boots.</p>"
     )
 
 

@@ -66,6 +66,9 @@ class ReleaseView:
     retired_at: str | None
     scaler: dict[str, Any]  # what the scaler last said about it
     builds: dict[str, int]  # live workers per lane-worker version
+    # The scaler's record that this deploy's machines fail to boot (store 0047): while
+    # it stands, a submit to the lane says it is not served.
+    boot_failed: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +85,7 @@ class ReleaseView:
             "retiredAt": self.retired_at,
             "scaler": self.scaler,
             "builds": self.builds,
+            "bootFailed": self.boot_failed,
         }
 
 
@@ -282,6 +286,15 @@ def boot_failed_reason(failed: dict[str, Any]) -> str:
     return f"{said}; its last line: {last}" if last else said
 
 
+def boot_failed_short(failed: dict[str, Any]) -> str:
+    """One line on why a release's machines cannot boot (what a submit's warning quotes)."""
+    code = failed.get("exitCode")
+    what = "refused its configuration" if code == EXIT_CONFIG else "could not load its app"
+    said = f"{failed.get('inARow')} machines in a row exited {code}: their worker {what}"
+    last = failed.get("lastLine")
+    return f"{said}; the last one's last line: {last}" if last else said
+
+
 def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
     if d.role == "current":
         status = "current"
@@ -305,4 +318,5 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
         # older build may have kept a refusal that echoed its token).
         scaler=mask_value(scaler, ()),
         builds={v or NO_VERSION: n for v, n in sorted(d.live_builds.items())},
+        boot_failed=mask_value(d.boot_failed, ()) if d.boot_failed else None,
     )

@@ -41,7 +41,6 @@ import structlog
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment
-from worker.masking import mask_value
 from worker.ops.releases import BOOT_CONFIG_EXITS, BOOT_FAILS_FINAL
 from worker.ops.report import read_report
 from worker.scaler.actions import (
@@ -59,6 +58,7 @@ from worker.scaler.actions import (
     Wait,
 )
 from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
+from worker.scaler.boot_record import boot_word, clear_boot_failed, record_boot_failed
 from worker.scaler.observe import CREATE_MEMORY_S, BootFailed, Watch, observe
 from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
 from worker.scaler.strangers import Strangers
@@ -203,6 +203,9 @@ class Reconciler:
     ) -> dict[str, ReleaseSeen]:
         """Perform ``actions`` in order; return what the pass saw and did per release."""
         self._deployed = {d.release_id: d.deployed_at.isoformat() for d in deployments}
+        for d in deployments:  # a live worker of its lane: it boots (store 0047)
+            if d.boot_failed is not None and d.live_workers:
+                await clear_boot_failed(self.db, self.store, d.release_id)
         seen = {
             d.release_id: ReleaseSeen(
                 desired=d.desired,
@@ -296,6 +299,7 @@ class Reconciler:
                 watch.why_died.pop(key, None)
                 watch.boot_failed.pop(key, None)
                 seen.boot_refused = seen.boot_failed = None
+                await clear_boot_failed(self.db, self.store, action.release_id)
             case Create():
                 await self._create(seen, action)
             case Stop():
@@ -333,8 +337,9 @@ class Reconciler:
         key = (action.release_id, action.image)
         code = action.exit_code
         if code is None or code not in BOOT_CONFIG_EXITS:
-            self.watch.boot_failed.pop(key, None)  # a crash, not a refusal: counted apart
-            seen.boot_failed = None
+            if self.watch.boot_failed.pop(key, None) is not None:
+                await clear_boot_failed(self.db, self.store, action.release_id)
+            seen.boot_failed = None  # a crash, not a refusal: counted apart
             return
         deployed = self._deployed.get(action.release_id, "")
         had = self.watch.boot_failed.get(key)
@@ -349,9 +354,13 @@ class Reconciler:
         )
         self.watch.boot_failed[key] = failed
         seen.boot_failed = failed.as_json()
-        if failed.in_a_row == BOOT_FAILS_FINAL:
+        if failed.in_a_row >= BOOT_FAILS_FINAL:
             await self.guard()
-            said = mask_value(failed.as_json(), self.secrets)
+            # On the release's row while it fails (a submit to its lane says so), once
+            # as an event.
+            said = boot_word(failed, self.secrets)
+            await record_boot_failed(self.db, self.store, action.release_id, deployed, said)
+        if failed.in_a_row == BOOT_FAILS_FINAL:
             await self._record(action.release_id, "boot_failed", said)
             log.error("scaler.boot_failed", release_id=action.release_id, **said)
 

@@ -60,6 +60,7 @@ class TimelineRelease:
     lane_retired_at: datetime | None
     pruned_at: datetime | None
     machines: list[str]
+    boot_failed: dict[str, Any] | None = None  # the scaler's record (0047): it cannot boot
 
 
 class PageQueries(Queries):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -88,6 +89,21 @@ class RegistryQueries(Queries):
         self, conn: Connection, *, release_id: str, action: str, actor: str, detail: dict[str, Any]
     ) -> None:
         await self._run(conn, "record_event", release_id, action, actor, detail)
+
+    async def boot_failed(
+        self,
+        conn: Connection,
+        *,
+        release_id: str,
+        failed: dict[str, Any] | None,
+        deployed_at: datetime | None = None,
+    ) -> None:
+        """Record that the deploy of ``deployed_at`` cannot boot (``failed``: the
+        scaler's masked word), or with None clear any record (migration 0047)."""
+        if failed is None:
+            await self._run(conn, "boot_failed_clear", release_id)
+        else:
+            await self._run(conn, "boot_failed_set", release_id, failed, deployed_at)
 
     async def scaler_beat(
         self, conn: Connection, *, holder: str, backend: str, releases: dict[str, Any]

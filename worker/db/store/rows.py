@@ -379,6 +379,8 @@ class Deployment:
     live_machines: list[str]  # machines with a live worker of it
     ready_machines: list[str]  # those whose worker is ready
     live_builds: dict[str, int]  # live workers per build version ('': before 0.2.0)
+    # The scaler's record that this deploy's machines fail to boot (0047), else None.
+    boot_failed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ select coalesce(d.release_id, l.release_ids[1], l.queue) as release_id,
        coalesce((select array_agg(distinct w.machine_id order by w.machine_id)
                    from {schema}.workers w
                   where w.queue = coalesce(d.queue, l.queue) and w.machine_id is not null
-                    and {schema}.worker_live(w.heartbeat_at, w.stopped_at)), '{}') as machines
+                    and {schema}.worker_live(w.heartbeat_at, w.stopped_at)), '{}') as machines,
+       -- The scaler's record that this deploy's machines fail to boot (0047).
+       case when d.boot_failed_for = d.deployed_at then d.boot_failed end as boot_failed
   from {schema}.deployments d
   full join {schema}.releases l on l.queue = d.queue
  order by coalesce(d.deployed_at, l.created_at) desc

@@ -17,7 +17,9 @@ select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deplo
        coalesce(w.live, 0) as live_workers, coalesce(w.ready, 0) as ready_workers,
        coalesce(w.machines, '{}') as live_machines,
        coalesce(w.ready_machines, '{}') as ready_machines,
-       coalesce(b.builds, '{}') as live_builds
+       coalesce(b.builds, '{}') as live_builds,
+       -- Its machines' boot failure as the scaler recorded it for this deploy (0047).
+       case when d.boot_failed_for = d.deployed_at then d.boot_failed end as boot_failed
   from {schema}.deployments d
   left join {schema}.releases l on l.queue = d.queue
   left join lateral (
@@ -52,6 +54,19 @@ select event_id, at, release_id, action, actor, detail
 -- name: record_event
 insert into {schema}.deployment_events (release_id, action, actor, detail)
 values ($1, $2, $3, $4);
+
+-- name: boot_failed_set
+-- The release $1's machines keep failing to boot (0047): its word $2, for the
+-- deploy of $3 only (a deploy since then is not what failed).
+update {schema}.deployments
+   set boot_failed = $2, boot_failed_for = deployed_at
+ where release_id = $1 and deployed_at = $3;
+
+-- name: boot_failed_clear
+-- The release $1's machines boot again (or exit otherwise): no record (0047).
+update {schema}.deployments
+   set boot_failed = null, boot_failed_for = null
+ where release_id = $1 and boot_failed is not null;
 
 -- name: scaler_beat
 -- The active scaler's pass: who, with which backend, what it saw per release.
