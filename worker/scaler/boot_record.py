@@ -16,6 +16,7 @@ from typing import Any
 
 from worker.db.pool import Database
 from worker.db.store import Store
+from worker.db.store.rows import Deployment
 from worker.masking import mask_value
 from worker.ops.releases import boot_failed_short
 from worker.scaler.observe import BootFailed
@@ -28,17 +29,28 @@ def boot_word(failed: BootFailed, secrets: Sequence[str]) -> dict[str, Any]:
 
 
 async def record_boot_failed(
-    db: Database, store: Store, release_id: str, deployed_at: str, word: dict[str, Any]
-) -> None:
-    """Record ``word`` on the release's row, for the deploy of ``deployed_at`` only."""
-    at = datetime.fromisoformat(deployed_at) if deployed_at else None
-    if at is None:
-        return
-    await db.run(
-        lambda c: store.registry.boot_failed(c, release_id=release_id, failed=word, deployed_at=at)
-    )
+    db: Database, store: Store, release_id: str, failed: BootFailed, secrets: Sequence[str]
+) -> dict[str, Any]:
+    """Record the failure on the release's row, for the deploy it counted only; return the
+    word recorded (``boot_word``)."""
+    word = boot_word(failed, secrets)
+    at = datetime.fromisoformat(failed.deployed_at) if failed.deployed_at else None
+    if at is not None:
+        await db.run(
+            lambda c: store.registry.boot_failed(
+                c, release_id=release_id, failed=word, deployed_at=at
+            )
+        )
+    return word
 
 
 async def clear_boot_failed(db: Database, store: Store, release_id: str) -> None:
     """Forget any record of the release's machines failing to boot."""
     await db.run(lambda c: store.registry.boot_failed(c, release_id=release_id, failed=None))
+
+
+async def clear_booted(db: Database, store: Store, deployments: Sequence[Deployment]) -> None:
+    """Forget the boot failure of each deployment a live worker of its lane shows booting."""
+    for d in deployments:
+        if d.boot_failed is not None and d.live_workers:
+            await clear_boot_failed(db, store, d.release_id)

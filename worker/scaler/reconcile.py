@@ -43,6 +43,7 @@ from worker.db.store import Store
 from worker.db.store.rows import Deployment
 from worker.ops.releases import BOOT_CONFIG_EXITS, BOOT_FAILS_FINAL
 from worker.ops.report import read_report
+from worker.scaler import boot_record
 from worker.scaler.actions import (
     Action,
     Backoff,
@@ -58,7 +59,6 @@ from worker.scaler.actions import (
     Wait,
 )
 from worker.scaler.backend import MAX_RETRY_AFTER_S, Backend, BackendError, Machine
-from worker.scaler.boot_record import boot_word, clear_boot_failed, record_boot_failed
 from worker.scaler.observe import CREATE_MEMORY_S, BootFailed, Watch, observe
 from worker.scaler.plan import DEAD_AFTER_S, UNLISTED_AFTER_S, plan
 from worker.scaler.strangers import Strangers
@@ -118,8 +118,7 @@ class Reconciler:
 
     def __init__(self, db: Database, store: Store, backend: Backend, *, actor: str) -> None:
         self.db, self.store, self.backend, self.actor = db, store, backend, actor
-        # Awaited before every action: the active scaler checks it still holds its
-        # lock, so a scaler that lost it mid-pass stops acting at once.
+        # Awaited before each action: a scaler that lost its lock mid-pass stops at once.
         self.guard: Callable[[], Awaitable[object]] = _unguarded
         self.watch = Watch()
         self.strangers = Strangers(backend)
@@ -203,9 +202,7 @@ class Reconciler:
     ) -> dict[str, ReleaseSeen]:
         """Perform ``actions`` in order; return what the pass saw and did per release."""
         self._deployed = {d.release_id: d.deployed_at.isoformat() for d in deployments}
-        for d in deployments:  # a live worker of its lane: it boots (store 0047)
-            if d.boot_failed is not None and d.live_workers:
-                await clear_boot_failed(self.db, self.store, d.release_id)
+        await boot_record.clear_booted(self.db, self.store, deployments)  # store 0047
         seen = {
             d.release_id: ReleaseSeen(
                 desired=d.desired,
@@ -299,7 +296,7 @@ class Reconciler:
                 watch.why_died.pop(key, None)
                 watch.boot_failed.pop(key, None)
                 seen.boot_refused = seen.boot_failed = None
-                await clear_boot_failed(self.db, self.store, action.release_id)
+                await boot_record.clear_boot_failed(self.db, self.store, action.release_id)
             case Create():
                 await self._create(seen, action)
             case Stop():
@@ -336,10 +333,10 @@ class Reconciler:
         in a row for one deploy is a boot that will not succeed (recorded, and said)."""
         key = (action.release_id, action.image)
         code = action.exit_code
-        if code is None or code not in BOOT_CONFIG_EXITS:
+        if code is None or code not in BOOT_CONFIG_EXITS:  # a crash, not a refusal: apart
             if self.watch.boot_failed.pop(key, None) is not None:
-                await clear_boot_failed(self.db, self.store, action.release_id)
-            seen.boot_failed = None  # a crash, not a refusal: counted apart
+                await boot_record.clear_boot_failed(self.db, self.store, action.release_id)
+            seen.boot_failed = None
             return
         deployed = self._deployed.get(action.release_id, "")
         had = self.watch.boot_failed.get(key)
@@ -356,10 +353,10 @@ class Reconciler:
         seen.boot_failed = failed.as_json()
         if failed.in_a_row >= BOOT_FAILS_FINAL:
             await self.guard()
-            # On the release's row while it fails (a submit to its lane says so), once
-            # as an event.
-            said = boot_word(failed, self.secrets)
-            await record_boot_failed(self.db, self.store, action.release_id, deployed, said)
+            # Kept on its row while it fails (a submit says so); logged once, below.
+            said = await boot_record.record_boot_failed(
+                self.db, self.store, action.release_id, failed, self.secrets
+            )
         if failed.in_a_row == BOOT_FAILS_FINAL:
             await self._record(action.release_id, "boot_failed", said)
             log.error("scaler.boot_failed", release_id=action.release_id, **said)
