@@ -11,8 +11,6 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
-
 from support.builds import build
 from support.cli import lane_worker
 from support.daemon import TESTS_DIR, Daemon, Daemons, base_env
@@ -98,13 +96,6 @@ async def age_lane(database_url: str, queue: str) -> None:
         await execute(database_url, statement, queue)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a dev worker that was asleep (no heartbeat past LANE_WORKER_DEV_LANE_IDLE_AFTER) "
-    "wakes on a lane maintenance retired and pruned meanwhile: only a boot activates a dev "
-    "lane, so the live worker's lane stays retired (shown drained) and its claim loop fails "
-    "on the dropped engine queue (UndefinedTableError each second) until a submit makes it again",
-)
 async def test_a_dev_worker_that_wakes_after_its_lane_was_pruned_serves_it_again(
     database_url: str,
 ) -> None:
@@ -138,6 +129,8 @@ async def test_a_dev_worker_that_wakes_after_its_lane_was_pruned_serves_it_again
             os.kill(dev.pid, signal.SIGCONT)
         # The worker wakes and reads its lane again (it logs what it finds).
         await dev.wait_for("lane.drained")
+        # Its lane retired under it: it makes the lane claim again, as its boot would.
+        await dev.wait_for("lane.dev_activated", queue=QUEUE_SLEEPER)
         status = await sql(
             database_url, f"select status from {SCHEMA}.releases where queue = $1", QUEUE_SLEEPER
         )

@@ -123,13 +123,6 @@ def test_the_page_takes_its_own_posts() -> None:
         assert same_origin(request), headers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cancel_run_by (0039, as cancel_run before it) locks the store's run row, then "
-    "the engine's (absurd.cancel_task); a completion locks the engine's (complete_run), then "
-    "the store's (settle_run): opposite orders, so a cancel racing a completion can deadlock "
-    "and one side is aborted (40P01) instead of waiting for the other",
-)
 async def test_a_cancel_racing_a_completion_waits_and_never_deadlocks(
     database_url: str, remedy_plays: RemedyPlays
 ) -> None:

@@ -17,8 +17,9 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from worker import lane_kinds
 from worker.daemon.listener import Wakeups
-from worker.daemon.loops import LoopRegistry, wanted_continuations
+from worker.daemon.loops import LoopRegistry, prepare_queue, wanted_continuations
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.run.execute import Runtime
@@ -123,6 +124,8 @@ class LaneFollower:
             else:
                 state = LaneState.DRAINING if own.draining_work else LaneState.DRAINED
             self._follow(state)
+            if state != LaneState.CLAIMING and not stopping.is_set():
+                state = await self._come_back(db, state)
             # A retired lane's loops claim only what no other release may run: its
             # parked runs are left to the claiming releases, which adopt them.
             policy = replace(
@@ -139,6 +142,24 @@ class LaneFollower:
         await self.loops.follow(
             db, runtime, registry, wanted, runs, side, stopping=stopping.is_set()
         )
+
+    async def _come_back(self, db: Database, state: LaneState) -> LaneState:
+        """A dev lane retired (or pruned) under its live worker claims again, as at boot.
+
+        Maintenance retires a dev lane whose workers sent no heartbeat for a while (a
+        laptop asleep, a stopped VM) and prunes it later, dropping its queue; only a
+        boot made it claim again, so a worker that woke stayed drained, its loops failing
+        on the dropped queue. A release lane is a deploy's: it stays retired.
+        """
+        if not lane_kinds.is_dev(self.release_id):
+            return state
+        if not await db.run(lambda c: self.store.lanes.activate_dev(c, queue=self.queue)):
+            return state
+        # Made again if a prune dropped it (the activation holds off any further prune).
+        await db.run(lambda c: prepare_queue(c, self.queue, self.store.lanes))
+        self.log.info("lane.dev_activated", queue=self.queue, release_id=self.release_id)
+        self._follow(LaneState.CLAIMING)
+        return LaneState.CLAIMING
 
     def _follow(self, state: LaneState) -> None:
         """Follow this release's lane: claiming, draining or drained (logged once per change)."""

@@ -82,7 +82,7 @@ class Remedies:
         self.check_schemas = check_schemas
 
     async def _locked_run(self, conn: Connection, run_id: str) -> RunRow:
-        row = await self.store.runs.get(conn, parse_run_id(run_id), lock="update")
+        row = await self.store.runs.get(conn, parse_run_id(run_id), lock="engine_first")
         if row is None:
             raise RunNotFoundError(f"no run {run_id} in store {self.store.schema}")
         return row

@@ -263,6 +263,8 @@ class Attempt:
         reason = {**self.reason(exc), "fatal": True}
 
         async def fail(conn: Connection) -> None:
+            # Locks in the one order (engine's rows, then the store's): DESIGN "Lock order".
+            await self.store.runs.get(conn, h.run_id, lock="engine_first")
             # The fenced store write first: a stale attempt must not cancel the
             # task that a newer claim now owns.
             if not await self._settle(conn, RunStatus.FAILED, error=reason):
@@ -350,6 +352,8 @@ class Attempt:
         async def put_back(conn: Connection) -> Outcome:
             streaks.clear()  # a retried transaction counts again
             if outcome == Outcome.DEFERRED and delay_s > 0:
+                # It may cancel the task: the engine's rows first (DESIGN "Lock order").
+                await self.store.runs.get(conn, run_id, lock="engine_first")
                 streak = await count_deferral(
                     conn,
                     self.store,

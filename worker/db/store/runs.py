@@ -20,7 +20,12 @@ from worker.db.store.rows import (
     row_of,
 )
 
-_LOCKS = {None: "get_run", "update": "lock_run", "share": "lock_run_shared"}
+_LOCKS = {
+    None: "get_run",
+    "update": "lock_run",
+    "share": "lock_run_shared",
+    "engine_first": "lock_run_engine_first",
+}
 
 
 # Who settled a run, as its terminal fact's ``source`` says.
@@ -97,9 +102,17 @@ class RunQueries(Queries):
         return task_id
 
     async def get(
-        self, conn: Connection, run_id: uuid.UUID, *, lock: Literal["update", "share"] | None = None
+        self,
+        conn: Connection,
+        run_id: uuid.UUID,
+        *,
+        lock: Literal["update", "share", "engine_first"] | None = None,
     ) -> RunRow | None:
-        """Return the run's row; ``lock`` takes its row lock (``share``: waits for a move)."""
+        """Return the run's row; ``lock`` takes its row lock (``share``: waits for a move).
+
+        ``engine_first``: ``update``, its engine task's rows locked before, as every
+        transaction that locks both takes them (docs/DESIGN.md "Lock order").
+        """
         return await self._row(conn, RunRow, _LOCKS[lock], run_id)
 
     async def mark_retried(

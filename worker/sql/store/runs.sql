@@ -18,6 +18,12 @@ select * from {schema}.runs where run_id = $1;
 -- name: lock_run
 select * from {schema}.runs where run_id = $1 for update;
 
+-- name: lock_run_engine_first
+-- lock_run with its engine task's rows locked first, as a completion takes them
+-- (store 0048, docs/DESIGN.md "Lock order"): for a caller that then calls the engine.
+select r.* from {schema}.runs s, lateral {schema}.run_row_engine_first(s.run_id) r
+ where s.run_id = $1;
+
 -- name: lock_run_shared
 -- A signal or a status-changing read: waits for a `lanes move`, a `runs retry`
 -- or a `runs fail` of the run in progress, and sees what it committed.
