@@ -52,8 +52,46 @@ APP_FUNCTIONS: tuple[str, ...] = (
 )
 # Which of them run with the owner's rights (value_limits reads nothing).
 DEFINER_FUNCTIONS: tuple[str, ...] = APP_FUNCTIONS[:-1]
-# What the viewer may call: the versions its commands check (it reads no engine schema).
-VIEWER_FUNCTIONS: tuple[str, ...] = ("schema_versions()",)
+# What the viewer may call: the versions its commands check (it reads no engine schema),
+# and the drain report's reads that run with the owner's rights (store 0049: counts,
+# ids, plays, times; never a payload or a token).
+REPORT_FUNCTIONS: tuple[str, ...] = (
+    "report_lanes_v1()",
+    "report_runs_v1()",
+    "report_open_runs_v1(text[], integer)",
+    "report_foreign_tasks_v1(text[])",
+    "report_cleanups_v1()",
+    "run_status_bookkeeping_v1(uuid)",
+)
+# The store's pure helpers the read commands' queries call (a lane's name, a
+# worker's liveness, a run's bucket). Invoker functions: each reads with the
+# caller's rights, so granting one gives a role nothing its own grants refuse.
+READ_HELPERS: tuple[str, ...] = (
+    "worker_live(timestamp with time zone, timestamp with time zone)",
+    "attempt_worker_live(text)",
+    "release_as_deployed(text)",
+    "lane_release_id(text)",
+    "lane_trim(text)",
+    "lane_collapse(text)",
+    "lane_segment(text)",
+    "queue_for_release(text)",
+    "open_run_bucket(text, bigint, jsonb)",
+    "lane_is_dev(text[])",
+    "adoptable_plays(text)",
+    "play_adoptable(text, text)",
+    "needs_own_lane(text, text, text, text)",
+    "lane_needs_own(text)",
+    "lane_older(text, text)",
+    "lane_claims(text)",
+    "adoptable_by(text, text, text, text, text, text[])",
+    "lane_served(text, text)",
+    "lane_live_plays(text)",
+    "lane_serves_play(text, text, text)",
+    "deploy_version_problem(text)",
+    "checked_release(text)",
+    "store_id()",
+)
+VIEWER_FUNCTIONS: tuple[str, ...] = ("schema_versions()", *REPORT_FUNCTIONS, *READ_HELPERS)
 # The worker's own (store 0042): its lane's queue and trigger, made as the owner.
 WORKER_DEFINER_FUNCTIONS: tuple[str, ...] = ("prepare_lane_queue(text)",)
 
@@ -132,8 +170,7 @@ SCALER_FUNCTIONS: tuple[str, ...] = (
     "hold_releases(text, text)",
     "resume_releases(text)",
     "refuse_if_held(text, boolean)",
-    "store_id()",
-    "schema_versions()",
+    *VIEWER_FUNCTIONS,
 )
 
 
