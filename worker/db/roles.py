@@ -9,7 +9,9 @@ of the template its part needs (``grant lane_worker_app to my_app_login``):
   input, another run, a runtime API token are out of its reach.
 - ``viewer``: reads the registry and the runs' bookkeeping, never a payload:
   no input, output, error, checkpoint, idempotency key, signal payload, ledger
-  fact, runner result or token (``VIEWER_COLUMNS``). No engine schema.
+  fact, runner result or token (``VIEWER_COLUMNS``). No engine schema: the
+  drain report's reads that touch it run with the owner's rights and return
+  counts and ids (``REPORT_FUNCTIONS``, store 0049).
 - ``scaler``: the viewer's reads, and writes the release registry
   (``SCALER_TABLES``) and its functions (``SCALER_FUNCTIONS``).
 - ``worker``: what the daemon reads and writes: every store, engine and
@@ -62,6 +64,7 @@ REPORT_FUNCTIONS: tuple[str, ...] = (
     "report_foreign_tasks_v1(text[])",
     "report_cleanups_v1()",
     "run_status_bookkeeping_v1(uuid)",
+    "run_page_bookkeeping_v1(uuid)",
 )
 # The store's pure helpers the read commands' queries call (a lane's name, a
 # worker's liveness, a run's bucket). Invoker functions: each reads with the
@@ -107,6 +110,9 @@ VIEWER_COLUMNS: dict[str, tuple[str, ...] | None] = {
     "schema_migrations": None,
     "store_identity": None,
     "scaler_state": None,
+    # The page's actions log (/actions): who acted, when, on which filter, with what
+    # counts; no run's payload. Read-only, like the rest.
+    "page_actions": None,
     "runs": (
         "run_id",
         "play",

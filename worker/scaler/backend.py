@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.config.dburl import url_secrets
-from worker.config.env import DATABASE_URL_ENV, Problems
+from worker.config.env import DATABASE_URL_ENV, MACHINE_URL_ENV, Problems
 from worker.config.stopping import longest_stop_s
 from worker.config.tuning import read_tuning
 from worker.masking import joined, secret_forms
@@ -25,7 +25,7 @@ def scaler_secrets(env: Mapping[str, str]) -> tuple[str, ...]:
     of their output is masked with these too."""
     url = (env.get(DATABASE_URL_ENV) or "").strip()
     # The machines' own URL (the process backend's LANE_WORKER_MACHINE_POSTGRES) too.
-    machines = (env.get("LANE_WORKER_MACHINE_POSTGRES") or "").strip()
+    machines = (env.get(MACHINE_URL_ENV) or "").strip()
     return joined(
         url_secrets(url),
         url_secrets(machines),

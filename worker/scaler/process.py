@@ -28,7 +28,7 @@ from pathlib import Path
 
 import anyio
 
-from worker.config.env import DATABASE_URL_ENV
+from worker.config.env import DATABASE_URL_ENV, MACHINE_URL_ENV
 from worker.lanes import QUEUE_SUFFIX_ENV
 from worker.scaler.backend import (
     FAILED,
@@ -57,7 +57,6 @@ _READY_PORT = re.compile(rb'health_port"?\s*[:=]\s*([0-9]{1,5})\b')
 # The database URL the process backend's machines connect with (issue 33): a
 # login of the worker's role, where the scaler connects as the scaler's, which
 # cannot run a worker. Unset: the machines inherit the scaler's URL.
-MACHINE_URL_ENV = "LANE_WORKER_MACHINE_POSTGRES"
 _NOT_INHERITED = (
     MACHINE_URL_ENV,
     "DEEPLINE_RUNTIME_DEPLOY_VERSION",

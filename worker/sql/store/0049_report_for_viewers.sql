@@ -166,3 +166,29 @@ select (s - 'output' - 'error')
   from {schema}.run_status(p_run_id) as r(s)
 $fn$;
 revoke execute on function {schema}.run_status_bookkeeping_v1(uuid) from public;
+
+-- The run page's extra row for the viewer: what its run waits for, as the short
+-- fields `status` shows (kind, event key, sleep end, deadline, boundary: never
+-- the wait's other contents), and its drain-report bucket while open.
+create or replace function {schema}.run_page_bookkeeping_v1(p_run_id uuid)
+  returns table (current_wait jsonb, bucket text)
+  language sql
+  stable
+  security definer
+  set search_path = pg_catalog, pg_temp
+as $fn$
+select case when r.status = 'waiting' and pg_catalog.jsonb_typeof(r.current_wait) = 'object'
+            then pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+                   'kind', r.current_wait ->> 'kind',
+                   'eventKey', r.current_wait ->> 'eventKey',
+                   'wakeAtMs', r.current_wait ->> 'wakeAtMs',
+                   'deadlineMs', r.current_wait ->> 'deadlineMs',
+                   'boundaryId', r.current_wait ->> 'boundaryId'))
+       end,
+       case when r.status not in ('completed', 'failed', 'cancelled')
+            then {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait)
+       end
+  from {schema}.runs r
+ where r.run_id = p_run_id
+$fn$;
+revoke execute on function {schema}.run_page_bookkeeping_v1(uuid) from public;
