@@ -204,7 +204,8 @@ async def test_api_functions_run_as_owner_with_a_pinned_path(
     owner: asyncpg.Connection[asyncpg.Record],
 ) -> None:
     # A migration that redefines one with `create or replace` resets both: restate them.
-    for signature in role_sql.DEFINER_FUNCTIONS + role_sql.WORKER_DEFINER_FUNCTIONS:
+    every = role_sql.DEFINER_FUNCTIONS + role_sql.WORKER_DEFINER_FUNCTIONS
+    for signature in every + role_sql.REPORT_FUNCTIONS:
         row = await owner.fetchrow(
             "select prosecdef, proconfig from pg_proc where oid = $1::regprocedure",
             f"{SCHEMA}.{signature}",
@@ -251,6 +252,37 @@ async def test_viewer_reads_bookkeeping_never_payloads_or_tokens(
         assert [r for r in refused if r] == []
     finally:
         await viewer.close()
+
+
+async def test_viewer_and_scaler_read_the_report_functions_and_no_payload(
+    logins: Logins, owner: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    made = await _submit(owner, "rel-roles")
+    run_id = uuid.UUID(str(made["runId"]))
+    for job in ("viewer", "scaler"):
+        conn = await _as(logins, job)
+        try:
+            (lane,) = await conn.fetch(f"select * from {SCHEMA}.report_runs_v1()")
+            assert (lane["lane"], lane["runs"], lane["run_ids"]) == ("runs_rel_roles", 1, [run_id])
+            assert await conn.fetchval(f"select count(*) from {SCHEMA}.report_lanes_v1()") >= 0
+            said = await conn.fetchval(f"select {SCHEMA}.run_status_bookkeeping_v1($1)", run_id)
+            assert "input-of-rel-roles" not in said
+            assert "output" not in json.loads(said)
+            refused = [
+                await _refused(conn, sql)
+                for sql in (
+                    f"select input from {SCHEMA}.runs",
+                    f"select current_wait from {SCHEMA}.runs",
+                    f"select * from {SCHEMA}.run_runtime_api",
+                    f"select {SCHEMA}.run_status('{run_id}')",
+                    f"select {SCHEMA}.queue_open_tasks('runs_rel_roles')",
+                    f"insert into {SCHEMA}.page_actions (who) values ('x')",
+                    "select * from absurd.queues",
+                )
+            ]
+            assert [r for r in refused if r] == [], job
+        finally:
+            await conn.close()
 
 
 def test_roles_refuses_an_unusable_prefix() -> None:

@@ -1,9 +1,10 @@
-"""`doctor` (the environment, no database) and `migrate` (the schemas)."""
+"""`doctor` (the environment; with --connect, the role) and `migrate` (the schemas)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -13,8 +14,11 @@ from worker.cli.params import json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.config import settings
+from worker.db import role_check
 from worker.db.store import MigrationReport
 from worker.errors import printable
+
+PARTS = ("worker", "app", "viewer", "scaler")
 
 
 def _say_errors(diagnosis: settings.Diagnosis) -> None:
@@ -91,15 +95,41 @@ def _no_url(diagnosis: settings.Diagnosis) -> str:
 
 
 @cli.command()
+@click.option(
+    "--connect",
+    is_flag=True,
+    help="Also connect and say which role the database URL connects as, and whether it is "
+    "broad (a superuser or the store's owner) for --part.",
+)
+@click.option(
+    "--part",
+    type=click.Choice(PARTS),
+    default="worker",
+    show_default=True,
+    help="The part the URL is for (with --connect): the role it should connect as.",
+)
 @json_option
-def doctor(as_json: bool) -> None:
+def doctor(connect: bool, part: str, as_json: bool) -> None:
     """Print the resolved topology and whether the daemon would refuse to boot.
 
-    Reads the environment only; never connects to the database. Exits with the
-    code the daemon would use: 78 when boot would be refused, else 0.
+    Reads the environment only, unless --connect: then it also connects and says
+    which role the URL connects as. Exits with the code the daemon would use: 78
+    when boot would be refused, else 0.
     """
     diagnosis = settings.diagnose(os.environ)
-    emit(as_json, diagnosis.as_json(), _render(diagnosis))
+    report, text = diagnosis.as_json(), _render(diagnosis)
+    if connect and not diagnosis.refused:
+
+        async def action(client: LaneClient) -> dict[str, Any]:
+            schema = client.store.schema
+            return await client.db.run(lambda c: role_check.describe(c, schema, part))
+
+        role = with_client(action)
+        report = {**report, "role": role}
+        text += f"\n\ndatabase role     {role['role']}: {role['said']}"
+        if role["memberOf"]:
+            text += f"\n  member of       {', '.join(role['memberOf'])}"
+    emit(as_json, report, text)
     _say_errors(diagnosis)
     sys.exit(diagnosis.exit_code)
 

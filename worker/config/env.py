@@ -35,6 +35,12 @@ HEALTH_PORT_ENV = "LANE_WORKER_HEALTH_PORT"
 HEALTH_HOST_ENV = "LANE_WORKER_HEALTH_HOST"
 # The operator page's actions (retry, cancel, move): unset, the page is read-only.
 PAGE_TOKEN_ENV = "LANE_WORKER_PAGE_TOKEN"  # noqa: S105 (a name, not a token)
+# The database URL the worker's pages read (and act) with, when not the daemon's own:
+# a login of the viewer's role makes the page read-only in the database (issue 33).
+PAGE_URL_ENV = "LANE_WORKER_PAGE_POSTGRES"
+# The scaler's process backend: the URL its machines connect with (a worker login),
+# when the scaler itself connects as the scaler's role (issue 33).
+MACHINE_URL_ENV = "LANE_WORKER_MACHINE_POSTGRES"
 BOOT_RETRY_ENV = "LANE_WORKER_BOOT_RETRY"
 MAX_ATTEMPTS_ENV = "LANE_WORKER_MAX_ATTEMPTS"
 LOG_FORMAT_ENV = "LANE_WORKER_LOG_FORMAT"

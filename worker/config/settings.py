@@ -40,6 +40,7 @@ from worker.config.env import LOG_FORMAT_ENV as LOG_FORMAT_ENV
 from worker.config.env import MAX_ATTEMPTS_ENV as MAX_ATTEMPTS_ENV
 from worker.config.env import MAX_RELEASE_ID_CHARS as MAX_RELEASE_ID_CHARS
 from worker.config.env import PAGE_TOKEN_ENV as PAGE_TOKEN_ENV
+from worker.config.env import PAGE_URL_ENV as PAGE_URL_ENV
 from worker.config.env import PGBOUNCER_ENV as PGBOUNCER_ENV
 from worker.config.env import POLL_INTERVAL_ENV as POLL_INTERVAL_ENV
 from worker.config.env import SERVERLESS_ENV as SERVERLESS_ENV
@@ -169,6 +170,8 @@ class Settings:
     supervised: bool = False
     # LANE_WORKER_PAGE_TOKEN: the operator page's actions need it (None: read-only).
     page_token: str | None = field(default=None, repr=False, compare=False)
+    # LANE_WORKER_PAGE_POSTGRES: the pages' own database URL (None: the daemon's).
+    page_database_url: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def launch_release_id(self) -> str:
@@ -213,6 +216,7 @@ class Settings:
             ),
             supervised=supervised_by_parent(env),
             page_token=blank_as_unset(env, PAGE_TOKEN_ENV),
+            page_database_url=blank_as_unset(env, PAGE_URL_ENV),
         )
 
 
@@ -238,6 +242,13 @@ def _database_url(env: Mapping[str, str], problems: Problems) -> str | None:
     return redact_url(url)
 
 
+def _page_url(env: Mapping[str, str], problems: Problems) -> None:
+    url = blank_as_unset(env, PAGE_URL_ENV)
+    problem = None if url is None else url_problem(url)
+    if problem is not None:  # quoting none of the value, as for the daemon's URL
+        problems.refuse(PAGE_URL_ENV, f"{PAGE_URL_ENV} {problem}.")
+
+
 def database_url_refusal(problem: str) -> str:
     """Return the one sentence that refuses a database URL for ``problem`` (from url_problem)."""
     return f"{DATABASE_URL_ENV} {problem}."
@@ -259,6 +270,7 @@ def diagnose(env: Mapping[str, str]) -> Diagnosis:
     tuning = read_tuning(env, problems)
     token = page_token(env, problems)
     database = _database_url(env, problems)
+    _page_url(env, problems)
     return Diagnosis(
         # The boot guard refuses a deploy version whose two spellings name two queues, so
         # this id and the lane's segment name one queue (``queue``, from the segment).

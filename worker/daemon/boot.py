@@ -81,7 +81,8 @@ def prepare(env: Mapping[str, str], app_spec: str) -> tuple[Settings, App]:
     settings = Settings.from_env(env)
     # The page token is a secret as the database password is: masked wherever a log says it.
     token = (settings.page_token,) if settings.page_token else ()
-    secrets = (*url_secrets(settings.database_url), *token)
+    page_url = url_secrets(settings.page_database_url) if settings.page_database_url else ()
+    secrets = (*url_secrets(settings.database_url), *page_url, *token)
     logs.configure(settings.tuning.log_format, secrets=secrets)
     for warning in settings.warnings:  # what doctor lists, such as a mistyped LANE_WORKER_*
         log.warning("config.warning", message=warning)

@@ -19,6 +19,7 @@ import asyncpg
 import structlog
 from aiohttp import web
 
+from worker.config.env import PAGE_URL_ENV
 from worker.daemon import deploys_page, page_forms, runs_page
 from worker.daemon.page_actions import (
     Bulk,
@@ -132,6 +133,8 @@ class OperatorPages:
         try:
             with anyio.fail_after(PAGE_TIMEOUT_S):
                 page = await self._reads.run_list_view(flt, before, limit)
+        except InvalidRequestError as exc:  # a search the page's role may not make
+            return html(runs_page.render_problem(400, str(exc), flt), 400)
         except Exception as exc:  # the database is away, or the read too slow: say so
             status, said = unavailable(exc)
             return html(runs_page.render_problem(status, said, flt), status)
@@ -218,7 +221,35 @@ class OperatorPages:
             return form, None, html(page_forms.refused_page(status, why), status)
         session = self._auth.session(request)
         assert session is not None  # refusal() said it is there
+        refused = await self._read_only()
+        if refused is not None:
+            status, why = refused
+            return form, None, html(page_forms.refused_page(status, why), status)
         return form, session, None
+
+    async def _read_only(self) -> tuple[int, str] | None:
+        """Why the page's database role may not act (a viewer's login: issue 33), else None."""
+        table = f"{self._store.schema_sql}.page_actions"
+
+        async def may_act(conn: Connection) -> tuple[str, bool]:
+            row = await conn.fetchrow(
+                "select current_user::text, has_table_privilege(current_user, $1, 'INSERT')", table
+            )
+            assert row is not None
+            return row[0], row[1]
+
+        try:
+            role, may = await self._read(may_act)
+        except Exception as exc:
+            return unavailable(exc)
+        if may:
+            return None
+        return 403, (
+            f"this page reads the database as role {role}, which may only read (a viewer's "
+            f"login, {PAGE_URL_ENV}): retry, cancel or move runs with `lane-worker runs`, "
+            "`lane-worker cancel` or `lane-worker lanes move` as the operator, or serve the "
+            "page with a role that may act."
+        )
 
     async def _preview(self, request: web.Request) -> web.Response:
         form, session, refused = await self._checked(request)

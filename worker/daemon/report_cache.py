@@ -278,7 +278,8 @@ class HealthReads:
         self._pool = pool
         self.report_reader = ReportReader(
             PoolOptions(
-                url=settings.database_url,
+                # The viewer's login when LANE_WORKER_PAGE_POSTGRES is set (issue 33).
+                url=settings.page_database_url or settings.database_url,
                 max_size=1,
                 application_name=application_name("lane-worker-report", settings.release_id),
                 pgbouncer=settings.tuning.pgbouncer,

@@ -102,6 +102,10 @@ def _cut(text: str) -> str:
     return text[:VALUE_CHARS] + f"... ({len(text)} characters)" if len(text) > VALUE_CHARS else text
 
 
+# The page's database role may not read payloads (LANE_WORKER_PAGE_POSTGRES, a viewer).
+HIDDEN = "not shown: this page's database role may not read runs' inputs, outputs or errors"
+
+
 def _value(value: Any, what: str) -> str:
     unreadable = unreadable_in(what, value)
     if unreadable is not None:
@@ -184,7 +188,10 @@ def render_run(view: RunView) -> str:
                 f"{escape(str(said['retryOf']))}</a>",
             )
         )
-    facts.append(("input", _value(row.input, "the input")))
+    if row.payloads_hidden:
+        facts.append(("input", f"<em>{escape(HIDDEN)}</em>"))
+    else:
+        facts.append(("input", _value(row.input, "the input")))
     if said["output"] is not None:
         facts.append(("output", _value(said["output"], "the output")))
     if said["error"] is not None:

@@ -12,6 +12,7 @@ never for a dev lane (a laptop, a test, a worktree), whatever role it uses.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import structlog
 
@@ -90,3 +91,46 @@ async def may_drop_queues(conn: Connection) -> bool:
             " from pg_catalog.pg_namespace n where n.nspname = 'absurd'"
         )
     )
+
+
+# What `doctor --connect` says of the role a URL connects as: the role, whether it
+# is a superuser or has the store owner's rights, and the job templates
+# (`lane-worker roles`: NOLOGIN `<prefix>_<job>`) it is a member of.
+_DESCRIBE = """
+select r.rolname::text as role, r.rolsuper as superuser,
+       coalesce(pg_catalog.pg_has_role(current_user, n.nspowner, 'USAGE'), false) as owner,
+       coalesce((select pg_catalog.array_agg(t.rolname::text order by t.rolname)
+                   from pg_catalog.pg_roles t
+                  where not t.rolcanlogin and t.oid <> r.oid
+                    and t.rolname ~ '_(app|viewer|scaler|worker|migrator)$'
+                    and pg_catalog.pg_has_role(current_user, t.oid, 'MEMBER')), '{}') as jobs
+  from pg_catalog.pg_roles r
+  left join pg_catalog.pg_namespace n on n.nspname = $1
+ where r.rolname = current_user
+"""
+
+
+async def describe(conn: Connection, store_schema: str, part: str) -> dict[str, Any]:
+    """Say which role ``conn`` connects as and whether it is broad for ``part``."""
+    row = await conn.fetchrow(_DESCRIBE, store_schema)
+    assert row is not None  # current_user is always a role
+    broad = bool(row["superuser"] or row["owner"])
+    jobs = list(row["jobs"])
+    fits = any(job.endswith(f"_{part}") for job in jobs)
+    if row["superuser"]:
+        said = f"a superuser: broad for the {part}, which should connect as <prefix>_{part}"
+    elif row["owner"]:
+        said = f"the store's owner: broad for the {part}, which should connect as <prefix>_{part}"
+    elif fits:
+        said = f"the {part}'s own role: not broad"
+    else:
+        said = f"not broad, but no member of a <prefix>_{part} role: the {part} may be refused"
+    return {
+        "role": row["role"],
+        "superuser": row["superuser"],
+        "storeOwner": row["owner"],
+        "memberOf": jobs,
+        "part": part,
+        "broad": broad,
+        "said": said,
+    }

@@ -9,7 +9,9 @@ of the template its part needs (``grant lane_worker_app to my_app_login``):
   input, another run, a runtime API token are out of its reach.
 - ``viewer``: reads the registry and the runs' bookkeeping, never a payload:
   no input, output, error, checkpoint, idempotency key, signal payload, ledger
-  fact, runner result or token (``VIEWER_COLUMNS``). No engine schema.
+  fact, runner result or token (``VIEWER_COLUMNS``). No engine schema: the
+  drain report's reads that touch it run with the owner's rights and return
+  counts and ids (``REPORT_FUNCTIONS``, store 0049).
 - ``scaler``: the viewer's reads, and writes the release registry
   (``SCALER_TABLES``) and its functions (``SCALER_FUNCTIONS``).
 - ``worker``: what the daemon reads and writes: every store, engine and
@@ -52,8 +54,47 @@ APP_FUNCTIONS: tuple[str, ...] = (
 )
 # Which of them run with the owner's rights (value_limits reads nothing).
 DEFINER_FUNCTIONS: tuple[str, ...] = APP_FUNCTIONS[:-1]
-# What the viewer may call: the versions its commands check (it reads no engine schema).
-VIEWER_FUNCTIONS: tuple[str, ...] = ("schema_versions()",)
+# What the viewer may call: the versions its commands check (it reads no engine schema),
+# and the drain report's reads that run with the owner's rights (store 0049: counts,
+# ids, plays, times; never a payload or a token).
+REPORT_FUNCTIONS: tuple[str, ...] = (
+    "report_lanes_v1()",
+    "report_runs_v1()",
+    "report_open_runs_v1(text[], integer)",
+    "report_foreign_tasks_v1(text[])",
+    "report_cleanups_v1()",
+    "run_status_bookkeeping_v1(uuid)",
+    "run_page_bookkeeping_v1(uuid)",
+)
+# The store's pure helpers the read commands' queries call (a lane's name, a
+# worker's liveness, a run's bucket). Invoker functions: each reads with the
+# caller's rights, so granting one gives a role nothing its own grants refuse.
+READ_HELPERS: tuple[str, ...] = (
+    "worker_live(timestamp with time zone, timestamp with time zone)",
+    "attempt_worker_live(text)",
+    "release_as_deployed(text)",
+    "lane_release_id(text)",
+    "lane_trim(text)",
+    "lane_collapse(text)",
+    "lane_segment(text)",
+    "queue_for_release(text)",
+    "open_run_bucket(text, bigint, jsonb)",
+    "lane_is_dev(text[])",
+    "adoptable_plays(text)",
+    "play_adoptable(text, text)",
+    "needs_own_lane(text, text, text, text)",
+    "lane_needs_own(text)",
+    "lane_older(text, text)",
+    "lane_claims(text)",
+    "adoptable_by(text, text, text, text, text, text[])",
+    "lane_served(text, text)",
+    "lane_live_plays(text)",
+    "lane_serves_play(text, text, text)",
+    "deploy_version_problem(text)",
+    "checked_release(text)",
+    "store_id()",
+)
+VIEWER_FUNCTIONS: tuple[str, ...] = ("schema_versions()", *REPORT_FUNCTIONS, *READ_HELPERS)
 # The worker's own (store 0042): its lane's queue and trigger, made as the owner.
 WORKER_DEFINER_FUNCTIONS: tuple[str, ...] = ("prepare_lane_queue(text)",)
 
@@ -69,6 +110,9 @@ VIEWER_COLUMNS: dict[str, tuple[str, ...] | None] = {
     "schema_migrations": None,
     "store_identity": None,
     "scaler_state": None,
+    # The page's actions log (/actions): who acted, when, on which filter, with what
+    # counts; no run's payload. Read-only, like the rest.
+    "page_actions": None,
     "runs": (
         "run_id",
         "play",
@@ -132,8 +176,7 @@ SCALER_FUNCTIONS: tuple[str, ...] = (
     "hold_releases(text, text)",
     "resume_releases(text)",
     "refuse_if_held(text, boolean)",
-    "store_id()",
-    "schema_versions()",
+    *VIEWER_FUNCTIONS,
 )
 
 

@@ -39,6 +39,12 @@ _COLUMNS = (
     " r.created_at, r.updated_at, left(coalesce(r.error->>'name', ''), 200) as error_name,"
     " left(coalesce(r.error->>'message', ''), 300) as error_message"
 )
+# For a role that may not read runs' errors (the viewer's: issue 33).
+_COLUMNS_NO_ERRORS = _COLUMNS.split(", left(", 1)[0] + ", '' as error_name, '' as error_message"
+ERRORS_HIDDEN = (
+    "the runs cannot be searched by error as this page's database role, which may not read "
+    "runs' errors: search with `lane-worker runs` as the operator."
+)
 
 
 def _text(query: Mapping[str, str], name: str) -> str | None:
@@ -241,8 +247,13 @@ class ListedRun:
     error_message: str
 
 
-def page_sql(flt: RunFilter, before: Cursor | None, limit: int) -> tuple[str, list[Any]]:
-    """The statement of one page of the list, and its parameters."""
+def page_sql(
+    flt: RunFilter, before: Cursor | None, limit: int, *, errors: bool = True
+) -> tuple[str, list[Any]]:
+    """The statement of one page of the list, and its parameters (without ``errors``: no
+    run's error is read, and a filter by error is refused)."""
+    if not errors and flt.error is not None:
+        raise InvalidRequestError(ERRORS_HIDDEN)
     args: list[Any] = []
     preds = flt.where(args)
     if before is not None:
@@ -253,7 +264,7 @@ def page_sql(flt: RunFilter, before: Cursor | None, limit: int) -> tuple[str, li
     args.append(limit + 1)  # one more than shown: whether a next page exists
     where = f" where {' and '.join(preds)}" if preds else ""
     return (
-        f"select {_COLUMNS} from {{schema}}.runs r{where}"
+        f"select {_COLUMNS if errors else _COLUMNS_NO_ERRORS} from {{schema}}.runs r{where}"
         f" order by r.created_at desc, r.run_id desc limit ${len(args)}",
         args,
     )
@@ -284,7 +295,11 @@ async def read_page(
     conn: Connection, schema_sql: str, flt: RunFilter, before: Cursor | None, limit: int
 ) -> RunPage:
     """Read one page of the list on ``conn`` (the caller bounds its statement time)."""
-    sql, args = page_sql(flt, before, limit)
+    errors = await conn.fetchval(
+        "select pg_catalog.has_column_privilege(current_user, $1, 'error', 'SELECT')",
+        f"{schema_sql}.runs",
+    )
+    sql, args = page_sql(flt, before, limit, errors=bool(errors))
     rows = await conn.fetch(sql.replace("{schema}", schema_sql), *args)
     runs = [ListedRun(**dict(r)) for r in rows[:limit]]
     following = Cursor(runs[-1].created_at, runs[-1].run_id) if len(rows) > limit else None

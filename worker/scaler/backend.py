@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from worker.config.dburl import url_secrets
-from worker.config.env import DATABASE_URL_ENV, Problems
+from worker.config.env import DATABASE_URL_ENV, MACHINE_URL_ENV, Problems
 from worker.config.stopping import longest_stop_s
 from worker.config.tuning import read_tuning
 from worker.masking import joined, secret_forms
@@ -24,7 +24,13 @@ def scaler_secrets(env: Mapping[str, str]) -> tuple[str, ...]:
     an echo of it may take. Its machines inherit that environment, so whatever is shown
     of their output is masked with these too."""
     url = (env.get(DATABASE_URL_ENV) or "").strip()
-    return joined(url_secrets(url), secret_forms((env.get("FLY_API_TOKEN") or "").strip()))
+    # The machines' own URL (the process backend's LANE_WORKER_MACHINE_POSTGRES) too.
+    machines = (env.get(MACHINE_URL_ENV) or "").strip()
+    return joined(
+        url_secrets(url),
+        url_secrets(machines),
+        secret_forms((env.get("FLY_API_TOKEN") or "").strip()),
+    )
 
 
 RELEASE_METADATA = "lane_worker_release"

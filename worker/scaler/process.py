@@ -28,6 +28,7 @@ from pathlib import Path
 
 import anyio
 
+from worker.config.env import DATABASE_URL_ENV, MACHINE_URL_ENV
 from worker.lanes import QUEUE_SUFFIX_ENV
 from worker.scaler.backend import (
     FAILED,
@@ -53,7 +54,11 @@ _READY_PORT = re.compile(rb'health_port"?\s*[:=]\s*([0-9]{1,5})\b')
 # scaler's own settings (a machine's release, machine id and port are its own),
 # nor a queue suffix: a registry release's lane is its release id's (a suffix
 # would put every release on one lane).
+# The database URL the process backend's machines connect with (issue 33): a
+# login of the worker's role, where the scaler connects as the scaler's, which
+# cannot run a worker. Unset: the machines inherit the scaler's URL.
 _NOT_INHERITED = (
+    MACHINE_URL_ENV,
     "DEEPLINE_RUNTIME_DEPLOY_VERSION",
     "LANE_WORKER_MACHINE_ID",
     "LANE_WORKER_HEALTH_PORT",
@@ -255,8 +260,11 @@ class ProcessBackend:
 
 
 def inherited(env: Mapping[str, str]) -> dict[str, str]:
-    """What a machine inherits of the scaler's environment (``_NOT_INHERITED`` aside)."""
-    return {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+    """What a machine inherits of the scaler's environment (``_NOT_INHERITED`` aside),
+    with the machines' own database URL (``MACHINE_URL_ENV``) in place of the scaler's."""
+    machine_url = (env.get(MACHINE_URL_ENV) or "").strip()
+    kept = {k: v for k, v in env.items() if k not in _NOT_INHERITED}
+    return {**kept, DATABASE_URL_ENV: machine_url} if machine_url else kept
 
 
 def machine_env(env: Mapping[str, str], release_id: str, machine_id: str) -> dict[str, str]:

@@ -67,6 +67,7 @@ class ApiQueries(Queries):
         # Whether this process's role may read the tables `status` reads beside
         # run_status (False once refused: the app's role).
         self._tables_readable = True
+        self._api_callable = True
 
     async def schema_versions(self, conn: Connection) -> dict[str, Any]:
         """The store's applied migrations, the engine's version and contracts (0043)."""
@@ -166,8 +167,16 @@ class ApiQueries(Queries):
                 # A role granted the SQL API only (the app's: issue 33) reads what
                 # run_status returns and no table: from now on, that alone.
                 self._tables_readable = False
+        if row is None and self._api_callable:
+            try:
+                async with conn.transaction():
+                    row = await refusals(conn.fetchrow(self._q["run_status_api"], run_id))
+            except asyncpg.InsufficientPrivilegeError:
+                # The viewer's and the scaler's roles (store 0049): the bookkeeping
+                # alone, no output, error or delivery error, from now on.
+                self._api_callable = False
         if row is None:
-            row = await refusals(conn.fetchrow(self._q["run_status_api"], run_id))
+            row = await refusals(conn.fetchrow(self._q["run_status_bookkeeping"], run_id))
         assert row is not None  # one row per call; an unknown run raises
         result: dict[str, Any] = dict(row["rest"])
         result["output"], result["error"] = row["output"], row["error"]

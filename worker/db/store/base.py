@@ -8,7 +8,7 @@ from typing import Any, ClassVar, TypeVar
 import asyncpg
 
 from worker.db.pool import Connection
-from worker.db.sql import named_queries, query
+from worker.db.sql import named_queries, query, quote_ident
 from worker.db.store.rows import row_of
 
 R = TypeVar("R")
@@ -31,6 +31,15 @@ class Queries:
     def _on_queue(self, name: str, queue: str) -> str:
         """Return query ``name`` with ``queue``'s engine tables filled in (cached)."""
         return query("store", self.FILE, name, schema=self._schema, queue=queue)
+
+    async def _payloads_readable(self, conn: Connection) -> bool:
+        """Whether the connecting role may read runs' payloads (the viewer's may not: issue 33)."""
+        runs = f"{quote_ident(self._schema)}.runs"
+        return bool(
+            await conn.fetchval(
+                "select pg_catalog.has_column_privilege(current_user, $1, 'input', 'SELECT')", runs
+            )
+        )
 
     async def _row(self, conn: Connection, cls: type[R], name: str, *args: Any) -> R | None:
         record = await conn.fetchrow(self._q[name], *args)

@@ -316,6 +316,7 @@ class RunPageRow:
     finished_at: datetime | None
     as_of: datetime
     bucket: str | None  # the drain report's bucket while the run is open
+    payloads_hidden: bool = False  # a role that may not read inputs (the viewer's)
 
 
 @dataclass(frozen=True)

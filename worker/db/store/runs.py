@@ -207,7 +207,9 @@ class RunQueries(Queries):
 
     async def page(self, conn: Connection, *, run_id: uuid.UUID) -> RunPageRow | None:
         """What the run page shows beside ``run_status``; None for an unknown run."""
-        return await self._row(conn, RunPageRow, "run_page", run_id)
+        if await self._payloads_readable(conn):
+            return await self._row(conn, RunPageRow, "run_page", run_id)
+        return await self._row(conn, RunPageRow, "run_page_bookkeeping", run_id)
 
     async def facts(self, conn: Connection, *, run_id: uuid.UUID) -> list[FactRow]:
         """The run's ledger facts, oldest first."""

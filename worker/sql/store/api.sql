@@ -108,3 +108,13 @@ select {schema}.cancel_run($1, $2);
 -- name: schema_versions
 -- The store's applied migrations, the engine's version and contracts (0043).
 select {schema}.schema_versions();
+
+-- name: run_status_bookkeeping
+-- For a role that may call neither run_status nor read the payloads (the viewer,
+-- the scaler: issue 33): run_status less its output, error and delivery errors
+-- (store 0049), in the same parts; output and error are null.
+select s - 'facts' as rest, null::jsonb as output, null::jsonb as error,
+       array(select f from jsonb_array_elements(s -> 'facts')
+                      with ordinality as e(f, n) order by n) as facts,
+       array(select null::jsonb from jsonb_array_elements(s -> 'facts')) as delivery_errors
+  from {schema}.run_status_bookkeeping_v1($1) s;

@@ -129,8 +129,20 @@ select r.run_id, r.input, r.current_wait, r.attempts, r.max_attempts, r.defer_co
        r.created_at, r.updated_at, r.finished_at, now() as as_of,
        case when r.status not in ('completed', 'failed', 'cancelled')
             then {schema}.open_run_bucket(r.status, r.current_attempt_id, r.current_wait)
-       end as bucket
+       end as bucket,
+       false as payloads_hidden
   from {schema}.runs r
+ where r.run_id = $1;
+
+-- name: run_page_bookkeeping
+-- run_page for a role that may not read runs' inputs nor waits (the viewer: issue
+-- 33): no input, the wait's short fields and the bucket with the owner's rights
+-- (store 0049).
+select r.run_id, null::jsonb as input, p.current_wait, r.attempts, r.max_attempts,
+       r.defer_count, r.created_at, r.updated_at, r.finished_at, now() as as_of, p.bucket,
+       true as payloads_hidden
+  from {schema}.runs r
+  cross join {schema}.run_page_bookkeeping_v1($1) p
  where r.run_id = $1;
 
 -- name: run_facts

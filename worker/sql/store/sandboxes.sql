@@ -20,11 +20,5 @@ update {schema}.run_sandboxes
 
 -- name: cleanup_counts
 -- Per lane: cleanups waiting, and the given-up ones with their sandboxes.
-select cleanup_queue as queue,
-       count(*) filter (where cleanup = 'pending') as pending,
-       count(*) filter (where cleanup = 'failed') as failed,
-       coalesce(array_agg(sandbox_id order by sandbox_id)
-                  filter (where cleanup = 'failed'), '{}') as failed_sandboxes
-  from {schema}.run_sandboxes
- where cleanup in ('pending', 'failed')
- group by cleanup_queue;
+-- Store migration 0049: with the owner's rights (a viewer reads no sandbox table).
+select * from {schema}.report_cleanups_v1();
