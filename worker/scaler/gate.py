@@ -29,6 +29,7 @@ import structlog
 from worker.client import LaneClient
 from worker.client.results import RunReport
 from worker.db.store.rows import Deployment
+from worker.errors import InvalidRequestError
 from worker.states import RunStatus
 
 GATE_KEY_PREFIX = "lane-worker-gate:"
@@ -68,13 +69,18 @@ class Gates:
         runs: list[tuple[str, RunReport]] = []
         for index, gate in enumerate(d.gate or []):
             play = str(gate.get("play"))
-            submitted = await self.client.submit(
-                play,
-                gate.get("input") or {},
-                idempotency_key=gate_key(d, index, play),
-                release_id=d.release_id,
-                max_attempts=1,
-            )
+            try:
+                submitted = await self.client.submit(
+                    play,
+                    gate.get("input") or {},
+                    idempotency_key=gate_key(d, index, play),
+                    release_id=d.release_id,
+                    max_attempts=1,
+                )
+            except InvalidRequestError as exc:
+                # The store refuses it for good (its lane, its input): no pass would do better.
+                await self._fail(d, "", f"gate run of {play} was refused: {exc}")
+                return
             if submitted.created:
                 log.info("scaler.gate_submitted", release=d.release_id, run=submitted.run_id,
                          play=play)  # fmt: skip

@@ -279,13 +279,19 @@ class Scaler:
             started = time.monotonic()
             try:
                 seen = await self.reconciler.once()
-                await self.gates.once()
                 self.last_pass_ok = True
             except Exception as exc:
                 self.last_pass_ok = False
                 self.metrics.errors.inc()
                 log.error("scaler.pass_failed", error=repr(exc))
                 seen = {}
+            if self.last_pass_ok:
+                try:
+                    await self.gates.once()  # after the pass: it reads the machines ready
+                except Exception as exc:
+                    # Said, and the pass's words kept: the next pass tries again.
+                    self.metrics.errors.inc()
+                    log.error("scaler.gate_step_failed", error=repr(exc))
             self.left_running = sorted(
                 str(m.get("id"))
                 for s in seen.values()
