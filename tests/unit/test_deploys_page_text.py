@@ -62,3 +62,24 @@ def test_a_release_whose_machines_fail_to_boot_says_so_escaped() -> None:
     assert "/l/m-1.log" in html
     quiet = deploys_page.render([replace(release, boot_failed=None)], [], [])
     assert "bootFailed" not in quiet
+
+
+def test_a_gated_deploy_and_its_gate_verdict_are_words() -> None:
+    """Store 0050: a gated deploy is a candidate, not current; a failed gate names its run."""
+    said = _event_text(
+        event({"image": "img:b", "desired": 1, "previous": [], "current": ["rel-a"],
+               "gate": [{"play": "smoke", "input": {}}], "gateTimeoutSeconds": 300})
+    )  # fmt: skip
+    assert said.startswith("deployed as the candidate: current once its gate passes"), said
+    assert "gated by smoke within 300 s" in said
+    assert "current meanwhile: rel-a" in said
+    assert "{" not in said
+    at = datetime(2026, 12, 7, tzinfo=UTC)
+    failed = _event_text(
+        DeploymentEvent(2, at, "rel-b", "gate_failed", "scaler",
+                        {"run": "r-1", "error": "gate run r-1 (smoke) failed: boom",
+                         "queue": "runs_rel_b"})
+    )  # fmt: skip
+    assert failed.startswith("gate failed: never current"), failed
+    assert "(gate run r-1 (smoke) failed: boom)" in failed
+    assert failed.count("r-1") == 1, failed

@@ -195,6 +195,21 @@ RUN_ID = Checked("run_id", _run_id_problem, lambda v: str(uuid.UUID(v.strip())))
 APP_SPEC = Checked("module:attr", _app_problem, str.strip)
 
 
+def gate_spec(value: str) -> dict[str, Any]:
+    """``PLAY`` or ``PLAY=JSON`` (a JSON object, its input): one gate run of a deploy.
+
+    Raises ``ValueError`` with one sentence naming what is wrong.
+    """
+    play, sep, text = value.partition("=")
+    problem = _play_problem(play)
+    if problem:
+        raise ValueError(f"--gate {value!r} names no play: {problem}")
+    params: Any = None
+    if sep:
+        params = limits.checked_input(parse_json_text(text, f"the input of --gate {play.strip()}"))
+    return {"play": play.strip(), "input": params}
+
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 

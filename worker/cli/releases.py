@@ -10,13 +10,13 @@ import click
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure, UsageFailure
 from worker.cli.output import emit
-from worker.cli.params import RELEASE_ID, Seconds, json_option
+from worker.cli.params import RELEASE_ID, Duration, Seconds, gate_spec, json_option
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.db.store.rows import ReleaseHold
 from worker.errors import counted, printable
 from worker.ops.lanes_text import aligned
-from worker.ops.releases import ReleaseView, RolloutState
+from worker.ops.releases import GATE_TIMEOUT_S, ReleaseView, RolloutState, gate_word
 from worker.ops.report import SCALER_STALE_S
 from worker.scaler.app_check import check_app
 
@@ -88,6 +88,14 @@ def _notes(v: ReleaseView, held: bool) -> list[str]:
     """What the table's cells leave out: why a superseded release still claims, and the
     scaler's own words on a release (waiting for ..., a refused boot, an error)."""
     notes = []
+    if v.role == "candidate":
+        notes.append(f"{v.release_id}: {gate_word(v)}")
+    gate = v.gate or {}
+    if gate.get("outcome") in ("failed", "abandoned"):
+        notes.append(f"{v.release_id}: gate {gate['outcome']}, never current: {gate.get('reason')}")
+    elif gate.get("outcome") == "passed":
+        plays = ", ".join(str(g.get("play")) for g in gate.get("runs") or [])
+        notes.append(f"{v.release_id}: gate passed ({plays})")
     if v.role == "previous":
         why = (
             "the releases are held, so the scaler retires nothing until `lane-worker "
@@ -177,6 +185,23 @@ def _scaler_counts(said: dict[str, Any]) -> str:
     "--force", is_flag=True, help="Go ahead even while the releases are held (releases hold)."
 )
 @click.option(
+    "--gate",
+    "gates",
+    multiple=True,
+    metavar="PLAY[=JSON]",
+    help="A run of PLAY (with JSON as its input) the scaler submits on the release's lane "
+    "once its machines are ready; it becomes current only if every gate run completes "
+    "within --gate-timeout, else it is retired and the current release stays. Repeatable.",
+)
+@click.option(
+    "--gate-timeout",
+    type=Duration(),
+    default=GATE_TIMEOUT_S,
+    show_default=True,
+    metavar="DURATION",
+    help="How long the gate runs have to complete (seconds, or 90s, 5m, 1h).",
+)
+@click.option(
     "--skip-app-check",
     is_flag=True,
     help="Process backend: deploy without first checking that the app (--image) loads "
@@ -190,15 +215,29 @@ def deploy(
     wait: bool,
     timeout: float,
     force: bool,
+    gates: tuple[str, ...],
+    gate_timeout: float,
     skip_app_check: bool,
     as_json: bool,
 ) -> None:
     """Record RELEASE_ID as the current release, with its image and machine count.
 
+    With --gate it is the candidate: the current release stays current until every
+    gate run completes on RELEASE_ID's machines; a gate that fails or times out
+    retires RELEASE_ID (its machines go) and --wait exits 1 naming the run.
+
     With the process backend the app (--image, module:attr) is first loaded in a
     subprocess as the scaler's machines would load it; a deploy whose app does not
     load is refused (exit 2) and nothing is recorded.
     """
+    try:
+        gate = [gate_spec(g) for g in gates]
+    except ValueError as exc:  # InvalidRequestError is one
+        raise UsageFailure(f"release {release_id} was not deployed: {exc}") from None
+    if gates and not gate_timeout > 0:
+        raise UsageFailure(f"--gate-timeout must be above 0 seconds, not {gate_timeout:g}.")
+    if gates and machines < 1:
+        raise UsageFailure("a gated release needs --machines 1 or more to run its gate on.")
     if not skip_app_check:
         _check_app(release_id, image)
     _record(
@@ -206,7 +245,14 @@ def deploy(
         wait,
         timeout,
         as_json,
-        lambda c: c.releases.deploy(release_id, image=image, machines=machines, force=force),
+        lambda c: c.releases.deploy(
+            release_id,
+            image=image,
+            machines=machines,
+            force=force,
+            gate=gate,
+            gate_timeout_s=gate_timeout,
+        ),
     )
 
 
@@ -299,6 +345,14 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
         f"release {said['releaseId']} is current (queue {said['queue']}, "
         f"{counted(said['desired'], 'machine')}); superseded: {previous}."
     ]
+    if said.get("candidate"):
+        plays = ", ".join(str(g["play"]) for g in said["gate"])
+        current = ", ".join(said.get("current") or []) or "none"
+        text = [
+            f"release {said['releaseId']} is the candidate (queue {said['queue']}, "
+            f"{counted(said['desired'], 'machine')}), gated by {plays} within "
+            f"{said['gateTimeoutSeconds']:g} s; current until it passes: {current}."
+        ]
     if wait and done:
         ran = (
             "its machines are ready" if said["desired"] else "it runs no machine (deployed with 0)"

@@ -33,6 +33,10 @@ WORDS = {
     "machine_destroy": "machine destroyed",
     "machine_replace": "machine replaced",
     "boot_failed": "its machines cannot boot: the same exit (78 or 2) twice in a row",
+    # A gated deploy (store migration 0050): the gate decides whether it becomes current.
+    "gate_passed": "gate passed: became current",
+    "gate_failed": "gate failed: never current, retired (its machines go)",
+    "gate_abandoned": "gate abandoned (a later deploy): never current, retired",
 }
 
 
@@ -48,8 +52,19 @@ class Moment:
 
 def _event_text(event: DeploymentEvent) -> str:
     words = WORDS.get(event.action, event.action.replace("_", " "))
-    detail: dict[str, Any] = event.detail if isinstance(event.detail, dict) else {}
+    detail: dict[str, Any] = dict(event.detail) if isinstance(event.detail, dict) else {}
     bits = []
+    gate = detail.pop("gate", None)
+    if isinstance(gate, list) and event.action == "deployed":
+        words = "deployed as the candidate: current once its gate passes"
+        plays = ", ".join(str(g.get("play")) for g in gate if isinstance(g, dict))
+        bits.append(f"gated by {plays} within {detail.pop('gateTimeoutSeconds', None)} s")
+        current = detail.pop("current", None) or []
+        bits.append("current meanwhile: " + (", ".join(map(str, current)) or "none"))
+    if event.action == "gate_failed":
+        # Its error names the run (gate.py): said once.
+        detail.pop("run", None)
+        bits.append(str(detail.pop("error", None)))
     if detail.get("machine"):
         bits.append(f"machine {detail['machine']}")
     if event.action in ("deployed", "rolled_back"):

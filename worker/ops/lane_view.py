@@ -144,7 +144,7 @@ class LaneView:
         """
         if self.live_workers or self.stranded or self.facts_failed or self.cleanups_failed:
             return False
-        if self.role in ("current", "previous"):
+        if self.role in ("current", "previous", "candidate"):
             return False
         if self.status == "drained":
             return True

@@ -27,6 +27,9 @@ from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
 
+# How long a deploy's gate runs have, together, to complete (`--gate-timeout`).
+GATE_TIMEOUT_S = 300.0
+
 # A machine whose worker exits 78 (it refused its configuration) or 2 (its --app
 # does not load) will not boot by being started again: once this many machines of
 # one deploy's image exit so in a row with the same code, the scaler says the boot
@@ -69,6 +72,7 @@ class ReleaseView:
     # The scaler's record that this deploy's machines fail to boot (store 0047): while
     # it stands, a submit to the lane says it is not served.
     boot_failed: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None  # its gate (migration 0050), None when deployed without
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +90,7 @@ class ReleaseView:
             "scaler": self.scaler,
             "builds": self.builds,
             "bootFailed": self.boot_failed,
+            "gate": self.gate,
         }
 
 
@@ -109,13 +114,25 @@ class Releases:
         self.db, self.store, self.check_schemas = db, store, check_schemas
 
     async def deploy(
-        self, release_id: str, *, image: str, machines: int = 1, force: bool = False
+        self,
+        release_id: str,
+        *,
+        image: str,
+        machines: int = 1,
+        force: bool = False,
+        gate: list[dict[str, Any]] | None = None,
+        gate_timeout_s: float = GATE_TIMEOUT_S,
     ) -> dict[str, Any]:
         """Record ``release_id`` as the current release; the scaler does the rest.
 
+        With ``gate`` (``[{"play", "input"}, ...]``) it is the candidate: the scaler
+        runs each gate run on its lane once its machines are ready and makes it
+        current only if all complete within ``gate_timeout_s`` (migration 0050).
         Refused while the registry is held (``hold``), unless ``force``.
         """
-        return await self._record(release_id, image, machines, "deployed", force)
+        return await self._record(
+            release_id, image, machines, "deployed", force, gate or None, gate_timeout_s
+        )
 
     async def hold(self, reason: str | None = None) -> dict[str, Any]:
         """Hold the registry: the scaler changes no current release until ``resume``, and
@@ -159,7 +176,14 @@ class Releases:
         return await self._record(old.release_id, old.image, old.desired, "rolled_back", force)
 
     async def _record(
-        self, release_id: str, image: str, machines: int, action: str, force: bool
+        self,
+        release_id: str,
+        image: str,
+        machines: int,
+        action: str,
+        force: bool,
+        gate: list[dict[str, Any]] | None = None,
+        gate_timeout_s: float | None = None,
     ) -> dict[str, Any]:
         await self.check_schemas()
         who = actor()
@@ -172,6 +196,8 @@ class Releases:
                 actor=who,
                 action=action,
                 force=force,
+                gate=gate,
+                gate_timeout_s=gate_timeout_s if gate else None,
             )
         )
 
@@ -205,6 +231,10 @@ class Releases:
         supersedes still claims (the scaler retires those once it is ready)."""
         releases, scaler = await self.list()
         mine = next((r for r in releases if r.release_id == release_id), None)
+        if mine is not None and (mine.role == "candidate" or (mine.gate or {}).get("outcome")):
+            gated = gate_state(mine)
+            if gated is not None:
+                return gated
         if mine is None or mine.role != "current":
             return RolloutState(
                 False, f"release {release_id!r} is no longer the current release", final=True
@@ -270,6 +300,36 @@ class Releases:
             await asyncio.sleep(poll_s)
 
 
+def gate_state(mine: ReleaseView) -> RolloutState | None:
+    """Where a gated release's rollout stands while its gate decides (None once passed)."""
+    gate = mine.gate or {}
+    outcome = gate.get("outcome")
+    if outcome == "failed":
+        return RolloutState(
+            False, f"its gate failed, so it never became current: {gate.get('reason')}", final=True
+        )
+    if outcome == "abandoned":
+        return RolloutState(False, f"its gate was abandoned: {gate.get('reason')}", final=True)
+    if outcome == "passed" or mine.role != "candidate":
+        return None
+    return RolloutState(False, gate_word(mine))
+
+
+def gate_word(mine: ReleaseView) -> str:
+    """What an undecided gate is doing, for ``releases`` and ``--wait``."""
+    gate = mine.gate or {}
+    plays = ", ".join(str(g.get("play")) for g in gate.get("runs") or [])
+    if gate.get("ageSeconds") is None:
+        return (
+            f"gate ({plays}) waits for its machines ({mine.ready_workers} of {mine.desired} "
+            "ready); the current release stays current meanwhile"
+        )
+    return (
+        f"gate ({plays}) running for {gate['ageSeconds']:.0f} s of "
+        f"{gate.get('timeoutSeconds'):g} s; the current release stays current meanwhile"
+    )
+
+
 def boot_failed_reason(failed: dict[str, Any]) -> str:
     """Why a release's machines cannot boot, from the scaler's ``bootFailed`` word."""
     code = failed.get("exitCode")
@@ -298,6 +358,8 @@ def boot_failed_short(failed: dict[str, Any]) -> str:
 def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
     if d.role == "current":
         status = "current"
+    elif d.role == "candidate":
+        status = "gating (its gate decides whether it becomes current)"
     elif d.role == "previous":
         status = "superseded (claims until the current release is ready)"
     else:
@@ -319,4 +381,14 @@ def _view(d: Deployment, scaler: dict[str, Any], drained: bool) -> ReleaseView:
         scaler=mask_value(scaler, ()),
         builds={v or NO_VERSION: n for v, n in sorted(d.live_builds.items())},
         boot_failed=mask_value(d.boot_failed, ()) if d.boot_failed else None,
+        gate=None
+        if d.gate is None
+        else {
+            "runs": d.gate,
+            "timeoutSeconds": d.gate_timeout_s,
+            "ageSeconds": d.gate_age_s,
+            "outcome": d.gate_outcome,
+            "reason": d.gate_reason,
+            "run": d.gate_run,
+        },
     )

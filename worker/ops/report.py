@@ -152,7 +152,7 @@ def _views(
     awaited = [
         d.queue
         for d in deployed.values()
-        if d.role in ("current", "previous")
+        if d.role in ("current", "previous", "candidate")
         and d.queue not in registered
         and d.queue not in tallies
         and (include_pruned or d.queue not in hidden)

@@ -74,7 +74,7 @@ UNANSWERED = "unanswered create "
 log = structlog.get_logger("lane_worker.scaler")
 
 _NOT_PARKED = tuple(b for b in BUCKETS if b not in PARKED)
-_ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED}
+_ROLES = {"current": Role.CURRENT, "previous": Role.SUPERSEDED, "candidate": Role.CANDIDATE}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ the drain report, the backend's listing and what this scaler watched; the
 actions are what ``reconcile.py`` performs on the backend and records. Nothing
 here does I/O or reads a clock: the time is part of the state. The rules:
 
-- the current release runs its desired count (up or down);
+- the current release runs its desired count (up or down), and so does a gated
+  candidate (its gate runs on them; ``gate.py`` decides whether it becomes current);
 - a superseded release (``previous``: its lane still claims) keeps its machines;
 - a draining release (retired, its lane not drained) keeps its recorded count
   (at least one while its lane is stranded: work only it may run and no live
@@ -98,6 +99,9 @@ class Role(Enum):
     """What a release is to the scaler (its registry role, and its lane's drain verdict)."""
 
     CURRENT = "current"  # runs its desired count
+    # Gated, not current yet (migration 0050): runs its desired count for its gate;
+    # never retires anything (the gate driver, gate.py, promotes it).
+    CANDIDATE = "candidate"
     SUPERSEDED = "superseded"  # ``previous``: its lane still claims; keeps its count
     DRAINING = "draining"  # retired, its lane still holds work: keeps its count, one at least
     DRAINED = "drained"  # retired, its lane holds nothing (or was pruned): its machines go

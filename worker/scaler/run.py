@@ -36,6 +36,7 @@ from worker.masking import mask_value
 from worker.metrics import build_info
 from worker.ops.releases import actor
 from worker.scaler.backend import RUNNING_STATES, STOPPING, Backend
+from worker.scaler.gate import Gates
 from worker.scaler.reconcile import Reconciler
 
 PASS_S = 2.0
@@ -151,6 +152,8 @@ class Scaler:
         self.reconciler.guard = _lost  # until it holds the lock
         self.reconciler.secrets = self.secrets  # masked in what it records of a machine's output
         self.left_running: list[str] = []  # its machines running at its last pass
+        # A gated deploy's candidate: its gate runs, then promoted or retired (gate.py).
+        self.gates = Gates(client, actor=f"scaler {actor()}", guard=_lost)
 
     async def _readiness(self) -> dict[str, Any]:
         ready = self.active and self.last_pass_ok
@@ -220,6 +223,7 @@ class Scaler:
                 self.reconciler.reset()
                 log.info("scaler.active", holder=self.holder)
                 self.reconciler.guard = lease.check
+                self.gates.guard = lease.check
                 await self._while_held(lease)
             except _LOCK_LOST as exc:
                 # The lock's connection dropped (or never opened): stand by and take it again.
@@ -232,6 +236,7 @@ class Scaler:
             finally:
                 self.active = False
                 self.reconciler.guard = _lost
+                self.gates.guard = _lost
                 if conn is not None and not conn.is_closed():
                     await conn.close(timeout=2)  # releases the lock
 
@@ -280,6 +285,13 @@ class Scaler:
                 self.metrics.errors.inc()
                 log.error("scaler.pass_failed", error=repr(exc))
                 seen = {}
+            if self.last_pass_ok:
+                try:
+                    await self.gates.once()  # after the pass: it reads the machines ready
+                except Exception as exc:
+                    # Said, and the pass's words kept: the next pass tries again.
+                    self.metrics.errors.inc()
+                    log.error("scaler.gate_step_failed", error=repr(exc))
             self.left_running = sorted(
                 str(m.get("id"))
                 for s in seen.values()

@@ -35,15 +35,21 @@ class RegistryQueries(Queries):
         actor: str,
         action: str = "deployed",
         force: bool = False,
+        gate: list[dict[str, Any]] | None = None,
+        gate_timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Record a release as current (its image, its machines); the former current is previous.
 
+        With a ``gate`` the release is the candidate instead: the current release stays
+        current until the scaler's gate runs pass (migration 0050).
         Refused (``ReleasesHeldError``) while the registry is held, unless ``force``.
         """
         try:
             said: dict[str, Any] = await refusals(
                 self._value(
-                    conn, "deploy_release", release_id, image, desired, actor, action, force
+                    conn,
+                    "deploy_release",
+                    *(release_id, image, desired, actor, action, force, gate, gate_timeout_s),
                 )
             )
         except asyncpg.ObjectNotInPrerequisiteStateError as exc:
@@ -76,6 +82,30 @@ class RegistryQueries(Queries):
             conn, "retire_superseded_by", actor, current.release_id, current.deployed_at
         )
         return list(retired or [])
+
+    async def gate_begun(self, conn: Connection, d: Deployment) -> float | None:
+        """Start the candidate ``d``'s gate clock (once); seconds since, or None when ``d``
+        is no longer an undecided candidate or the registry is held."""
+        age = await self._value(conn, "gate_begun", d.release_id, d.deployed_at)
+        return None if age is None else float(age)
+
+    async def gate_passed(
+        self, conn: Connection, *, actor: str, d: Deployment, runs: list[str]
+    ) -> bool:
+        """Promote the candidate ``d`` (as deployed then); False when that changed."""
+        return bool(
+            await self._value(conn, "gate_passed", actor, d.release_id, d.deployed_at, runs)
+        )
+
+    async def gate_failed(
+        self, conn: Connection, *, actor: str, d: Deployment, run_id: str, reason: str
+    ) -> bool:
+        """Retire the candidate ``d`` (as deployed then); False when that changed."""
+        return bool(
+            await self._value(
+                conn, "gate_failed", actor, d.release_id, d.deployed_at, run_id, reason
+            )
+        )
 
     async def deployments(self, conn: Connection) -> list[Deployment]:
         return await self._rows(conn, Deployment, "deployments")

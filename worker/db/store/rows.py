@@ -369,7 +369,7 @@ class Deployment:
     queue: str
     image: str
     desired: int
-    role: str  # current, previous, retired
+    role: str  # current, previous, retired, candidate (gated, migration 0050)
     deployed_at: datetime
     deployed_by: str
     retired_at: datetime | None
@@ -382,6 +382,13 @@ class Deployment:
     live_builds: dict[str, int]  # live workers per build version ('': before 0.2.0)
     # The scaler's record that this deploy's machines fail to boot (0047), else None.
     boot_failed: dict[str, Any] | None = None
+    # Its gate (migration 0050): [{"play", "input"}, ...], None when deployed without one.
+    gate: list[dict[str, Any]] | None = None
+    gate_timeout_s: float | None = None
+    gate_age_s: float | None = None  # since the scaler first submitted its runs
+    gate_outcome: str | None = None  # passed, failed, abandoned; None while undecided
+    gate_reason: str | None = None
+    gate_run: str | None = None  # the gate run that failed or timed out
 
 
 @dataclass(frozen=True)

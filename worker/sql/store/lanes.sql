@@ -241,7 +241,7 @@ update {schema}.releases l
    and not exists (select 1 from {schema}.run_sandboxes x
                     where x.cleanup_queue = l.queue and x.cleanup = 'pending')
    and not exists (select 1 from {schema}.deployments d
-                    where d.queue = l.queue and d.role in ('current', 'previous'))
+                    where d.queue = l.queue and d.role in ('current', 'previous', 'candidate'))
    and not exists (select 1 from (select w.version from {schema}.workers w
                                    where w.queue = l.queue
                                    order by w.heartbeat_at desc, w.started_at desc

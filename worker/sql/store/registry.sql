@@ -3,8 +3,10 @@
 -- typed method.
 
 -- name: deploy_release
--- deploy_release (0012), refused while the registry is held unless $6 (0033).
-select {schema}.deploy_release_checked($1, $2, $3, $4, $5, $6);
+-- deploy_release (0012), refused while the registry is held unless $6 (0033); with a
+-- gate ($7, a non-empty array; $8 its timeout in seconds) the release is the
+-- candidate and the current release stays current (0050).
+select {schema}.deploy_release_gated($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: retire_superseded
 select {schema}.retire_superseded($1);
@@ -19,7 +21,11 @@ select d.release_id, d.queue, d.image, d.desired, d.role, d.deployed_at, d.deplo
        coalesce(w.ready_machines, '{}') as ready_machines,
        coalesce(b.builds, '{}') as live_builds,
        -- Its machines' boot failure as the scaler recorded it for this deploy (0047).
-       case when d.boot_failed_for = d.deployed_at then d.boot_failed end as boot_failed
+       case when d.boot_failed_for = d.deployed_at then d.boot_failed end as boot_failed,
+       -- Its gate (0050): what, how long, since when (seconds), and how it ended.
+       d.gate, d.gate_timeout_s,
+       extract(epoch from now() - d.gate_started_at)::float8 as gate_age_s,
+       d.gate_outcome, d.gate_reason, d.gate_run
   from {schema}.deployments d
   left join {schema}.releases l on l.queue = d.queue
   left join lateral (
@@ -134,3 +140,13 @@ select c.create_key, c.release_id, c.image, c.machine_id, c.listed,
   from {schema}.scaler_creates c
  where c.create_key not in (select create_key from forgotten)
  order by c.sent_at, c.create_key;
+
+-- name: gate_begun
+-- The candidate's gate starts (once); seconds since, or null (0050).
+select {schema}.gate_begun($1, $2);
+
+-- name: gate_passed
+select {schema}.gate_passed($1, $2, $3, $4);
+
+-- name: gate_failed
+select {schema}.gate_failed($1, $2, $3, $4, $5);
