@@ -204,7 +204,9 @@ async def test_api_functions_run_as_owner_with_a_pinned_path(
     owner: asyncpg.Connection[asyncpg.Record],
 ) -> None:
     # A migration that redefines one with `create or replace` resets both: restate them.
-    every = role_sql.DEFINER_FUNCTIONS + role_sql.WORKER_DEFINER_FUNCTIONS
+    every = (
+        role_sql.DEFINER_FUNCTIONS + role_sql.WORKER_DEFINER_FUNCTIONS + role_sql.GATE_RUN_FUNCTIONS
+    )
     for signature in every + role_sql.REPORT_FUNCTIONS:
         row = await owner.fetchrow(
             "select prosecdef, proconfig from pg_proc where oid = $1::regprocedure",

@@ -167,6 +167,13 @@ SCALER_TABLES: tuple[str, ...] = (
     "scaler_state",
     "scaler_creates",
 )
+# A deploy gate's runs, as the scaler submits, follows and cancels them: with the owner's
+# rights, for a candidate's gate keys and gate runs only (store 0051).
+GATE_RUN_FUNCTIONS: tuple[str, ...] = (
+    "gate_submit_run(text, jsonb, text, text)",
+    "gate_run_status(uuid)",
+    "gate_cancel_run(uuid, text)",
+)
 SCALER_FUNCTIONS: tuple[str, ...] = (
     "deploy_release(text, text, integer, text, text)",
     "deploy_release_checked(text, text, integer, text, text, boolean)",
@@ -176,6 +183,13 @@ SCALER_FUNCTIONS: tuple[str, ...] = (
     "hold_releases(text, text)",
     "resume_releases(text)",
     "refuse_if_held(text, boolean)",
+    # The deploy gate (store 0050) and its runs (0051: gate keys and gate runs only).
+    "deploy_release_gated(text, text, integer, text, text, boolean, jsonb, double precision)",
+    "retire_candidate_lane(text, text)",
+    "gate_begun(text, timestamp with time zone)",
+    "gate_passed(text, text, timestamp with time zone, jsonb)",
+    "gate_failed(text, text, timestamp with time zone, text, text)",
+    *GATE_RUN_FUNCTIONS,
     *VIEWER_FUNCTIONS,
 )
 

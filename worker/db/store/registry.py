@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -167,3 +168,23 @@ class RegistryQueries(Queries):
         """The creates to remember, once those older than ``unlisted_s`` (not listed) or
         ``unknown_s`` (no machine id), or of a release no longer deployed, are forgotten."""
         return await self._rows(conn, ScalerCreate, "creates_remembered", unlisted_s, unknown_s)
+
+    async def gate_submit_run(
+        self, conn: Connection, *, play: str, input_value: Any, release_id: str, key: str
+    ) -> dict[str, Any]:
+        """Submit a candidate's gate run (store 0051: gate keys only); submit_run's answer."""
+        said: dict[str, Any] = await refusals(
+            self._value(conn, "gate_submit_run", play, input_value, release_id, key)
+        )
+        return said
+
+    async def gate_run_status(self, conn: Connection, *, run_id: str) -> dict[str, Any]:
+        """A gate run's run_status (store 0051)."""
+        said: dict[str, Any] = await refusals(
+            self._value(conn, "gate_run_status", uuid.UUID(run_id))
+        )
+        return said
+
+    async def gate_cancel_run(self, conn: Connection, *, run_id: str, reason: str) -> None:
+        """Cancel a gate run (store 0051); a run already ended stays as it is."""
+        await refusals(self._value(conn, "gate_cancel_run", uuid.UUID(run_id), reason))

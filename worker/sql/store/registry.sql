@@ -150,3 +150,15 @@ select {schema}.gate_passed($1, $2, $3, $4);
 
 -- name: gate_failed
 select {schema}.gate_failed($1, $2, $3, $4, $5);
+
+-- name: gate_submit_run
+-- A candidate's gate run (0051: owner's rights, gate keys only): submit_run's answer.
+select {schema}.gate_submit_run($1, $2, $3, $4);
+
+-- name: gate_run_status
+-- A gate run's run_status (0051).
+select {schema}.gate_run_status($1);
+
+-- name: gate_cancel_run
+-- Cancel a gate run (0051), as an operator's cancel.
+select {schema}.gate_cancel_run($1, $2);
