@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import IO, Any
 
 import click
 
-from worker.errors import SHOWN_CHARS, printable
+from worker.errors import EXIT_CONFIG, EXIT_USAGE, SHOWN_CHARS, printable
 
 
 def emit(as_json: bool, report: Any, *lines: str) -> None:
@@ -15,6 +15,30 @@ def emit(as_json: bool, report: Any, *lines: str) -> None:
     click.echo(
         json.dumps(report, indent=2, default=str) if as_json else printable("\n".join(lines))
     )
+
+
+_CODES = {EXIT_USAGE: "usage", EXIT_CONFIG: "config"}
+
+
+def refusal(exit_code: int, message: str) -> dict[str, Any]:
+    """Return the JSON object every command's refusal is with ``--json``: one shape for all."""
+    code = _CODES.get(exit_code, "failure")
+    return {"error": {"code": code, "exitCode": exit_code, "message": message}}
+
+
+class JsonRefusal(click.ClickException):
+    """A refusal (``exc``, same exit code) said as one JSON object on stderr, for ``--json``.
+
+    stderr, not stdout: a command may already have put its report on stdout (a run that
+    failed under ``submit --wait``), which must stay one object.
+    """
+
+    def __init__(self, exc: click.ClickException) -> None:
+        super().__init__(" ".join(exc.format_message().split()))
+        self.exit_code = exc.exit_code  # type: ignore[misc]  # click types it ClassVar
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(json.dumps(refusal(self.exit_code, printable(self.message))), err=True)
 
 
 def one_line(value: Any, limit: int = 300) -> str:
