@@ -59,8 +59,17 @@ def columns(rows: list[tuple[str, str]]) -> list[str]:
 
 def cell(name: str, value: str) -> str:
     """Return ``value`` cut to its column's limit, as ``repr`` when it is not printable."""
-    # URLs and errors run long; an error quoting a URL must keep its masked part.
-    limit = 3 * SHOWN_CHARS if name.strip() in ("database", "error", "reason") else SHOWN_CHARS
+    # URLs and errors run long; an error quoting a URL must keep its masked part. A
+    # claim line holds a worker id (release@host:pid:token), the release and the machine
+    # id, last: cut at 100 it lost the machine id (issue 31). Release ids have at most
+    # 200 characters, so 600 keeps the machine id of any claim.
+    name = name.strip()
+    if name.startswith("claim "):
+        limit = 6 * SHOWN_CHARS
+    elif name in ("database", "error", "reason"):
+        limit = 3 * SHOWN_CHARS
+    else:
+        limit = SHOWN_CHARS
     if len(value) > limit:
         value = value[:limit] + "..."
     return value if value.isprintable() else repr(value)
