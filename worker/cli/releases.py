@@ -326,6 +326,23 @@ def _check_app(release_id: str, image: str) -> None:
         )
 
 
+def _redeployed(said: dict[str, Any]) -> str:
+    """What deploying the current release again does (the scaler's plan: machines on an
+    image it no longer records stop once its count is ready on the new one)."""
+    was = said["redeployedFrom"]
+    if was["image"] != said["image"]:
+        return (
+            f"it was already current: same release, new image; its machines on {was['image']} "
+            "are replaced by new ones once those are ready."
+        )
+    if was["desired"] != said["desired"]:
+        was_count = was["desired"]
+        return (
+            f"it was already current, same image: only its machine count changed (was {was_count})."
+        )
+    return "it was already current with this image and count: nothing changes."
+
+
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]
 
 
@@ -343,7 +360,8 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [
         f"release {said['releaseId']} is current (queue {said['queue']}, "
-        f"{counted(said['desired'], 'machine')}); superseded: {previous}."
+        f"{counted(said['desired'], 'machine')}); "
+        + (_redeployed(said) if said.get("redeployedFrom") else f"superseded: {previous}.")
     ]
     if said.get("candidate"):
         plays = ", ".join(str(g["play"]) for g in said["gate"])

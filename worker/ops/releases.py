@@ -187,7 +187,8 @@ class Releases:
     ) -> dict[str, Any]:
         await self.check_schemas()
         who = actor()
-        return await self.db.run(
+        before = await self.db.run(self.store.registry.deployments)
+        said = await self.db.run(
             lambda c: self.store.registry.deploy(
                 c,
                 release_id=release_id,
@@ -200,6 +201,12 @@ class Releases:
                 gate_timeout_s=gate_timeout_s if gate else None,
             )
         )
+        # The current release deployed again (a hotfix's new image) supersedes nothing:
+        # what it was before says what changes (read before, so only as told, not locked).
+        was = next((d for d in before if d.role == "current"), None)
+        same = was if was is not None and was.release_id == said["releaseId"] else None
+        said["redeployedFrom"] = {"image": same.image, "desired": same.desired} if same else None
+        return said
 
     async def list(self) -> tuple[list[ReleaseView], ScalerState | None]:
         """Every deployed release, newest deploy first, and the scaler's last pass."""
