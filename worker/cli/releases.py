@@ -17,7 +17,7 @@ from worker.db.store.rows import ReleaseHold
 from worker.errors import counted, printable
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import GATE_TIMEOUT_S, ReleaseView, RolloutState, gate_word
-from worker.ops.report import SCALER_STALE_S
+from worker.ops.report import SCALER_STALE_S, machines_wanted
 from worker.scaler.app_check import check_app
 
 
@@ -74,10 +74,8 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
 
 
 def _wanted(v: ReleaseView) -> int:
-    """How many machines the release should run now: the scaler's target (0 once it is
-    retired), else its deployed count."""
-    target = (v.scaler or {}).get("target")
-    return target if isinstance(target, int) and not isinstance(target, bool) else v.desired
+    """How many machines the release should run now (the lanes page counts the same way)."""
+    return machines_wanted(v.desired, v.scaler)
 
 
 def _printable(line: str) -> str:
