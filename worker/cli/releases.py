@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from worker import lanes
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure, UsageFailure
 from worker.cli.output import emit
@@ -14,7 +15,7 @@ from worker.cli.params import RELEASE_ID, Duration, Seconds, gate_spec, json_opt
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.db.store.rows import ReleaseHold
-from worker.errors import counted, printable
+from worker.errors import counted, printable, shown
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import GATE_TIMEOUT_S, ReleaseView, RolloutState, gate_word
 from worker.ops.report import SCALER_STALE_S, machines_wanted
@@ -251,6 +252,22 @@ def deploy(
             gate=gate,
             gate_timeout_s=gate_timeout,
         ),
+        warning=_spelling_warning(release_id),
+    )
+
+
+def _spelling_warning(release_id: str) -> str | None:
+    """Warn of an id its queue spells otherwise (case, punctuation: ``REL-D`` rides
+    ``runs_rel_d``); the lane rules are the TypeScript app's, so it is not refused.
+    A ``-`` read as ``_`` is the usual spelling (``rel-42``): not warned of."""
+    trimmed = release_id.strip()
+    segment = lanes.sanitize_release_segment(trimmed)
+    if not segment or segment == trimmed.replace("-", "_"):
+        return None
+    return (
+        f"release id {shown(trimmed)} is spelled {segment!r} in its queue name (lower case, "
+        f"each run of other characters one '_'): its runs ride queue "
+        f"{lanes.queue_name_for_release(trimmed)}."
     )
 
 
@@ -344,7 +361,14 @@ def _redeployed(said: dict[str, Any]) -> str:
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]
 
 
-def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act) -> None:
+def _record(
+    release_id: str,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+    act: Act,
+    warning: str | None = None,
+) -> None:
     async def action(client: LaneClient) -> tuple[dict[str, Any], RolloutState]:
         said = await act(client)
         if not wait:
@@ -353,6 +377,10 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
 
     said, state = with_client(action)
     done, reason = state.done, state.reason
+    if warning is not None:  # stderr, as submit's; under --json, in the one object
+        said["warning"] = warning
+        if not as_json:
+            click.echo(printable(f"lane-worker: warning: {warning}"), err=True)
     # A rollout that cannot finish (superseded, or nothing to take over with) is
     # said as soon as it is known, not after the timeout.
     previous = ", ".join(said.get("previous") or []) or "none"

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from worker.config import settings
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ReleaseHold, ScalerState
-from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted
+from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted, shown
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
@@ -128,8 +129,20 @@ class Releases:
         With ``gate`` (``[{"play", "input"}, ...]``) it is the candidate: the scaler
         runs each gate run on its lane once its machines are ready and makes it
         current only if all complete within ``gate_timeout_s`` (migration 0050).
-        Refused while the registry is held (``hold``), unless ``force``.
+        Refused while the registry is held (``hold``), unless ``force``; refused too
+        (``InvalidRequestError``) for an id no worker would boot with.
         """
+        trimmed, low = release_id.strip(), release_id.strip().lower()
+        # Ids the registry's own checks refuse (blank, too long, dev spellings) keep
+        # their own sentence; this catches what only a worker's boot refuses ("Dev!").
+        plain = settings.release_id_problem(trimmed) is None
+        dev = low == "dev" or low.startswith("dev-")
+        refusal = settings.boot_refusal(trimmed) if plain and not dev else None
+        if refusal is not None:
+            raise InvalidRequestError(
+                f"release {shown(trimmed)} cannot be deployed: no worker could boot with it "
+                f"({refusal.rstrip('.')}); pick another release id."
+            )
         return await self._record(
             release_id, image, machines, "deployed", force, gate or None, gate_timeout_s
         )
