@@ -160,7 +160,7 @@ def test_submit_wait_times_out_without_a_worker(env: dict[str, str]) -> None:
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert (report["status"], report["timedOut"]) == ("queued", True)
-    assert "did not finish within 0.5 s" in one_error_line(result)
+    assert "did not finish within 0.5 s" in json.loads(result.stderr)["error"]["message"]
 
 
 def test_status_json_of_a_new_run(env: dict[str, str]) -> None:
@@ -351,7 +351,7 @@ def test_retiring_a_lane_nothing_ever_used_is_refused_unless_forced(env: dict[st
     ok(env, "migrate")
     refused = run_cli(env, "lanes", "retire", "rel-typo", "--json")
     assert refused.returncode == 1, refused.stderr
-    (sentence,) = refused.stderr.splitlines()
+    sentence = one_error_line(refused)
     assert sentence.startswith("lane-worker: no lane has ever had release 'rel-typo'")
     assert "--force" in sentence
     assert refused.stdout == ""

@@ -269,6 +269,24 @@ async def test_dev_embedded_postgres_stops_on_exit_and_is_reused(
     print(f"embedded dev: first run {first_s:.1f} s (initdb), second run {second_s:.1f} s")
 
 
+async def test_a_dev_sharing_embedded_postgres_says_it_left_it_running(
+    devs: DevRunner, pg_data_dir: Path
+) -> None:
+    """A second user of the embedded server (here this test) keeps it up: dev says so on exit,
+    never that it stopped it (issue 31)."""
+    with embedded_postgres(pg_data_dir) as url:
+        dev = devs.start(
+            "sharing", "--exit-after-demo", "--data-dir", str(pg_data_dir), env=dev_env()
+        )
+        assert await dev.wait_exit() == 0, dev.tail()
+        assert f"dev: PostgreSQL is up, shared with process {os.getpid()}" in dev.output
+        assert f"dev: PostgreSQL left running for process {os.getpid()}" in dev.output
+        assert "dev: PostgreSQL stopped" not in dev.output, dev.tail()
+        conn = await asyncpg.connect(url)  # it did keep running
+        await conn.close()
+    assert processes_mentioning(pg_data_dir) == []
+
+
 async def test_two_worktrees_share_a_database_on_separate_lanes(
     database_url: str, devs: DevRunner
 ) -> None:

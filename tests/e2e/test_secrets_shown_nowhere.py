@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote, unquote_plus, urlsplit
 import asyncpg
 import pytest
 
-from support.cli import run_cli_async
+from support.cli import run_cli_async, said_line
 from support.daemon import Daemons
 from worker.config.dburl import redact_url, url_problem
 
@@ -174,7 +174,7 @@ def command_env(url: str) -> dict[str, str]:
 def one_error_line(ran: Ran) -> str:
     """Return the one ``lane-worker: ...`` line on stderr, failing on anything else."""
     assert "Traceback" not in ran.shown, str(ran)
-    lines = ran.stderr.splitlines()
+    lines = [said_line(line) for line in ran.stderr.splitlines()]
     assert len(lines) == 1, str(ran)
     assert lines[0].startswith("lane-worker: "), str(ran)
     return lines[0]

@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from support.cli import said_line
 from support.pgfixture import DatabaseFactory
 from worker.cli import cli
 from worker.config import dburl
@@ -58,7 +59,7 @@ def assert_documented_exit(result: Result) -> None:
     assert exc is None or isinstance(exc, SystemExit), f"{exc!r} escaped: {result.exc_info}"
     assert result.exit_code in DOCUMENTED_EXIT_CODES, result.output
     assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
+    lines = [said_line(line) for line in result.stderr.splitlines()]  # --json: its object
     if result.exit_code == 2:
         # A click usage error, or an InvalidRequestError found after parsing.
         said = "Error:" in result.stderr or result.stderr.startswith("Usage:")

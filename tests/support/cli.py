@@ -148,9 +148,22 @@ def submitted_id(env: Mapping[str, str], *args: str) -> str:
     return result.stdout.strip()
 
 
+def said_line(line: str) -> str:
+    """Return ``line``, or the ``lane-worker: MESSAGE`` a ``--json`` refusal's object stands for
+    (``{"error": {"code", "exitCode", "message"}}``, see worker/cli/output.py)."""
+    try:
+        said = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(said, dict) or set(said) != {"error"}:
+        return line
+    return f"lane-worker: {said['error']['message']}"
+
+
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """Return the single ``lane-worker: ...`` line a failed command printed on stderr."""
-    lines = result.stderr.splitlines()
+    """Return the single ``lane-worker: ...`` line a failed command printed on stderr
+    (with ``--json``: the one refusal object, as that line)."""
+    lines = [said_line(line) for line in result.stderr.splitlines()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("lane-worker: "), result.stderr
     assert "Traceback" not in result.stderr

@@ -515,7 +515,9 @@ def assert_documented_exit(result: Result) -> None:
     assert result.exit_code in DOCUMENTED_EXIT_CODES, result.output
     assert "Traceback" not in result.output
     lines = result.stderr.splitlines()
-    if result.exit_code == 2:
+    if lines and _json_refusal(lines[-1], result.exit_code):  # --json: the one JSON object
+        assert len(lines) == 1, result.stderr
+    elif result.exit_code == 2:
         # A click usage error ("Error: ..."; a bare group prints its usage and help), or an
         # InvalidRequestError found after parsing ("lane-worker: ...").
         said = "Error:" in result.stderr or result.stderr.startswith("Usage:")
@@ -523,6 +525,15 @@ def assert_documented_exit(result: Result) -> None:
     elif result.exit_code in (1, 78):
         assert lines, result.output
         assert lines[-1].startswith("lane-worker:"), result.output
+
+
+def _json_refusal(line: str, exit_code: int) -> bool:
+    """Whether ``line`` is the JSON refusal ``--json`` asks for, with the exit code."""
+    try:
+        said = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(said, dict) and said.get("error", {}).get("exitCode") == exit_code
 
 
 def assert_one_bounded_line(message: str, env: Mapping[str, str]) -> None:
@@ -613,9 +624,12 @@ def test_doctor_exits_0_or_78_without_traceback(env: dict[str, str], as_json: bo
     assert result.exit_code == config.diagnose(env).exit_code
     errors = result.stderr.splitlines()
     assert (result.exit_code == 78) == bool(errors)
-    assert all(line.startswith("lane-worker: ") for line in errors), result.stderr
-    if as_json:
+    if as_json:  # the report on stdout; a refusal is one JSON object on stderr
         assert json.loads(result.stdout)["exitCode"] == result.exit_code
+        assert all(json.loads(line)["error"]["exitCode"] == 78 for line in errors)
+        assert len(errors) <= 1, result.stderr
+    else:
+        assert all(line.startswith("lane-worker: ") for line in errors), result.stderr
 
 
 @functools.cache

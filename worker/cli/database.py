@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from worker.cli.connect import with_client
+from worker.cli.exits import failure_of
 from worker.cli.output import columns, emit
 from worker.cli.params import json_option
 from worker.cli.root import cli
@@ -130,6 +131,10 @@ def doctor(connect: bool, part: str, as_json: bool) -> None:
         if role["memberOf"]:
             text += f"\n  member of       {', '.join(role['memberOf'])}"
     emit(as_json, report, text)
+    if as_json and diagnosis.errors:
+        # One JSON refusal on stderr, as every command's under --json (the report,
+        # on stdout, lists the errors one by one).
+        raise failure_of(diagnosis.errors[0], " ".join(str(e) for e in diagnosis.errors))
     _say_errors(diagnosis)
     sys.exit(diagnosis.exit_code)
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from worker import lanes
 from worker.cli.connect import with_client
 from worker.cli.exits import Failure, UsageFailure
 from worker.cli.output import emit
@@ -14,10 +15,10 @@ from worker.cli.params import RELEASE_ID, Duration, Seconds, gate_spec, json_opt
 from worker.cli.root import cli
 from worker.client import LaneClient
 from worker.db.store.rows import ReleaseHold
-from worker.errors import counted, printable
+from worker.errors import counted, printable, shown
 from worker.ops.lanes_text import aligned
 from worker.ops.releases import GATE_TIMEOUT_S, ReleaseView, RolloutState, gate_word
-from worker.ops.report import SCALER_STALE_S
+from worker.ops.report import SCALER_STALE_S, machines_wanted
 from worker.scaler.app_check import check_app
 
 
@@ -74,10 +75,8 @@ def releases_group(ctx: click.Context, as_json: bool) -> None:
 
 
 def _wanted(v: ReleaseView) -> int:
-    """How many machines the release should run now: the scaler's target (0 once it is
-    retired), else its deployed count."""
-    target = (v.scaler or {}).get("target")
-    return target if isinstance(target, int) and not isinstance(target, bool) else v.desired
+    """How many machines the release should run now (the lanes page counts the same way)."""
+    return machines_wanted(v.desired, v.scaler)
 
 
 def _printable(line: str) -> str:
@@ -253,6 +252,22 @@ def deploy(
             gate=gate,
             gate_timeout_s=gate_timeout,
         ),
+        warning=_spelling_warning(release_id),
+    )
+
+
+def _spelling_warning(release_id: str) -> str | None:
+    """Warn of an id its queue spells otherwise (case, punctuation: ``REL-D`` rides
+    ``runs_rel_d``); the lane rules are the TypeScript app's, so it is not refused.
+    A ``-`` read as ``_`` is the usual spelling (``rel-42``): not warned of."""
+    trimmed = release_id.strip()
+    segment = lanes.sanitize_release_segment(trimmed)
+    if not segment or segment == trimmed.replace("-", "_"):
+        return None
+    return (
+        f"release id {shown(trimmed)} is spelled {segment!r} in its queue name (lower case, "
+        f"each run of other characters one '_'): its runs ride queue "
+        f"{lanes.queue_name_for_release(trimmed)}."
     )
 
 
@@ -326,10 +341,34 @@ def _check_app(release_id: str, image: str) -> None:
         )
 
 
+def _redeployed(said: dict[str, Any]) -> str:
+    """What deploying the current release again does (the scaler's plan: machines on an
+    image it no longer records stop once its count is ready on the new one)."""
+    was = said["redeployedFrom"]
+    if was["image"] != said["image"]:
+        return (
+            f"it was already current: same release, new image; its machines on {was['image']} "
+            "are replaced by new ones once those are ready."
+        )
+    if was["desired"] != said["desired"]:
+        was_count = was["desired"]
+        return (
+            f"it was already current, same image: only its machine count changed (was {was_count})."
+        )
+    return "it was already current with this image and count: nothing changes."
+
+
 Act = Callable[[LaneClient], Awaitable[dict[str, Any]]]
 
 
-def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act) -> None:
+def _record(
+    release_id: str,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+    act: Act,
+    warning: str | None = None,
+) -> None:
     async def action(client: LaneClient) -> tuple[dict[str, Any], RolloutState]:
         said = await act(client)
         if not wait:
@@ -338,12 +377,17 @@ def _record(release_id: str, wait: bool, timeout: float, as_json: bool, act: Act
 
     said, state = with_client(action)
     done, reason = state.done, state.reason
+    if warning is not None:  # stderr, as submit's; under --json, in the one object
+        said["warning"] = warning
+        if not as_json:
+            click.echo(printable(f"lane-worker: warning: {warning}"), err=True)
     # A rollout that cannot finish (superseded, or nothing to take over with) is
     # said as soon as it is known, not after the timeout.
     previous = ", ".join(said.get("previous") or []) or "none"
     text = [
         f"release {said['releaseId']} is current (queue {said['queue']}, "
-        f"{counted(said['desired'], 'machine')}); superseded: {previous}."
+        f"{counted(said['desired'], 'machine')}); "
+        + (_redeployed(said) if said.get("redeployedFrom") else f"superseded: {previous}.")
     ]
     if said.get("candidate"):
         plays = ", ".join(str(g["play"]) for g in said["gate"])

@@ -49,6 +49,7 @@ from worker.config.env import TEST_DATABASE_URL_ENV as TEST_DATABASE_URL_ENV
 from worker.config.env import decimal_number as decimal_number
 from worker.config.env import whole_number as whole_number
 from worker.config.topology import SuffixSource, lane_of, scheduler_schema, store_schema
+from worker.config.topology import boot_refusal as boot_refusal
 from worker.config.topology import normalize_twice_differs as normalize_twice_differs
 from worker.config.topology import release_id_problem as release_id_problem
 from worker.config.tuning import LogFormat as LogFormat

@@ -114,6 +114,14 @@ def release_id_problem(release_id: str) -> str | None:
     return None
 
 
+def boot_refusal(release_id: str) -> str | None:
+    """Why a worker started with ``DEEPLINE_RUNTIME_DEPLOY_VERSION=release_id`` refuses to
+    boot (the boot's own check, lane_of), or None: a deploy of such an id could never run."""
+    problems = Problems()
+    lane_of({lanes.RELEASE_ID_ENV: release_id}, lanes.PROD_DEFAULT_SCHEMA, False, problems)
+    return str(problems.errors[0]) if problems.errors else None
+
+
 def _check_deploy_version(
     env: Mapping[str, str], deploy_version: str, release_id: str | None, problems: Problems
 ) -> None:

@@ -59,6 +59,18 @@ def _forget_dead_users(data_dir: Path) -> None:
         users_file.write_text(json.dumps(alive))
 
 
+def other_users(data_dir: Path) -> list[int]:
+    """The live processes other than this one that use the server in ``data_dir`` (another
+    ``lane-worker dev`` sharing it): while one is listed, leaving does not stop the server."""
+    try:
+        pids = json.loads((data_dir.resolve() / ".handle_pids.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(pids, list):
+        return []
+    return [p for p in pids if isinstance(p, int) and p != os.getpid() and _alive(p)]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

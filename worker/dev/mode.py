@@ -17,7 +17,7 @@ from worker.config.env import DATABASE_URL_ENV, HEALTH_PORT_ENV, LOG_FORMAT_ENV,
 from worker.config.settings import Settings
 from worker.daemon import boot
 from worker.daemon.supervisor import Supervisor
-from worker.dev.embedded import embedded_postgres
+from worker.dev.embedded import embedded_postgres, other_users
 from worker.errors import EXIT_FAILURE, LaneConfigError, shown
 
 DEMO_APP = "worker.demo:app"
@@ -92,9 +92,26 @@ def database_for_dev(values: dict[str, str], data_dir: Path) -> Iterator[str]:
         return
     click.echo(f"dev: starting embedded PostgreSQL in {data_dir} ...")
     with embedded_postgres(data_dir) as embedded_url:
-        click.echo("dev: PostgreSQL is up (it stops when lane-worker dev exits)")
+        sharing = other_users(data_dir)
+        click.echo(
+            f"dev: PostgreSQL is up, shared with {_pids(sharing)} (it stops when the last "
+            "of them exits)"
+            if sharing
+            else "dev: PostgreSQL is up (it stops when lane-worker dev exits)"
+        )
         yield embedded_url
-    click.echo("dev: PostgreSQL stopped")
+    # The server stops only when its last user leaves (issue 31: a second dev said
+    # "stopped" of the server the first one still used).
+    left = other_users(data_dir)
+    click.echo(
+        f"dev: PostgreSQL left running for {_pids(left)}, which still uses it"
+        if left
+        else "dev: PostgreSQL stopped"
+    )
+
+
+def _pids(pids: list[int]) -> str:
+    return ("process " if len(pids) == 1 else "processes ") + ", ".join(map(str, pids))
 
 
 async def _dev_main(

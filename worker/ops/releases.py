@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from worker.config import settings
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ReleaseHold, ScalerState
-from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted
+from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted, shown
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
@@ -128,8 +129,20 @@ class Releases:
         With ``gate`` (``[{"play", "input"}, ...]``) it is the candidate: the scaler
         runs each gate run on its lane once its machines are ready and makes it
         current only if all complete within ``gate_timeout_s`` (migration 0050).
-        Refused while the registry is held (``hold``), unless ``force``.
+        Refused while the registry is held (``hold``), unless ``force``; refused too
+        (``InvalidRequestError``) for an id no worker would boot with.
         """
+        trimmed, low = release_id.strip(), release_id.strip().lower()
+        # Ids the registry's own checks refuse (blank, too long, dev spellings) keep
+        # their own sentence; this catches what only a worker's boot refuses ("Dev!").
+        plain = settings.release_id_problem(trimmed) is None
+        dev = low == "dev" or low.startswith("dev-")
+        refusal = settings.boot_refusal(trimmed) if plain and not dev else None
+        if refusal is not None:
+            raise InvalidRequestError(
+                f"release {shown(trimmed)} cannot be deployed: no worker could boot with it "
+                f"({refusal.rstrip('.')}); pick another release id."
+            )
         return await self._record(
             release_id, image, machines, "deployed", force, gate or None, gate_timeout_s
         )
@@ -187,7 +200,8 @@ class Releases:
     ) -> dict[str, Any]:
         await self.check_schemas()
         who = actor()
-        return await self.db.run(
+        before = await self.db.run(self.store.registry.deployments)
+        said = await self.db.run(
             lambda c: self.store.registry.deploy(
                 c,
                 release_id=release_id,
@@ -200,6 +214,12 @@ class Releases:
                 gate_timeout_s=gate_timeout_s if gate else None,
             )
         )
+        # The current release deployed again (a hotfix's new image) supersedes nothing:
+        # what it was before says what changes (read before, so only as told, not locked).
+        was = next((d for d in before if d.role == "current"), None)
+        same = was if was is not None and was.release_id == said["releaseId"] else None
+        said["redeployedFrom"] = {"image": same.image, "desired": same.desired} if same else None
+        return said
 
     async def list(self) -> tuple[list[ReleaseView], ScalerState | None]:
         """Every deployed release, newest deploy first, and the scaler's last pass."""

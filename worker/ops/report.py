@@ -41,10 +41,19 @@ OPEN_RUN_LANES = 200
 SCALER_STALE_S = 20.0
 
 
+def machines_wanted(desired: int, said: dict[str, Any] | None) -> int:
+    """How many machines a release should run now: the active scaler's target (0 once its
+    lane is drained), else its deployed count. The lanes page and `releases` both count
+    with it (issue 31: the page showed a retired release's deployed count)."""
+    target = (said or {}).get("target")
+    return target if isinstance(target, int) and not isinstance(target, bool) else desired
+
+
 def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[str, Any]:
     if d is None:
         return {}
     said = None
+    seen: dict[str, Any] = {}
     if scaler is None or scaler.age_s >= SCALER_STALE_S:
         said = "no active scaler"
     else:
@@ -57,7 +66,7 @@ def _registry_fields(d: Deployment | None, scaler: ScalerState | None) -> dict[s
         said = mask_response(said, ())  # a credential an older scaler kept is not shown
     return {
         "role": d.role,
-        "machines_desired": d.desired,
+        "machines_desired": machines_wanted(d.desired, seen),
         "machines_live": len(d.live_machines),
         "scaler": said,
     }

@@ -27,7 +27,7 @@ from worker.db import engine
 from worker.db.pool import Connection, is_transient
 from worker.db.store.attempts import CheckpointWrite, CompletionWrite
 from worker.db.tasks import notify
-from worker.errors import LeaseLostError
+from worker.errors import LeaseLostError, UnknownPlayError
 from worker.jsonvalue import encode_checked
 from worker.run import reasons
 from worker.run.deferral import Streak, count_deferral, report_streak
@@ -409,7 +409,10 @@ class Attempt:
         message and (bounded) traceback."""
         reason = reasons.error_reason(exc)
         reason["message"] = mask_secrets(reason["message"], self._owner.secrets)
-        reason["traceback"] = bounded_traceback(exc, self._owner.secrets)
+        # A play this release does not register: raised before any of the app's code
+        # ran, so its frames are only lane-worker's (issue 31); the message says it all.
+        if not isinstance(exc, UnknownPlayError):
+            reason["traceback"] = bounded_traceback(exc, self._owner.secrets)
         return reason
 
     async def _settle(self, conn: Connection, status: RunStatus, *, error: Any = None) -> bool:
