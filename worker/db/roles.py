@@ -170,7 +170,7 @@ SCALER_TABLES: tuple[str, ...] = (
 # A deploy gate's runs, as the scaler submits, follows and cancels them: with the owner's
 # rights, for a candidate's gate keys and gate runs only (store 0051).
 GATE_RUN_FUNCTIONS: tuple[str, ...] = (
-    "gate_submit_run(text, jsonb, text, text)",
+    "gate_submit_run(text, timestamp with time zone, integer, text)",
     "gate_run_status(uuid)",
     "gate_cancel_run(uuid, text)",
 )

@@ -19,11 +19,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from worker.config import settings
 from worker.db.pool import Database
 from worker.db.store import Store
 from worker.db.store.rows import Deployment, ReleaseHold, ScalerState
-from worker.errors import EXIT_CONFIG, EXIT_USAGE, InvalidRequestError, counted, shown
+from worker.errors import (
+    EXIT_CONFIG,
+    EXIT_USAGE,
+    InvalidRequestError,
+    RunNotFoundError,
+    counted,
+    shown,
+)
 from worker.masking import mask_value
 from worker.ops.report import SCALER_STALE_S, read_report
 from worker.ops.workers import NO_VERSION
@@ -252,7 +261,7 @@ class Releases:
         releases, scaler = await self.list()
         mine = next((r for r in releases if r.release_id == release_id), None)
         if mine is not None and (mine.role == "candidate" or (mine.gate or {}).get("outcome")):
-            gated = gate_state(mine)
+            gated = gate_state(mine, await self._gate_error(mine))
             if gated is not None:
                 return gated
         if mine is None or mine.role != "current":
@@ -308,6 +317,24 @@ class Releases:
         ready = said.get("ready", mine.ready_workers)
         return RolloutState(False, f"machines not ready ({ready} of {mine.desired} ready)")
 
+    async def _gate_error(self, mine: ReleaseView) -> str | None:
+        """The failed gate run's error (through store 0051's gate_run_status: the owner and
+        the scaler may read it; the registry keeps only the run's id)."""
+        gate = mine.gate or {}
+        if gate.get("outcome") != "failed" or not gate.get("run"):
+            return None
+        run_id = str(gate["run"])
+        try:
+            said = await self.db.run(
+                lambda c: self.store.registry.gate_run_status(c, run_id=run_id)
+            )
+        except (asyncpg.PostgresError, RunNotFoundError, ValueError):
+            return None  # not a run this role may read, or no run (a refused submit)
+        error = said.get("error")
+        if isinstance(error, dict):
+            error = error.get("message") or error.get("name") or error
+        return None if error is None else " ".join(str(error).split())[:500]
+
     async def wait_rolled_out(
         self, release_id: str, *, timeout_s: float, poll_s: float = 1.0
     ) -> RolloutState:
@@ -320,14 +347,14 @@ class Releases:
             await asyncio.sleep(poll_s)
 
 
-def gate_state(mine: ReleaseView) -> RolloutState | None:
-    """Where a gated release's rollout stands while its gate decides (None once passed)."""
+def gate_state(mine: ReleaseView, error: str | None = None) -> RolloutState | None:
+    """Where a gated release's rollout stands while its gate decides (None once passed);
+    ``error``: the failed gate run's error, for whoever may read it."""
     gate = mine.gate or {}
     outcome = gate.get("outcome")
     if outcome == "failed":
-        return RolloutState(
-            False, f"its gate failed, so it never became current: {gate.get('reason')}", final=True
-        )
+        said = f"its gate failed, so it never became current: {gate.get('reason')}"
+        return RolloutState(False, said + (f": {error}" if error else ""), final=True)
     if outcome == "abandoned":
         return RolloutState(False, f"its gate was abandoned: {gate.get('reason')}", final=True)
     if outcome == "passed" or mine.role != "candidate":

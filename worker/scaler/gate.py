@@ -23,7 +23,6 @@ candidate. A held registry (``releases hold``) decides nothing: the gate waits.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import structlog
 
@@ -71,7 +70,7 @@ class Gates:
         for index, gate in enumerate(d.gate or []):
             play = str(gate.get("play"))
             try:
-                submitted = await self._submit(d, index, play, gate.get("input") or {})
+                submitted = await self._submit(d, index, play)
             except InvalidRequestError as exc:
                 # The store refuses it for good (its lane, its input): no pass would do better.
                 await self._fail(d, "", f"gate run of {play} was refused: {exc}")
@@ -99,8 +98,9 @@ class Gates:
         bad = [(p, r) for p, r in runs if r.status in (RunStatus.FAILED, RunStatus.CANCELLED)]
         if bad:
             play, run = bad[0]
-            await self._fail(d, run.run_id, f"gate run {run.run_id} ({play}) {run.status}: "
-                             f"{_error(run)}")  # fmt: skip
+            # Its error stays the run's: the registry, which the viewer reads, names the run
+            # (`releases deploy --wait` shows the error to whoever may read it).
+            await self._fail(d, run.run_id, f"gate run {run.run_id} ({play}) {run.status}")
             return
         if unfinished:
             return
@@ -110,13 +110,11 @@ class Gates:
             log.info("scaler.gate_passed", release=d.release_id, runs=ids)
 
     # The gate's runs go through the store's gate functions (0051): the scaler's role may
-    # call no SQL API, and these take only the candidate's gate keys and gate runs.
-    async def _submit(self, d: Deployment, index: int, play: str, value: Any) -> SubmittedRun:
+    # call no SQL API, and these take only the candidate's own gate and the runs it made.
+    async def _submit(self, d: Deployment, index: int, play: str) -> SubmittedRun:
         key = gate_key(d, index, play)
         said = await self.client.db.run(
-            lambda c: self.client.store.registry.gate_submit_run(
-                c, play=play, input_value=value, release_id=d.release_id, key=key
-            )
+            lambda c: self.client.store.registry.gate_submit_run(c, d=d, index=index, key=key)
         )
         return SubmittedRun.from_json(said)
 
@@ -141,12 +139,3 @@ class Gates:
         )
         if failed:
             log.warning("scaler.gate_failed", release=d.release_id, run=run_id, reason=reason)
-
-
-def _error(run: RunReport) -> str:
-    """The run's error in one line (its message when it has one)."""
-    error = run.error
-    if isinstance(error, dict):
-        error = error.get("message") or error.get("name") or error
-    text = " ".join(str(error).split()) if error is not None else "no error recorded"
-    return text[:500]

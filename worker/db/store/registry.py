@@ -170,11 +170,12 @@ class RegistryQueries(Queries):
         return await self._rows(conn, ScalerCreate, "creates_remembered", unlisted_s, unknown_s)
 
     async def gate_submit_run(
-        self, conn: Connection, *, play: str, input_value: Any, release_id: str, key: str
+        self, conn: Connection, *, d: Deployment, index: int, key: str
     ) -> dict[str, Any]:
-        """Submit a candidate's gate run (store 0051: gate keys only); submit_run's answer."""
+        """Submit gate run ``index`` of the candidate ``d`` (store 0051: its own gate's play
+        and input only; the run is remembered as a gate run); submit_run's answer."""
         said: dict[str, Any] = await refusals(
-            self._value(conn, "gate_submit_run", play, input_value, release_id, key)
+            self._value(conn, "gate_submit_run", d.release_id, d.deployed_at, index, key)
         )
         return said
 

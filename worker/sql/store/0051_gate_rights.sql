@@ -5,9 +5,11 @@
 --    (worker/db/roles.py SCALER_FUNCTIONS) may call them now.
 -- 2. The scaler submits, follows and cancels the gate's runs; its role may not call
 --    the SQL API (run_status would show it any run's output). These three run with
---    the owner's rights for gate runs only: a key `lane-worker-gate:<release>:...` of
---    a release deployed as the candidate (submit), or a run whose key starts so
---    (status, cancel). Each answers what the API function it calls answers.
+--    the owner's rights for gate runs only: the submit takes the play and input of the
+--    undecided candidate's own gate (by index) and remembers the run on its row
+--    (deployments.gate_runs); status and cancel take only runs so remembered (an app
+--    may put any key on its own runs, so a key proves nothing). Each answers what the
+--    API function it calls answers.
 -- 3. A candidate's lane is not newer than anything until its gate passes: lane_older
 --    (0035's body, one condition added) is false towards a lane the registry deploys
 --    as the candidate, so its machines adopt no parked run of a draining release
@@ -30,23 +32,44 @@ begin
 end;
 $$;
 
+alter table {schema}.deployments
+  -- The runs gate_submit_run made for this deployment's gate: the only runs the
+  -- scaler may follow or cancel (a key alone proves nothing: an app may choose any).
+  add column gate_runs uuid[] not null default '{}';
+
+-- Gate run p_index of the candidate deployed at p_deployed_at: its play and input are
+-- the deployment's own (p_key is the scaler's idempotency key for it, under the
+-- release's gate prefix). submit_run's answer; the run is remembered as a gate run.
 create or replace function {schema}.gate_submit_run(
-  p_play text, p_input jsonb, p_release_id text, p_idempotency_key text)
+  p_release_id text, p_deployed_at timestamptz, p_index integer, p_key text)
   returns jsonb
   language plpgsql
   security definer
   set search_path = pg_catalog, pg_temp
 as $$
+declare
+  v_gate jsonb;
+  v_said jsonb;
 begin
-  if p_idempotency_key is null
-     or left(p_idempotency_key, length('lane-worker-gate:' || coalesce(p_release_id, '') || ':'))
-        <> 'lane-worker-gate:' || coalesce(p_release_id, '') || ':'
-     or not exists (select 1 from {schema}.deployments d
-                     where d.release_id = p_release_id and d.role = 'candidate') then
-    raise exception 'only a candidate release''s gate runs are submitted this way'
+  select d.gate -> p_index into v_gate
+    from {schema}.deployments d
+   where d.release_id = p_release_id and d.deployed_at = p_deployed_at
+     and d.role = 'candidate' and d.gate_outcome is null
+     and jsonb_typeof(d.gate) = 'array' and p_index >= 0;
+  if v_gate is null or jsonb_typeof(v_gate) <> 'object'
+     or p_key is null
+     or left(p_key, length('lane-worker-gate:' || p_release_id || ':'))
+        <> 'lane-worker-gate:' || p_release_id || ':' then
+    raise exception 'only the gate runs of an undecided candidate deployment are submitted this way'
       using errcode = '42501';
   end if;
-  return {schema}.submit_run(p_play, p_input, p_release_id, p_idempotency_key, null, 1);
+  v_said := {schema}.submit_run(v_gate ->> 'play', coalesce(v_gate -> 'input', '{}'::jsonb),
+                                p_release_id, p_key, null, 1);
+  update {schema}.deployments d
+     set gate_runs = d.gate_runs || (v_said ->> 'runId')::uuid
+   where d.release_id = p_release_id and d.deployed_at = p_deployed_at
+     and not (v_said ->> 'runId')::uuid = any (d.gate_runs);
+  return v_said;
 end;
 $$;
 
@@ -57,8 +80,7 @@ create or replace function {schema}.gate_run_status(p_run_id uuid)
   set search_path = pg_catalog, pg_temp
 as $$
 begin
-  if not exists (select 1 from {schema}.runs r
-                  where r.run_id = p_run_id and r.idempotency_key like 'lane-worker-gate:%') then
+  if not exists (select 1 from {schema}.deployments d where p_run_id = any (d.gate_runs)) then
     raise exception 'run % is not a deploy gate''s run', p_run_id using errcode = '42501';
   end if;
   return {schema}.run_status(p_run_id);
@@ -72,8 +94,7 @@ create or replace function {schema}.gate_cancel_run(p_run_id uuid, p_reason text
   set search_path = pg_catalog, pg_temp
 as $$
 begin
-  if not exists (select 1 from {schema}.runs r
-                  where r.run_id = p_run_id and r.idempotency_key like 'lane-worker-gate:%') then
+  if not exists (select 1 from {schema}.deployments d where p_run_id = any (d.gate_runs)) then
     raise exception 'run % is not a deploy gate''s run', p_run_id using errcode = '42501';
   end if;
   -- The operator's source: the scaler acts for whoever deployed with the gate.
@@ -81,7 +102,8 @@ begin
 end;
 $$;
 
-revoke execute on function {schema}.gate_submit_run(text, jsonb, text, text) from public;
+revoke execute on function {schema}.gate_submit_run(text, timestamp with time zone, integer, text)
+  from public;
 revoke execute on function {schema}.gate_run_status(uuid) from public;
 revoke execute on function {schema}.gate_cancel_run(uuid, text) from public;
 

@@ -152,7 +152,8 @@ select {schema}.gate_passed($1, $2, $3, $4);
 select {schema}.gate_failed($1, $2, $3, $4, $5);
 
 -- name: gate_submit_run
--- A candidate's gate run (0051: owner's rights, gate keys only): submit_run's answer.
+-- Gate run $3 of the candidate $1 deployed at $2, key $4 (0051: owner's rights, the
+-- deployment's own gate only): submit_run's answer.
 select {schema}.gate_submit_run($1, $2, $3, $4);
 
 -- name: gate_run_status
