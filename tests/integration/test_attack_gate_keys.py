@@ -3,7 +3,8 @@
 gate_run_status and gate_cancel_run take any run whose idempotency key starts with
 ``lane-worker-gate:``; nothing stops the app (or an end user whose key the app passes
 on) from choosing such a key for an ordinary run. gate_submit_run takes any play and
-input on a candidate's lane, not only the deployment's gate runs.
+input on a candidate's lane, not only the deployment's gate runs. A failed gate run's
+error is copied into ``deployments.gate_reason``, which the viewer reads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import asyncpg
 import pytest
 
 from support.roles import Logins, made_roles
-from support.runtime import SCHEMA
+from support.runtime import SCHEMA, open_client
+from worker.scaler.gate import Gates
 
 DENIED = "42501"
 GATED, CURRENT = "rel-gated", "rel-now"
@@ -114,3 +116,44 @@ async def test_the_scaler_submits_only_the_deployment_s_gate_runs(
         assert await owner.fetchval(f"select count(*) from {SCHEMA}.runs") == 0
     finally:
         await scaler.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="attack: a failed gate run's error text is copied into deployments.gate_reason, "
+    "which the viewer role reads (it may read no run's error)",
+)
+async def test_the_viewer_reads_no_gate_run_s_error(logins: Logins, owner: Conn) -> None:
+    await _deploy(owner, CURRENT, None)
+    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    # A ready machine of the candidate, as its worker records it, so the gate begins.
+    await owner.execute(
+        f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid, concurrency,"
+        " plays, ready_at) values ('w-gate', $1, 'runs_rel_gated', 'h', 1, 1, '{smoke}', now())",
+        GATED,
+    )
+
+    async def no_guard() -> None:
+        return None
+
+    async with open_client(logins.urls["scaler"], {}) as client:
+        gates = Gates(client, actor="test", guard=no_guard)
+        await gates.once()  # submits the gate run
+        secret = "password=hunter2-in-an-exception"
+        await owner.execute(
+            f"update {SCHEMA}.runs set status = 'failed', finished_at = now(),"
+            " error = jsonb_build_object('name', 'RuntimeError', 'message', $1::text)"
+            " where idempotency_key like 'lane-worker-gate:%'",
+            secret,
+        )
+        await gates.once()  # the gate fails
+    viewer = await asyncpg.connect(logins.urls["viewer"])
+    try:
+        outcome, reason = await viewer.fetchrow(
+            f"select gate_outcome, gate_reason from {SCHEMA}.deployments where release_id = $1",
+            GATED,
+        )
+    finally:
+        await viewer.close()
+    assert outcome == "failed"
+    assert "hunter2" not in (reason or ""), reason
