@@ -1,10 +1,11 @@
 """Attack on the deploy gate's owner-rights functions (store 0051), as the scaler role.
 
-gate_run_status and gate_cancel_run take any run whose idempotency key starts with
-``lane-worker-gate:``; nothing stops the app (or an end user whose key the app passes
-on) from choosing such a key for an ordinary run. gate_submit_run takes any play and
-input on a candidate's lane, not only the deployment's gate runs. A failed gate run's
-error is copied into ``deployments.gate_reason``, which the viewer reads.
+Found by the attack round of 2026-12-07 and fixed in 0051 before it landed:
+gate_run_status and gate_cancel_run took any run whose idempotency key starts with
+``lane-worker-gate:``, which the app (or an end user whose key the app passes on) may
+choose for an ordinary run; gate_submit_run took any play and input on a candidate's
+lane, not only the deployment's gate runs; a failed gate run's error was copied into
+``deployments.gate_reason``, which the viewer reads.
 """
 
 from __future__ import annotations
@@ -62,11 +63,6 @@ async def _state(conn: Conn, sql: str, *args: object) -> str | None:
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attack: gate_run_status/gate_cancel_run trust a key prefix the app may choose: "
-    "the scaler reads and cancels an app's run on the current release",
-)
 async def test_the_scaler_cannot_reach_an_app_run_keyed_like_a_gate_run(
     logins: Logins, owner: Conn
 ) -> None:
@@ -95,11 +91,6 @@ async def test_the_scaler_cannot_reach_an_app_run_keyed_like_a_gate_run(
         await scaler.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attack: gate_submit_run takes any play and input on a candidate's lane, "
-    "not only the deployment's gate runs",
-)
 async def test_the_scaler_submits_only_the_deployment_s_gate_runs(
     logins: Logins, owner: Conn
 ) -> None:
@@ -107,22 +98,27 @@ async def test_the_scaler_submits_only_the_deployment_s_gate_runs(
     await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
     scaler = await asyncpg.connect(logins.urls["scaler"])
     try:
-        submit = f"select {SCHEMA}.gate_submit_run($1, $2::jsonb, $3, $4)"
-        for play, value, key in (
-            ("transfer_money", '{"to": "attacker"}', f"lane-worker-gate:{GATED}:anything"),
-            ("smoke", '{"evil": true}', f"lane-worker-gate:{GATED}:x:0:smoke"),
+        submit = f"select {SCHEMA}.gate_submit_run($1, $2, $3, $4)"
+        deployed = {
+            r["release_id"]: r["deployed_at"]
+            for r in await owner.fetch(f"select release_id, deployed_at from {SCHEMA}.deployments")
+        }
+        at = deployed[GATED]
+        key = f"lane-worker-gate:{GATED}:x:0:smoke"
+        for release, when, index, chosen in (
+            (GATED, at, 1, key),  # no such gate run
+            (GATED, at, -1, key),
+            (GATED, at, 0, f"lane-worker-gate:{CURRENT}:x:0:smoke"),  # another release's key
+            (GATED, at, 0, "my-own-key"),
+            (GATED, deployed[CURRENT], 0, key),  # not this deployment
+            (CURRENT, deployed[CURRENT], 0, f"lane-worker-gate:{CURRENT}:x:0:smoke"),
         ):
-            assert await _state(scaler, submit, play, value, GATED, key) == DENIED, play
+            assert await _state(scaler, submit, release, when, index, chosen) == DENIED, chosen
         assert await owner.fetchval(f"select count(*) from {SCHEMA}.runs") == 0
     finally:
         await scaler.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="attack: a failed gate run's error text is copied into deployments.gate_reason, "
-    "which the viewer role reads (it may read no run's error)",
-)
 async def test_the_viewer_reads_no_gate_run_s_error(logins: Logins, owner: Conn) -> None:
     await _deploy(owner, CURRENT, None)
     await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])

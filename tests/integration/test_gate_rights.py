@@ -69,16 +69,17 @@ async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, ow
     scaler = await asyncpg.connect(logins.urls["scaler"])
     app = await asyncpg.connect(logins.urls["app"])
     try:
-        submit = f"select {SCHEMA}.gate_submit_run($1, '{{}}'::jsonb, $2, $3)"
-        # Not a gate key, another release's key, or a release that is not the candidate.
-        for release, key in (
-            (GATED, "my-own-key"),
-            (GATED, f"lane-worker-gate:{CURRENT}:1:0:smoke"),
-            (CURRENT, f"lane-worker-gate:{CURRENT}:1:0:smoke"),
-        ):
-            assert await _state(scaler, submit, "smoke", release, key) == DENIED, key
+        submit = f"select {SCHEMA}.gate_submit_run($1, $2, $3, $4)"
+        at = await owner.fetchval(
+            f"select deployed_at from {SCHEMA}.deployments where release_id = $1", GATED
+        )
+        # Not a gate key, or another release's key (the deployment's own gate otherwise).
+        for key in ("my-own-key", f"lane-worker-gate:{CURRENT}:1:0:smoke"):
+            assert await _state(scaler, submit, GATED, at, 0, key) == DENIED, key
         key = f"lane-worker-gate:{GATED}:1:0:smoke"
-        said = json.loads(await scaler.fetchval(submit, "smoke", GATED, key))
+        said = json.loads(await scaler.fetchval(submit, GATED, at, 0, key))
+        again = json.loads(await scaler.fetchval(submit, GATED, at, 0, key))
+        assert again == {**said, "created": False}
         run_id = uuid.UUID(said["runId"])
         assert (said["created"], said["queue"]) == (True, QG)
         status = json.loads(await scaler.fetchval(f"select {SCHEMA}.gate_run_status($1)", run_id))
@@ -101,7 +102,7 @@ async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, ow
         ) == "cancelled"  # fmt: skip
         # The app may call none of the gate's functions.
         for sql, args in (
-            (submit, ("smoke", GATED, f"lane-worker-gate:{GATED}:2:0:smoke")),
+            (submit, (GATED, at, 0, f"lane-worker-gate:{GATED}:2:0:smoke")),
             (f"select {SCHEMA}.gate_run_status($1)", (run_id,)),
             (f"select {SCHEMA}.gate_begun($1, now())", (GATED,)),
             (f"select {SCHEMA}.retire_candidate_lane($1, $2)", (GATED, QG)),

@@ -63,7 +63,7 @@ begin
     raise exception 'only the gate runs of an undecided candidate deployment are submitted this way'
       using errcode = '42501';
   end if;
-  v_said := {schema}.submit_run(v_gate ->> 'play', coalesce(v_gate -> 'input', '{}'::jsonb),
+  v_said := {schema}.submit_run(v_gate ->> 'play', coalesce(nullif(v_gate -> 'input', 'null'::jsonb), '{}'::jsonb),
                                 p_release_id, p_key, null, 1);
   update {schema}.deployments d
      set gate_runs = d.gate_runs || (v_said ->> 'runId')::uuid
