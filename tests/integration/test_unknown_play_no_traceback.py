@@ -13,7 +13,7 @@ from support.runtime import open_client, open_runtime, work_once
 async def test_an_unknown_play_fails_with_its_message_and_no_traceback(database_url: str) -> None:
     async with (
         open_client(database_url, ENV) as client,
-        open_runtime(database_url, traced_app(), RELEASE) as rt,
+        open_runtime(database_url, traced_app(), RELEASE, unknown_play_grace_s=0) as rt,
     ):
         run_id = (await client.submit("no-such-play")).run_id
         assert await work_once(rt) == ["failed"]

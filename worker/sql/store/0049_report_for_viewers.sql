@@ -14,6 +14,11 @@
 -- unchanged. Not executable by PUBLIC; `lane-worker roles` grants them to the
 -- viewer and the scaler (the worker has every function).
 
+-- The report's functions are SQL functions naming the engine's absurd.queues: a store
+-- may be installed before the engine (a schema of its own), and a SQL function's body
+-- is checked when it is created. They are checked when called instead.
+set local check_function_bodies = off;
+
 create or replace function {schema}.report_lanes_v1()
   returns table (queue text, status text, release_ids text[], created_at timestamptz, retired_at timestamptz, release_id text, pruned_at timestamptz, hidden boolean, workers jsonb, last_seen timestamptz)
   language sql
@@ -192,3 +197,4 @@ select case when r.status = 'waiting' and pg_catalog.jsonb_typeof(r.current_wait
  where r.run_id = p_run_id
 $fn$;
 revoke execute on function {schema}.run_page_bookkeeping_v1(uuid) from public;
+reset check_function_bodies;
