@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import asyncpg
 import structlog
@@ -34,6 +35,7 @@ from worker.db import engine, role_check
 from worker.db.pool import Connection, Database, is_transient
 from worker.db.store import Store
 from worker.db.store.rows import MaintainedLane
+from worker.db.tasks import LANES_CHANNEL
 from worker.metrics import Metrics
 from worker.ops.prune import LanePruning
 from worker.run.reconcile import RECONCILE_BATCH, reconcile_queue, settle_batch
@@ -198,6 +200,10 @@ async def _prune(
     return len(pruned)
 
 
+async def _say_lane_changed(conn: Connection, *, queue: str) -> None:
+    await conn.execute("select pg_notify($1, $2)", LANES_CHANNEL, queue)
+
+
 async def retire_idle_dev_lanes(
     db: Database, store: Store, rotation: Rotation, idle_after_s: float, worker_id: str
 ) -> int:
@@ -230,6 +236,9 @@ async def retire_idle_dev_lanes(
             )
         ):
             continue  # a worker came back, or a run arrived, meanwhile
+        # As `lanes retire` does: a worker of the lane that is alive after all (a laptop
+        # that slept) reads it at once, and makes it claim again, not at its next poll.
+        await db.run(partial(_say_lane_changed, queue=queue))
         retired += 1
         log.info(
             "lane.dev_retired",
