@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 import pytest
 
-from support.roles import Logins, made_roles
+from support.roles import Logins, deploy_gated, made_roles, sqlstate_of
 from support.runtime import SCHEMA, open_client
 from worker.scaler.gate import Gates
 
@@ -44,30 +44,11 @@ async def owner(database_url: str) -> AsyncIterator[Conn]:
         await conn.close()
 
 
-async def _deploy(owner: Conn, release: str, gate: list[dict[str, object]] | None) -> None:
-    await owner.fetchval(
-        f"select {SCHEMA}.deploy_release_gated($1, 'img', 1, 'test', 'deploy', false,"
-        " $2::jsonb, 300)",
-        release,
-        json.dumps(gate) if gate is not None else None,
-    )
-
-
-async def _state(conn: Conn, sql: str, *args: object) -> str | None:
-    """The SQLSTATE ``sql`` raises, None when it runs."""
-    try:
-        async with conn.transaction():
-            await conn.fetchval(sql, *args)
-    except asyncpg.PostgresError as exc:
-        return str(exc.sqlstate)
-    return None
-
-
 async def test_the_scaler_cannot_reach_an_app_run_keyed_like_a_gate_run(
     logins: Logins, owner: Conn
 ) -> None:
-    await _deploy(owner, CURRENT, None)
-    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    await deploy_gated(owner, CURRENT, None)
+    await deploy_gated(owner, GATED, [{"play": "smoke", "input": {}}])
     app = await asyncpg.connect(logins.urls["app"])
     scaler = await asyncpg.connect(logins.urls["scaler"])
     try:
@@ -83,7 +64,7 @@ async def test_the_scaler_cannot_reach_an_app_run_keyed_like_a_gate_run(
             f"select {SCHEMA}.gate_run_status($1)",
             f"select {SCHEMA}.gate_cancel_run($1, 'scaler')",
         ):
-            assert await _state(scaler, sql, run_id) == DENIED, sql
+            assert await sqlstate_of(scaler, sql, run_id) == DENIED, sql
         status = await owner.fetchval(f"select status from {SCHEMA}.runs where run_id = $1", run_id)
         assert status == "queued"
     finally:
@@ -94,8 +75,8 @@ async def test_the_scaler_cannot_reach_an_app_run_keyed_like_a_gate_run(
 async def test_the_scaler_submits_only_the_deployment_s_gate_runs(
     logins: Logins, owner: Conn
 ) -> None:
-    await _deploy(owner, CURRENT, None)
-    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    await deploy_gated(owner, CURRENT, None)
+    await deploy_gated(owner, GATED, [{"play": "smoke", "input": {}}])
     scaler = await asyncpg.connect(logins.urls["scaler"])
     try:
         submit = f"select {SCHEMA}.gate_submit_run($1, $2, $3, $4)"
@@ -113,15 +94,15 @@ async def test_the_scaler_submits_only_the_deployment_s_gate_runs(
             (GATED, deployed[CURRENT], 0, key),  # not this deployment
             (CURRENT, deployed[CURRENT], 0, f"lane-worker-gate:{CURRENT}:x:0:smoke"),
         ):
-            assert await _state(scaler, submit, release, when, index, chosen) == DENIED, chosen
+            assert await sqlstate_of(scaler, submit, release, when, index, chosen) == DENIED, chosen
         assert await owner.fetchval(f"select count(*) from {SCHEMA}.runs") == 0
     finally:
         await scaler.close()
 
 
 async def test_the_viewer_reads_no_gate_run_s_error(logins: Logins, owner: Conn) -> None:
-    await _deploy(owner, CURRENT, None)
-    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    await deploy_gated(owner, CURRENT, None)
+    await deploy_gated(owner, GATED, [{"play": "smoke", "input": {}}])
     # A ready machine of the candidate, as its worker records it, so the gate begins.
     await owner.execute(
         f"insert into {SCHEMA}.workers (worker_id, release_id, queue, hostname, pid, concurrency,"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 import pytest
 
-from support.roles import Logins, made_roles
+from support.roles import Logins, deploy_gated, made_roles, sqlstate_of
 from support.runtime import SCHEMA
 from worker.db.store import Store
 
@@ -44,28 +44,9 @@ async def owner(database_url: str) -> AsyncIterator[Conn]:
         await conn.close()
 
 
-async def _deploy(owner: Conn, release: str, gate: list[dict[str, object]] | None) -> None:
-    await owner.fetchval(
-        f"select {SCHEMA}.deploy_release_gated($1, 'img', 1, 'test', 'deploy', false,"
-        " $2::jsonb, 300)",
-        release,
-        json.dumps(gate) if gate is not None else None,
-    )
-
-
-async def _state(conn: Conn, sql: str, *args: object) -> str | None:
-    """The SQLSTATE ``sql`` raises, None when it runs."""
-    try:
-        async with conn.transaction():
-            await conn.fetchval(sql, *args)
-    except asyncpg.PostgresError as exc:
-        return str(exc.sqlstate)
-    return None
-
-
 async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, owner: Conn) -> None:
-    await _deploy(owner, CURRENT, None)
-    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    await deploy_gated(owner, CURRENT, None)
+    await deploy_gated(owner, GATED, [{"play": "smoke", "input": {}}])
     scaler = await asyncpg.connect(logins.urls["scaler"])
     app = await asyncpg.connect(logins.urls["app"])
     try:
@@ -75,7 +56,7 @@ async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, ow
         )
         # Not a gate key, or another release's key (the deployment's own gate otherwise).
         for key in ("my-own-key", f"lane-worker-gate:{CURRENT}:1:0:smoke"):
-            assert await _state(scaler, submit, GATED, at, 0, key) == DENIED, key
+            assert await sqlstate_of(scaler, submit, GATED, at, 0, key) == DENIED, key
         key = f"lane-worker-gate:{GATED}:1:0:smoke"
         said = json.loads(await scaler.fetchval(submit, GATED, at, 0, key))
         again = json.loads(await scaler.fetchval(submit, GATED, at, 0, key))
@@ -94,7 +75,7 @@ async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, ow
             f"select {SCHEMA}.gate_cancel_run($1, 'no')",
             f"select {SCHEMA}.run_status($1)",
         ):
-            assert await _state(scaler, sql, other_id) == DENIED, sql
+            assert await sqlstate_of(scaler, sql, other_id) == DENIED, sql
         cancelled = await scaler.fetchval(f"select {SCHEMA}.gate_cancel_run($1, 'test')", run_id)
         assert cancelled is not None
         assert await owner.fetchval(
@@ -107,7 +88,7 @@ async def test_the_scaler_drives_only_a_candidate_s_gate_runs(logins: Logins, ow
             (f"select {SCHEMA}.gate_begun($1, now())", (GATED,)),
             (f"select {SCHEMA}.retire_candidate_lane($1, $2)", (GATED, QG)),
         ):
-            assert await _state(app, sql, *args) == DENIED, sql
+            assert await sqlstate_of(app, sql, *args) == DENIED, sql
     finally:
         await scaler.close()
         await app.close()
@@ -121,8 +102,8 @@ async def test_a_gating_candidate_adopts_nothing_until_it_is_promoted(owner: Con
     await store.lanes.set_status(
         owner, queue="runs_rel_old", status="retired", release_id="rel-old"
     )
-    await _deploy(owner, CURRENT, None)
-    await _deploy(owner, GATED, [{"play": "smoke", "input": {}}])
+    await deploy_gated(owner, CURRENT, None)
+    await deploy_gated(owner, GATED, [{"play": "smoke", "input": {}}])
 
     async def older(a: str, b: str) -> bool:
         return bool(await owner.fetchval(f"select {SCHEMA}.lane_older($1, $2)", a, b))

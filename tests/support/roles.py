@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from support.runtime import SCHEMA
 from worker.db import roles as role_sql
 
 
@@ -95,3 +96,27 @@ def made_roles(database_url: str) -> Iterator[Logins]:
         )
         drops = "; ".join(f"drop role if exists {r}" for r in every)
         asyncio.run(_admin(database_url, f"do $$ begin {owned} end $$; {drops}"))
+
+
+async def deploy_gated(
+    owner: asyncpg.Connection[asyncpg.Record], release: str, gate: list[dict[str, object]] | None
+) -> None:
+    """Deploy ``release`` (one machine), with ``gate`` (store 0050) or without one."""
+    await owner.fetchval(
+        f"select {SCHEMA}.deploy_release_gated($1, 'img', 1, 'test', 'deploy', false,"
+        " $2::jsonb, 300)",
+        release,
+        json.dumps(gate) if gate is not None else None,
+    )
+
+
+async def sqlstate_of(
+    conn: asyncpg.Connection[asyncpg.Record], sql: str, *args: object
+) -> str | None:
+    """The SQLSTATE ``sql`` raises, None when it runs (rolled back either way)."""
+    try:
+        async with conn.transaction():
+            await conn.fetchval(sql, *args)
+    except asyncpg.PostgresError as exc:
+        return str(exc.sqlstate)
+    return None
